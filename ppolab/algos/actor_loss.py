@@ -1,0 +1,78 @@
+"""The actor's and critic's per-micro-batch loss assembly (chapter §5, §8; facts §10, verl ``workers/utils/losses``).
+
+L_actor = L_PG − c_H·H + c_KL·K̂_ref (chapter §5), each term aggregated by ``agg_loss`` with the
+*global* mini-batch counts found in ``config.global_batch_info``, so the micro-batch losses of one
+mini-batch add up to the mini-batch objective (chapter §13).
+"""
+from __future__ import annotations
+
+import torch
+
+from ppolab.algos.aggregation import agg_loss
+from ppolab.algos.kl import kl_penalty
+from ppolab.algos.masked import masked_mean
+from ppolab.algos.policy_loss import get_policy_loss_fn
+from ppolab.algos.value_loss import compute_value_loss
+
+#: Metrics that are SUM-aggregated over micro-batches (each already divided by the global count);
+#: every other actor/critic metric is a plain MEAN over micro-batches (facts §10.6, chapter §15).
+SUM_METRICS = ("actor/pg_loss", "actor/entropy_loss", "actor/kl_loss", "critic/vf_loss")
+
+
+def ppo_loss(
+    config,
+    log_prob: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    entropy: torch.Tensor | None = None,
+    ref_log_prob: torch.Tensor | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """One micro-batch of the actor loss (chapter §5): all tensors (bs, T); returns (loss, metrics).
+
+    1. pg_loss from the registry entry ``config.policy_loss.loss_mode`` (rollout IS weights, if any,
+       multiply only this term — chapter §3);
+    2. if ``entropy`` is given: loss −= entropy_coeff · agg(H);
+    3. if ``config.use_kl_loss``: loss += kl_loss_coef · agg(kl_penalty(log_prob, ref, kl_loss_type)).
+    """
+    mode, info = config.loss_agg_mode, config.global_batch_info
+    policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
+    pg_loss, metrics = policy_loss_fn(old_log_probs, log_prob, advantages, response_mask, mode, config,
+                                      rollout_is_weights)
+    metrics = dict(metrics)
+    metrics["actor/pg_loss"] = float(pg_loss.detach())
+    loss = pg_loss
+    if entropy is not None:
+        entropy_loss = agg_loss(entropy, response_mask, mode, **info)
+        loss = loss - config.entropy_coeff * entropy_loss
+        metrics["actor/entropy_loss"] = float(entropy_loss.detach())
+    if config.use_kl_loss:
+        kld = kl_penalty(log_prob, ref_log_prob, config.kl_loss_type)
+        kl_loss = agg_loss(kld, response_mask, mode, **info)
+        loss = loss + config.kl_loss_coef * kl_loss
+        metrics["actor/kl_loss"] = float(kl_loss.detach())
+        metrics["actor/kl_coef"] = float(config.kl_loss_coef)
+    return loss, metrics
+
+
+def value_loss(
+    vpreds: torch.Tensor,
+    returns: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    cliprange_value: float,
+    loss_agg_mode: str,
+    global_batch_info: dict,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """One micro-batch of the critic loss (chapter §8): clipped value loss with global normalisation.
+
+    Metrics: ``critic/vf_loss``, ``critic/vf_clipfrac`` and ``critic/vpred_mean`` = masked mean of vpreds.
+    """
+    loss, clipfrac = compute_value_loss(vpreds, returns, values, response_mask, cliprange_value, loss_agg_mode,
+                                        **global_batch_info)
+    return loss, {
+        "critic/vf_loss": float(loss.detach()),
+        "critic/vf_clipfrac": float(clipfrac),
+        "critic/vpred_mean": float(masked_mean(vpreds.detach(), response_mask)),
+    }

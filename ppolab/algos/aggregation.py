@@ -1,0 +1,73 @@
+"""``agg_loss``: how a (bs, T) matrix of token losses becomes one scalar (chapter §10, §13; facts §3).
+
+The five modes weight trajectories differently (chapter §10.6: with token-mean a 2-token and a
+6-token trajectory weigh 2/8 and 6/8; with seq-mean-token-mean they weigh 1:1).
+
+Global normalisation (chapter §13): inside the trainer every micro-batch divides its *local* sum by
+the token or sequence count of the *whole global mini-batch* (``batch_num_tokens`` /
+``global_batch_size``) and multiplies by ``dp_size``. Gradient accumulation then sums the micro-batches
+and DDP averages the ranks, so the optimizer sees exactly the global mini-batch mean, whatever the split.
+With those arguments left at None the normalisation falls back to the local batch.
+"""
+from __future__ import annotations
+
+import torch
+
+from ppolab.algos.masked import MASKED_EPS, masked_sum
+from ppolab.config.actor import check_loss_agg_mode
+
+
+def _seq_mean(seq_losses: torch.Tensor, seq_mask: torch.Tensor, dp_size: int, global_batch_size: int | None):
+    """Σ_i seq_i·q_i / B_agg · dp_size, with the local count of non-empty sequences as fallback B_agg."""
+    if global_batch_size is None:
+        if dp_size > 1:
+            raise ValueError("agg_loss: global_batch_size is required for seq-mean modes when dp_size > 1")
+        global_batch_size = seq_mask.sum()
+    return (seq_losses * seq_mask).sum() / global_batch_size * dp_size
+
+
+def agg_loss(
+    loss_mat: torch.Tensor,
+    loss_mask: torch.Tensor,
+    loss_agg_mode: str,
+    dp_size: int = 1,
+    batch_num_tokens: int | float | torch.Tensor | None = None,
+    global_batch_size: int | float | torch.Tensor | None = None,
+    loss_scale_factor: float | None = None,
+) -> torch.Tensor:
+    """Aggregate token losses ℓ_{i,t} under mask m_{i,t} into a scalar.
+
+    Shapes: loss_mat, loss_mask (bs, T) → scalar. S = masked_sum, T_i = Σ_t m_{i,t}, q_i = [T_i > 0].
+
+    =========================  ===============================================================
+    token-mean                 S(ℓ, m) / batch_num_tokens · dp_size   (fallback: Σ m locally)
+    token-sum                  S(ℓ, m) · dp_size
+    seq-mean-token-sum         Σ_i q_i Σ_t ℓ·m / B_agg · dp_size      (fallback: #non-empty rows)
+    seq-mean-token-mean        Σ_i q_i (Σ_t ℓ·m / (T_i + 1e-8)) / B_agg · dp_size
+    seq-mean-token-sum-norm    seq-mean-token-sum / loss_scale_factor (fallback: T = padded width)
+    =========================  ===============================================================
+
+    The seq-mean modes multiply by the mask (not masked_sum), so a NaN at a masked position propagates
+    there, as in verl (facts §3). Unknown mode → ``ValueError`` naming the five valid modes.
+    """
+    check_loss_agg_mode(loss_agg_mode)
+    if loss_agg_mode == "token-mean":
+        if batch_num_tokens is None:
+            if dp_size > 1:
+                raise ValueError("agg_loss: batch_num_tokens is required for token-mean when dp_size > 1")
+            batch_num_tokens = loss_mask.sum()
+        return masked_sum(loss_mat, loss_mask) / batch_num_tokens * dp_size
+    if loss_agg_mode == "token-sum":
+        return masked_sum(loss_mat, loss_mask) * dp_size
+
+    seq_mask = (loss_mask.sum(dim=-1) > 0).to(loss_mat.dtype)
+    if loss_agg_mode == "seq-mean-token-mean":
+        seq_losses = (loss_mat * loss_mask).sum(dim=-1) / (loss_mask.sum(dim=-1) + MASKED_EPS)
+        return _seq_mean(seq_losses, seq_mask, dp_size, global_batch_size)
+    seq_losses = (loss_mat * loss_mask).sum(dim=-1)
+    loss = _seq_mean(seq_losses, seq_mask, dp_size, global_batch_size)
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        # Chapter §10.5 / §13: the None fallback is the padded width of *this* micro-batch, which is
+        # what breaks micro-batch invariance unless a fixed factor (Dr. GRPO: max_response_length) is set.
+        loss = loss / (loss_scale_factor if loss_scale_factor is not None else loss_mask.shape[-1])
+    return loss

@@ -1,0 +1,48 @@
+"""The critic's clipped value loss (chapter §8; facts §5)."""
+from __future__ import annotations
+
+import torch
+
+from ppolab.algos.aggregation import agg_loss
+from ppolab.algos.masked import masked_mean
+
+
+def clip_by_value(x: torch.Tensor, tensor_min: torch.Tensor, tensor_max: torch.Tensor) -> torch.Tensor:
+    """max(min(x, hi), lo) with tensor bounds (verl's ``clip_by_value``)."""
+    return torch.max(torch.min(x, tensor_max), tensor_min)
+
+
+def compute_value_loss(
+    vpreds: torch.Tensor,
+    returns: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    cliprange_value: float,
+    loss_agg_mode: str = "token-mean",
+    dp_size: int = 1,
+    batch_num_tokens: int | float | torch.Tensor | None = None,
+    global_batch_size: int | float | torch.Tensor | None = None,
+    loss_scale_factor: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clipped value loss: ½·agg(max((V_new − G)², (V_clip − G)²)), V_clip = clip(V_new, V_old ± ε_v).
+
+    Shapes: vpreds (new predictions), returns (G, the GAE targets), values (V_old, before the update),
+    response_mask — all (bs, T). Returns (vf_loss, vf_clipfrac) as tensors; vf_clipfrac is the share of
+    tokens where the clipped error is strictly the larger one. Chapter §8.1: V_old 0.4, V_new 0.9,
+    G 1.0, ε_v 0.2 → V_clip 0.6 → ½·max(0.01, 0.16) = 0.08.
+    """
+    vpredclipped = clip_by_value(vpreds, values - cliprange_value, values + cliprange_value)
+    vf_losses1 = (vpreds - returns) ** 2
+    vf_losses2 = (vpredclipped - returns) ** 2
+    clipped_vf_losses = torch.max(vf_losses1, vf_losses2)
+    vf_loss = 0.5 * agg_loss(
+        clipped_vf_losses,
+        response_mask,
+        loss_agg_mode,
+        dp_size=dp_size,
+        batch_num_tokens=batch_num_tokens,
+        global_batch_size=global_batch_size,
+        loss_scale_factor=loss_scale_factor,
+    )
+    vf_clipfrac = masked_mean(torch.gt(vf_losses2, vf_losses1).float(), response_mask)
+    return vf_loss, vf_clipfrac

@@ -1,0 +1,423 @@
+"""Batch arithmetic of the PPO update: batch → mini-batch → micro-batch (chapter §11–§12, facts sheet §9).
+
+Everything here is pure index bookkeeping (no model, no transformers), so the trainer and the lab widgets can
+share it:
+
+* :func:`plan_batches` / :class:`BatchPlan` — the derived sizes of chapter §11.4 as one readable table.
+* :func:`karmarkar_karp`, :func:`get_seqlen_balanced_partitions`, :func:`calculate_workload` — verl's
+  largest-differencing partitioner (facts §9.6), tie-breaks included, so partitions match verl's.
+* :func:`balance_partitions`, :func:`balance_metrics` — the trainer's DP balance stage (facts §9.1 stage 3).
+* :func:`plan_dynamic_micro_batches`, :func:`restore_order` — ``use_dynamic_bsz`` micro-batches (facts §9.5, 0.9.1).
+* :func:`mini_batch_indices`, :func:`fixed_micro_batches` — the worker's mini-batch iterator (facts §9.2) and the
+  fixed micro-batch split (facts §9.4).
+"""
+from __future__ import annotations
+
+import heapq
+import html
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+IntSeq = Sequence[int] | np.ndarray | torch.Tensor  # any 1-D integer sequence
+
+# ----------------------------------------------------------------------------------------------------------------
+# 1. The plan (chapter §11.1–§11.4, §12.2)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _check_positive(name: str, value: object) -> None:
+    # bool is an int subclass; True as a batch size is always a bug.
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _check_divides(num_label: str, num: int, den_label: str, den: int) -> None:
+    if num % den != 0:
+        raise ValueError(f"{num_label} = {num} is not divisible by {den_label} = {den}")
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Every size derived from the batching config of one training step (chapter §11.4; facts §9.2, §9.4).
+
+    Counts are trajectories (rows) unless the name says prompts. Micro fields are ``None`` under dynamic
+    batching (``ppo_micro_batch_size_per_gpu=None``), where the token budget decides the micro-batches (§11.5).
+    """
+
+    train_batch_size: int  # prompts per training step (data.train_batch_size)
+    rollout_n: int  # trajectories per prompt (rollout.n)
+    ppo_mini_batch_size: int  # prompt-equivalents per optimizer step (the trainer multiplies by n)
+    dp_size: int  # data-parallel ranks
+    ppo_micro_batch_size_per_gpu: int | None  # rows per micro-batch per rank; None = dynamic
+    ppo_epochs: int  # passes over the batch per training step
+    n_trajectories: int  # train_batch_size × n
+    global_mini_batch: int  # ppo_mini_batch_size × n: rows per optimizer step, all ranks together
+    local_mini_batch: int  # global_mini_batch / dp_size: rows per optimizer step on one rank
+    micro_batch_wave: int | None  # micro × dp_size: rows in one forward/backward wave over all ranks
+    micro_batches_per_mini: int | None  # local_mini / micro: gradient-accumulation waves per step
+    optimizer_steps_per_epoch: int  # n_trajectories / global_mini_batch
+    optimizer_steps: int  # per training step = steps_per_epoch × ppo_epochs
+    rows_per_rank: int  # n_trajectories / dp_size: rows each rank holds after the balance stage
+
+    @property
+    def dynamic(self) -> bool:
+        """True when micro-batches come from the token budget (``use_dynamic_bsz``) rather than a fixed size."""
+        return self.ppo_micro_batch_size_per_gpu is None
+
+    def as_dict(self) -> dict:
+        """All inputs and derived numbers as a plain dict (JSON-friendly)."""
+        return asdict(self)
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        """(quantity, formula with numbers, value) rows shared by ``__str__`` and ``_repr_html_``."""
+        p, n, m, d, e = (self.train_batch_size, self.rollout_n, self.ppo_mini_batch_size, self.dp_size,
+                         self.ppo_epochs)
+        b = self.ppo_micro_batch_size_per_gpu
+        out = [
+            ("prompts per step", "data.train_batch_size", str(p)),
+            ("trajectories", f"train_batch_size × n = {p} × {n}", str(self.n_trajectories)),
+            ("global mini-batch", f"ppo_mini_batch_size × n = {m} × {n}", str(self.global_mini_batch)),
+            ("local mini-batch (per rank)", f"global mini-batch / dp_size = {self.global_mini_batch} / {d}",
+             str(self.local_mini_batch)),
+            ("rows per rank", f"trajectories / dp_size = {self.n_trajectories} / {d}", str(self.rows_per_rank)),
+        ]
+        if b is None:
+            out += [
+                ("global micro-batch wave", "dynamic: ppo_max_token_len_per_gpu decides", "—"),
+                ("accumulation waves per mini-batch", "dynamic: ceil(tokens / max_token_len) or more", "—"),
+            ]
+        else:
+            out += [
+                ("global micro-batch wave", f"ppo_micro_batch_size_per_gpu × dp_size = {b} × {d}",
+                 str(self.micro_batch_wave)),
+                ("accumulation waves per mini-batch",
+                 f"local mini-batch / micro = {self.local_mini_batch} / {b} (= {self.global_mini_batch} / "
+                 + f"{self.micro_batch_wave})", str(self.micro_batches_per_mini)),
+            ]
+        out += [
+            ("optimizer steps per epoch",
+             f"trajectories / global mini-batch = {self.n_trajectories} / {self.global_mini_batch}",
+             str(self.optimizer_steps_per_epoch)),
+            ("optimizer steps per training step",
+             f"steps per epoch × ppo_epochs = {self.optimizer_steps_per_epoch} × {e}", str(self.optimizer_steps)),
+        ]
+        return out
+
+    def __str__(self) -> str:
+        rows = [("quantity", "formula", "value")] + self.rows()
+        w0, w1, w2 = (max(len(r[i]) for r in rows) for i in range(3))
+        lines = [f"{a:<{w0}} | {f:<{w1}} | {v:>{w2}}" for a, f, v in rows]
+        lines.insert(1, f"{'-' * w0}-+-{'-' * w1}-+-{'-' * w2}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        esc = html.escape
+        body = "".join(
+            f"<tr><td>{esc(a)}</td><td><code>{esc(f)}</code></td><td style='text-align:right'><b>{esc(v)}</b>"
+            "</td></tr>" for a, f, v in self.rows())
+        return ("<table class='ppolab-batchplan'><thead><tr><th>quantity</th><th>formula</th><th>value</th>"
+                f"</tr></thead><tbody>{body}</tbody></table>")
+
+
+def plan_batches(train_batch_size: int, rollout_n: int, ppo_mini_batch_size: int, dp_size: int,
+                 ppo_micro_batch_size_per_gpu: int | None, ppo_epochs: int) -> BatchPlan:
+    """Derive every batch size of one training step (chapter §11.1–§11.4, §12.2; facts §9.2, §9.4).
+
+    N = train_batch_size·n trajectories; global mini = ppo_mini_batch_size·n (the trainer multiplies by n,
+    §11.2); local mini = global mini / dp; micro wave = micro·dp; accumulation waves = local mini / micro;
+    optimizer steps = (N / global mini)·ppo_epochs. ``ppo_micro_batch_size_per_gpu=None`` means dynamic
+    batching (micro fields are ``None``). Example (§11.4): ``plan_batches(128, 8, 32, 8, 2, 2)`` gives
+    1024 / 256 / 32 / 16 / 16 / 4 / 8.
+
+    Raises ``ValueError`` naming the field for non-positive values, and naming both quantities and their
+    numbers when a division is not exact. (verl's V1 trainer instead pads a non-divisible batch with synthetic
+    rows, facts §9.3; this planner reports the mismatch so a lab or config check can show it.)
+    """
+    for name, value in (("train_batch_size", train_batch_size), ("rollout.n", rollout_n),
+                        ("ppo_mini_batch_size", ppo_mini_batch_size), ("dp_size", dp_size),
+                        ("ppo_epochs", ppo_epochs)):
+        _check_positive(name, value)
+    if ppo_micro_batch_size_per_gpu is not None:
+        _check_positive("ppo_micro_batch_size_per_gpu", ppo_micro_batch_size_per_gpu)
+    n_traj = train_batch_size * rollout_n
+    global_mini = ppo_mini_batch_size * rollout_n
+    _check_divides("train_batch_size × rollout.n", n_traj, "ppo_mini_batch_size × rollout.n", global_mini)
+    # TrainingWorker asserts this one (facts §9.2): every rank must get the same local mini-batch.
+    _check_divides("ppo_mini_batch_size × rollout.n", global_mini, "dp_size", dp_size)
+    local_mini = global_mini // dp_size
+    wave = per_mini = None
+    if ppo_micro_batch_size_per_gpu is not None:
+        _check_divides("local mini-batch (ppo_mini_batch_size × rollout.n / dp_size)", local_mini,
+                       "ppo_micro_batch_size_per_gpu", ppo_micro_batch_size_per_gpu)
+        wave = ppo_micro_batch_size_per_gpu * dp_size
+        per_mini = local_mini // ppo_micro_batch_size_per_gpu
+    steps_per_epoch = n_traj // global_mini
+    return BatchPlan(
+        train_batch_size=train_batch_size, rollout_n=rollout_n, ppo_mini_batch_size=ppo_mini_batch_size,
+        dp_size=dp_size, ppo_micro_batch_size_per_gpu=ppo_micro_batch_size_per_gpu, ppo_epochs=ppo_epochs,
+        n_trajectories=n_traj, global_mini_batch=global_mini, local_mini_batch=local_mini,
+        micro_batch_wave=wave, micro_batches_per_mini=per_mini, optimizer_steps_per_epoch=steps_per_epoch,
+        optimizer_steps=steps_per_epoch * ppo_epochs, rows_per_rank=n_traj // dp_size)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 2. Karmarkar–Karp (facts §9.6)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _as_list(values: IntSeq) -> list:
+    return values.tolist() if isinstance(values, (torch.Tensor, np.ndarray)) else list(values)
+
+
+def calculate_workload(seq_lens: IntSeq) -> torch.Tensor:
+    """Relative compute cost of each sequence: ``24576·L + L²`` as int64, shape (B,) (facts §9.1, §9.5).
+
+    The linear term is the dense-layer FLOPs of a 7B model (12·4096²·L scaled), the quadratic one attention;
+    int64 because L² overflows int32 for long contexts.
+    """
+    lens = torch.as_tensor(seq_lens if isinstance(seq_lens, torch.Tensor) else _as_list(seq_lens))
+    lens = lens.to(torch.int64)
+    return 24576 * lens + lens * lens
+
+
+class _Bin:
+    """One growing partition: running total plus (index, value) items in insertion order."""
+
+    __slots__ = ("items", "total")
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.items: list[tuple[int, int]] = []
+
+    def absorb(self, other: _Bin) -> None:
+        self.items.extend(other.items)
+        self.total += other.total
+
+    def __lt__(self, other: _Bin) -> bool:
+        # verl's order: by sum, then by item count, then by the item list itself. Items hold distinct indices,
+        # so two non-empty bins never tie — this makes every heap pop (and hence the result) deterministic.
+        return (self.total, len(self.items), self.items) < (other.total, len(other.items), other.items)
+
+
+class _State:
+    """A k-way partial partition. Bins are kept in descending order (largest first)."""
+
+    __slots__ = ("bins",)
+
+    def __init__(self, bins: list[_Bin]) -> None:
+        self.bins = sorted(bins, reverse=True)
+
+    @property
+    def spread(self) -> int:
+        return self.bins[0].total - self.bins[-1].total
+
+    def merge(self, other: _State) -> None:
+        # Pair our largest bin with their smallest, and so on: this is the "differencing" step of LDM.
+        k = len(self.bins)
+        for i in range(k):
+            self.bins[i].absorb(other.bins[k - 1 - i])
+        self.bins.sort(reverse=True)
+
+    def __lt__(self, other: _State) -> bool:
+        # heapq is a min-heap, so "smaller" = popped first: largest spread first, ties → largest top bin.
+        if self.spread != other.spread:
+            return self.spread > other.spread
+        return other.bins[0] < self.bins[0]
+
+
+def karmarkar_karp(seqlen_list: IntSeq, k_partitions: int, equal_size: bool) -> list[list[int]]:
+    """Largest-differencing (Karmarkar–Karp) k-way partition of item indices (facts §9.6).
+
+    Items are sorted ascending by (value, index). With ``equal_size`` each consecutive block of k sorted items
+    seeds one state (one item per bin), so every partition ends with len/k items; otherwise every item seeds
+    its own state. The heap repeatedly pops the two states with the largest spread (ties: larger top bin),
+    merges them largest-with-smallest and pushes the result back. Returns k index lists in the final state's
+    bin order (largest sum first), indices in insertion order — use :func:`get_seqlen_balanced_partitions`
+    for sorted, checked partitions.
+    """
+    _check_positive("k_partitions", k_partitions)
+    values = _as_list(seqlen_list)
+    if equal_size and len(values) % k_partitions != 0:
+        raise ValueError(f"equal_size needs len(seqlen_list) = {len(values)} divisible by "
+                         f"k_partitions = {k_partitions}")
+    order = sorted((v, i) for i, v in enumerate(values))
+    heap: list[_State] = []
+    step = k_partitions if equal_size else 1
+    for start in range(0, len(order), step):
+        bins = [_Bin() for _ in range(k_partitions)]
+        for b, (v, i) in zip(bins, order[start:start + step]):
+            b.items.append((i, v))
+            b.total += v
+        heapq.heappush(heap, _State(bins))
+    while len(heap) > 1:
+        first, second = heapq.heappop(heap), heapq.heappop(heap)
+        first.merge(second)
+        heapq.heappush(heap, first)
+    return [[i for i, _ in b.items] for b in heap[0].bins] if heap else [[] for _ in range(k_partitions)]
+
+
+def get_seqlen_balanced_partitions(seqlen_list: IntSeq, k_partitions: int, equal_size: bool) -> list[list[int]]:
+    """Karmarkar–Karp partitions with each partition's indices sorted ascending (facts §9.6).
+
+    Needs ``len(seqlen_list) ≥ k_partitions``; asserts (as verl does) that no partition is empty and that every
+    index 0..len-1 appears exactly once.
+    """
+    _check_positive("k_partitions", k_partitions)
+    n = len(_as_list(seqlen_list))
+    if n < k_partitions:
+        raise ValueError(f"number of items {n} < k_partitions {k_partitions}")
+    parts = karmarkar_karp(seqlen_list, k_partitions, equal_size)
+    assert len(parts) == k_partitions, f"{len(parts)} partitions != {k_partitions}"
+    assert all(len(p) > 0 for p in parts), "a partition is empty"
+    flat = sorted(i for p in parts for i in p)
+    assert flat == list(range(n)), "partitions do not cover every index exactly once"
+    return [sorted(p) for p in parts]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 3. DP balance stage of the trainer (facts §9.1 stage 3)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def balance_partitions(seq_lens: IntSeq, dp_size: int) -> list[list[int]]:
+    """Split a step batch of B rows into ``dp_size`` equal-count partitions balanced on workload (facts §9.1).
+
+    KK with ``equal_size=True`` on ``calculate_workload(L)`` (L = prompt+response length, shape (B,)); each
+    partition is index-sorted. The trainer reorders the batch as ``partition0 ‖ partition1 ‖ …`` and rank k gets
+    the k-th contiguous chunk. B must be a multiple of dp_size (V1 pads with synthetic rows first, §9.3).
+    """
+    _check_positive("dp_size", dp_size)
+    lens = _as_list(seq_lens)
+    _check_divides("number of rows", len(lens), "dp_size", dp_size)
+    return get_seqlen_balanced_partitions(calculate_workload(lens).tolist(), dp_size, equal_size=True)
+
+
+def balance_metrics(seq_lens: IntSeq, partitions: list[list[int]], prefix: str = "global_seqlen") -> dict:
+    """verl's ``global_seqlen/{min,max,minmax_diff,balanced_min,balanced_max,mean}`` (facts §9.1 stage 3).
+
+    Interpretation (verl's ``log_seqlen_unbalance``, as the V1 trainer calls it): the metrics use TOKEN counts
+    L, not workloads, although the partitions were balanced on workload. ``min``/``max``/``minmax_diff`` are
+    over the per-rank token sums of the *unbalanced* split — contiguous chunks of B // k rows in the incoming
+    order, i.e. what each rank would have got without balancing; ``balanced_min``/``balanced_max`` are over the
+    given partitions; ``mean`` = ΣL / k (k = number of partitions). As in verl, if B is not a multiple of k the
+    short trailing chunk counts as one more unbalanced "rank".
+    """
+    lens = [int(x) for x in _as_list(seq_lens)]
+    k = len(partitions)
+    chunk = len(lens) // k
+    raw = [sum(lens[o:o + chunk]) for o in range(0, len(lens), chunk)]
+    balanced = [sum(lens[i] for i in p) for p in partitions]
+    return {
+        f"{prefix}/min": min(raw),
+        f"{prefix}/max": max(raw),
+        f"{prefix}/minmax_diff": max(raw) - min(raw),
+        f"{prefix}/balanced_min": min(balanced),
+        f"{prefix}/balanced_max": max(balanced),
+        f"{prefix}/mean": sum(raw) / k,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 4. Dynamic micro-batches (chapter §11.5; facts §9.5, verl 0.9.1)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def plan_dynamic_micro_batches(seq_lens: IntSeq, max_token_len: int, min_num_micro_batch: int | None = None,
+                               num_batches_divided_by: int | None = None) -> list[list[int]]:
+    """Index lists of the ``use_dynamic_bsz`` micro-batches of one local mini-batch (facts §9.5, 0.9.1).
+
+    ``seq_lens`` (B,) are effective lengths; ``max_token_len`` = ppo_max_token_len_per_gpu × sp_size.
+    num_micro = min(B, ceil(ΣL / max_token_len)), then max(·, min_num_micro_batch), then rounded up to a
+    multiple of num_batches_divided_by. (The DP all-reduce MAX of num_micro is left to the caller.) Rows are
+    split by KK (equal_size=False) on workload; 0.9.1's loop then adds micro-batches (one, or num_batches_divided_by, at a time) until every
+    micro-batch's token sum ≤ max_token_len. Micro-batches are sorted by descending workload sum (ties: first
+    index), then reordered evens-reversed + odds so the smallest sit at both ends (pipeline warm-up and
+    cool-down). Indices inside a micro-batch are ascending. Undo the order with :func:`restore_order`.
+    """
+    lens = [int(x) for x in _as_list(seq_lens)]
+    if not lens:
+        raise ValueError("seq_lens is empty")
+    _check_positive("ppo_max_token_len_per_gpu", max_token_len)
+    if max_token_len < max(lens):
+        raise ValueError(f"ppo_max_token_len_per_gpu (× sp) = {max_token_len} is smaller than the longest "
+                         f"sequence, {max(lens)} tokens")
+    num_micro = min(len(lens), math.ceil(sum(lens) / max_token_len))
+    if min_num_micro_batch is not None:
+        num_micro = max(num_micro, min_num_micro_batch)
+    if num_batches_divided_by is not None:
+        _check_positive("num_batches_divided_by", num_batches_divided_by)
+        num_micro = -(-num_micro // num_batches_divided_by) * num_batches_divided_by
+    if num_micro > len(lens):
+        raise ValueError(f"{num_micro} micro-batches requested (min_num_micro_batch / num_batches_divided_by) "
+                         f"but only {len(lens)} rows")
+    workloads = calculate_workload(lens).tolist()
+    step = num_batches_divided_by or 1  # verl keeps the count a multiple of the VPP size while it retries
+    while True:
+        parts = get_seqlen_balanced_partitions(workloads, num_micro, equal_size=False)
+        # KK balances workload, not tokens, so a partition can overshoot the token budget; 0.9.1 retries with
+        # more micro-batches. It always ends: at num_micro = B every partition is one row ≤ max_token_len.
+        if all(sum(lens[i] for i in p) <= max_token_len for p in parts):
+            break
+        if num_micro + step > len(lens):
+            raise ValueError(f"cannot keep every micro-batch within ppo_max_token_len_per_gpu = {max_token_len} "
+                             f"with {len(lens)} rows in steps of {step}")
+        num_micro += step
+    parts.sort(key=lambda p: (sum(workloads[i] for i in p), p[0]), reverse=True)
+    return parts[::2][::-1] + parts[1::2]
+
+
+def restore_order(micro_indices: list[list[int]]) -> list[int]:
+    """Inverse permutation of the concatenated micro-batch indices (facts §9.5, verl ``restore_dynamic_batch``).
+
+    If ``y = cat([x[idx] for idx in micro_indices])`` then ``y[restore_order(micro_indices)] == x``.
+    """
+    flat = [i for part in micro_indices for i in part]
+    inverse = [0] * len(flat)
+    for pos, i in enumerate(flat):
+        inverse[i] = pos
+    return inverse
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 5. Mini-batches and fixed micro-batches inside a worker (chapter §12.2–§12.3; facts §9.2, §9.4)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def mini_batch_indices(n_rows: int, mini_batch_size: int, epochs: int, shuffle: bool = False,
+                       seed: int | None = None) -> list[list[list[int]]]:
+    """Row indices of every mini-batch, per epoch: result[e][j] is mini-batch j of epoch e (facts §9.2).
+
+    ``n_rows`` = rows on this rank, ``mini_batch_size`` = local mini-batch (global mini / dp). Without shuffle:
+    contiguous slices in order, the same every epoch. With shuffle: the same torch ``DataLoader`` over
+    ``arange(n_rows)`` that verl's ``make_iterator`` builds (RandomSampler with ``torch.Generator`` seeded with
+    ``seed`` — verl passes data_loader_seed + dp_rank — afresh on every call). Epoch e uses the e-th permutation
+    that loader draws from the one generator, so the same permutations recur every training step. (The loader
+    also draws a base seed from the generator each epoch, which is why we iterate a real DataLoader rather than
+    calling ``randperm`` ourselves.)
+    """
+    from torch.utils.data import DataLoader  # local import: only this function needs it
+
+    _check_positive("n_rows", n_rows)
+    _check_positive("mini_batch_size", mini_batch_size)
+    _check_positive("epochs", epochs)
+    _check_divides("n_rows", n_rows, "mini_batch_size", mini_batch_size)
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    loader = DataLoader(torch.arange(n_rows), batch_size=mini_batch_size, shuffle=shuffle, generator=generator,
+                        collate_fn=lambda rows: [int(r) for r in rows])
+    # Re-iterating the one loader each epoch advances the shared generator, as verl's epoch loop does.
+    return [[batch for batch in loader] for _ in range(epochs)]
+
+
+def fixed_micro_batches(n_rows: int, micro_batch_size: int) -> list[list[int]]:
+    """Contiguous micro-batches of ``micro_batch_size`` rows, in order (facts §9.4, ``use_dynamic_bsz=False``).
+
+    ``n_rows`` = local mini-batch rows. If it is not a multiple, the last micro-batch is shorter
+    (:func:`plan_batches` rejects such configs up front).
+    """
+    _check_positive("n_rows", n_rows)
+    _check_positive("ppo_micro_batch_size_per_gpu", micro_batch_size)
+    return [list(range(s, min(s + micro_batch_size, n_rows))) for s in range(0, n_rows, micro_batch_size)]

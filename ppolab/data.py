@@ -1,0 +1,238 @@
+"""The arithmetic task in verl's RL dataset format, and a loader for verl-format parquet files.
+
+A row, as verl's GSM8K preprocessing writes it::
+
+    {"data_source": "arith",
+     "prompt": [{"role": "user", "content": "What is 37+48?"}],
+     "ability": "math",
+     "reward_model": {"style": "rule", "ground_truth": "85"},
+     "extra_info": {"split": "train", "index": 0}}
+
+The answer the model should write is ``#### 85``. About 10% of all problems (chosen by a hash of
+the question, independent of any seed) are held out: only the test split draws from them, so
+train rows and SFT data never contain a test question.
+
+    python -m ppolab.data arith --out data/arith
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+DATA_SOURCE = "arith"
+REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
+HELD_OUT_PERCENT = 10
+
+
+# ----------------------------------------------------------------------------- the arithmetic task
+
+
+def _operand(rng: random.Random, digits: int) -> int:
+    """A number with exactly ``digits`` digits (0-9 for one digit)."""
+    return rng.randrange(10 ** (digits - 1) if digits > 1 else 0, 10**digits)
+
+
+def sample_problem(rng: random.Random, digits: int | Sequence[int] = 2, ops: str = "+-") -> tuple[str, int]:
+    """One random problem ``(question, answer)``; ``*`` multiplies by a single digit."""
+    d = digits if isinstance(digits, int) else rng.choice(list(digits))
+    op = rng.choice(ops)
+    a = _operand(rng, d)
+    b = _operand(rng, 1) if op == "*" else _operand(rng, d)
+    answer = {"+": a + b, "-": a - b, "*": a * b}[op]
+    return f"What is {a}{op}{b}?", answer
+
+
+def is_held_out(question: str) -> bool:
+    """Whether a question belongs to the test pool (a fixed hash, so every seed agrees)."""
+    return zlib.crc32(question.encode()) % 100 < HELD_OUT_PERCENT
+
+
+def sample_problems(
+    n: int, split: str, seed: int, digits: int | Sequence[int] = 2, ops: str = "+-", unique: bool = True
+) -> list[tuple[str, int]]:
+    """``n`` problems from the ``test`` (held-out) or ``train`` pool."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    if not ops or set(ops) - set("+-*"):
+        raise ValueError(f"ops must be made of '+', '-', '*', got {ops!r}")
+    rng = random.Random(f"{seed}-{split}")
+    out: list[tuple[str, int]] = []
+    seen: set[str] = set()
+    for _ in range(200 * n + 1000):
+        if len(out) == n:
+            return out
+        q, a = sample_problem(rng, digits, ops)
+        if is_held_out(q) != (split == "test") or (unique and q in seen):
+            continue
+        seen.add(q)
+        out.append((q, a))
+    raise ValueError(f"could not draw {n} distinct {split} problems with digits={digits} ops={ops!r}: too few exist")
+
+
+def make_row(question: str, answer: int, split: str, index: int) -> dict[str, Any]:
+    """One verl RL row."""
+    return {
+        "data_source": DATA_SOURCE,
+        "prompt": [{"role": "user", "content": question}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": str(answer)},
+        "extra_info": {"split": split, "index": index},
+    }
+
+
+def response_for(answer: int | str) -> str:
+    """The target response (EOS comes from the chat template / tokenizer)."""
+    return f"#### {answer}"
+
+
+def write_arith(
+    out: str | os.PathLike,
+    n_train: int = 5000,
+    n_test: int = 1000,
+    seed: int = 0,
+    digits: int | Sequence[int] = 2,
+    ops: str = "+-",
+) -> tuple[Path, Path]:
+    """Write ``train.parquet`` and ``test.parquet`` under ``out``; returns their paths."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for split, n in (("train", n_train), ("test", n_test)):
+        rows = [make_row(q, a, split, i) for i, (q, a) in enumerate(sample_problems(n, split, seed, digits, ops))]
+        path = out / f"{split}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), path)
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+# ----------------------------------------------------------------------------- loading verl parquet
+
+
+class RLDataset:
+    """Rows of a verl RL dataset with the chat-templated prompt already tokenized.
+
+    Each item is a dict: ``input_ids`` (list[int]), ``prompt_text``, ``raw_prompt`` (the messages),
+    ``data_source``, ``ground_truth``, ``ability``, ``extra_info``, ``index``.
+    """
+
+    def __init__(self, rows: list[dict[str, Any]]):
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int | slice) -> Any:
+        return RLDataset(self.rows[i]) if isinstance(i, slice) else self.rows[i]
+
+    def __iter__(self):
+        return iter(self.rows)
+
+    def __repr__(self) -> str:
+        return f"RLDataset({len(self)} rows)"
+
+
+def _check_row(row: dict[str, Any]) -> tuple[str | None, str]:
+    """Returns ``(bad column, why)`` or ``(None, "")`` for a valid row."""
+    if not isinstance(row["data_source"], str):
+        return "data_source", f"expected a string, got {type(row['data_source']).__name__}"
+    prompt = row["prompt"]
+    if not isinstance(prompt, list) or not prompt:
+        return "prompt", f"expected a non-empty list of chat messages, got {type(prompt).__name__}"
+    for m in prompt:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            return "prompt", f"expected messages {{'role': str, 'content': str}}, got {m!r}"
+    rm = row["reward_model"]
+    if not isinstance(rm, dict) or "ground_truth" not in rm:
+        return "reward_model", f"expected a dict with 'ground_truth', got {rm!r}"
+    if not isinstance(rm["ground_truth"], (str, int)) or isinstance(rm["ground_truth"], bool):
+        return "reward_model", f"ground_truth must be a string, got {type(rm['ground_truth']).__name__}"
+    if row.get("extra_info") is not None and not isinstance(row["extra_info"], dict):
+        return "extra_info", f"expected a dict, got {type(row['extra_info']).__name__}"
+    return None, ""
+
+
+def load_rl_dataset(
+    path_or_paths: str | os.PathLike | Sequence[str | os.PathLike], tokenizer: Any, max_prompt_length: int
+) -> RLDataset:
+    """Read verl-format parquet file(s) and apply the tokenizer's chat template to each prompt.
+
+    Raises ``ValueError`` naming the file, row and column for a missing column, a wrong type, or a
+    prompt longer than ``max_prompt_length`` tokens.
+    """
+    paths = [path_or_paths] if isinstance(path_or_paths, (str, os.PathLike)) else list(path_or_paths)
+    rows: list[dict[str, Any]] = []
+    for path in map(Path, paths):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such parquet file")
+        table = pq.read_table(path)
+        missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
+        if missing:
+            raise ValueError(f"{path}: every row, column {missing[0]!r}: missing (columns: {table.column_names})")
+        for i, row in enumerate(table.to_pylist()):
+            where = f"{path}: row {i}, column"
+            column, why = _check_row(row)
+            if column:
+                raise ValueError(f"{where} {column!r}: {why}")
+            try:
+                text = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
+            except Exception as e:  # a template that rejects a role or message
+                raise ValueError(f"{where} 'prompt': chat template failed: {e}") from e
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            if len(ids) > max_prompt_length:
+                raise ValueError(
+                    f"{where} 'prompt': {len(ids)} tokens after the chat template, "
+                    f"more than max_prompt_length={max_prompt_length}"
+                )
+            extra = row.get("extra_info") or {}
+            rows.append(
+                {
+                    "input_ids": ids,
+                    "prompt_text": text,
+                    "raw_prompt": row["prompt"],
+                    "data_source": row["data_source"],
+                    "ground_truth": str(row["reward_model"]["ground_truth"]),
+                    "ability": row.get("ability"),
+                    "extra_info": extra,
+                    "index": extra.get("index", len(rows)),
+                }
+            )
+    return RLDataset(rows)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def _digits(s: str) -> int | list[int]:
+    ds = [int(x) for x in s.split(",")]
+    if any(d < 1 or d > 6 for d in ds):
+        raise argparse.ArgumentTypeError("digits per operand must be 1..6")
+    return ds[0] if len(ds) == 1 else ds
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m ppolab.data", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="task", required=True)
+    a = sub.add_parser("arith", help="arithmetic prompts like 'What is 37+48?' answered '#### 85'")
+    a.add_argument("--out", default="data/arith", help="output directory")
+    a.add_argument("--n-train", type=int, default=5000)
+    a.add_argument("--n-test", type=int, default=1000)
+    a.add_argument("--digits", type=_digits, default=2, help="digits per operand (difficulty tier), or a mix '1,2'")
+    a.add_argument("--ops", default="+-", help="operators to draw from, e.g. '+-*'")
+    a.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    train, test = write_arith(args.out, args.n_train, args.n_test, args.seed, args.digits, args.ops)
+    for path in (train, test):
+        print(f"wrote {path} ({pq.read_metadata(path).num_rows} rows, {path.stat().st_size / 1024:.0f} KiB)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""Generate responses and score them with the rule rewards: greedy and sampled accuracy.
+
+    python -m ppolab.eval --model data/models/tiny-arith --data data/arith/test.parquet
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ppolab import rewards
+from ppolab.data import RLDataset, load_rl_dataset
+from ppolab.models import SHIPPED_ARITH, SHIPPED_MODEL, load_tokenizer_and_model
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    ids = {tokenizer.eos_token_id}
+    gc_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(gc_eos if isinstance(gc_eos, list) else [gc_eos])
+    return sorted(i for i in ids if i is not None)
+
+
+def _cut(row: list[int], eos_ids: list[int], pad_id: int) -> list[int]:
+    """The response up to and including the first EOS, without padding."""
+    out = []
+    for t in row:
+        if t in eos_ids:
+            out.append(t)
+            break
+        if t != pad_id:
+            out.append(t)
+    return out
+
+
+@torch.no_grad()
+def generate(
+    model: Any,
+    tokenizer: Any,
+    prompt_ids: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    do_sample: bool,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = -1,
+    batch_size: int = 256,
+    generator_seed: int | None = None,
+) -> list[list[int]]:
+    """Batched, left-padded ``model.generate``; one response per prompt, ending with EOS if it stopped.
+
+    ``top_k=-1`` means no top-k (as in verl); ``generator_seed`` makes sampling repeatable without
+    touching the global RNG state.
+    """
+    device = next(model.parameters()).device
+    pad, eos_ids = tokenizer.pad_token_id, _eos_ids(model, tokenizer)
+    kw: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, pad_token_id=pad, eos_token_id=eos_ids)
+    if do_sample:
+        # transformers fills an unset top_k with 50; 0 switches it off.
+        kw.update(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else 0)
+    responses: list[list[int]] = []
+    rng = contextlib.nullcontext()
+    if generator_seed is not None:
+        rng = torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
+    with rng:
+        if generator_seed is not None:
+            torch.manual_seed(generator_seed)
+        for start in range(0, len(prompt_ids), batch_size):
+            chunk = prompt_ids[start : start + batch_size]
+            width = max(len(p) for p in chunk)
+            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for i, p in enumerate(chunk):
+                ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+                mask[i, width - len(p) :] = 1
+            seqs = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kw)
+            responses += [_cut(row, eos_ids, pad) for row in seqs[:, width:].tolist()]
+    return responses
+
+
+def evaluate(
+    model: Any,
+    tokenizer: Any,
+    dataset: RLDataset | Sequence[dict[str, Any]],
+    max_new_tokens: int,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    n_examples: int = 3,
+    reward_fn: Any = None,
+    batch_size: int = 256,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Accuracy (share of rewards equal to 1.0), mean reward, mean response length in tokens
+    (EOS included) and ``n_examples`` tuples ``(prompt, response, ground_truth, score)``."""
+    reward_fn = reward_fn or rewards.compute_score
+    items = list(dataset)
+    responses = generate(
+        model, tokenizer, [it["input_ids"] for it in items], max_new_tokens, do_sample, temperature,
+        batch_size=batch_size, generator_seed=seed if do_sample else None,
+    )
+    scores, examples = [], []
+    for it, resp in zip(items, responses):
+        text = tokenizer.decode(resp, skip_special_tokens=True)
+        s = reward_fn(it["data_source"], text, it["ground_truth"], it["extra_info"])
+        s = float(s["score"] if isinstance(s, dict) else s)
+        scores.append(s)
+        if len(examples) < n_examples:
+            examples.append((it["raw_prompt"][-1]["content"], text, it["ground_truth"], s))
+    n = max(len(items), 1)
+    return {
+        "accuracy": sum(s == 1.0 for s in scores) / n,
+        "mean_score": sum(scores) / n,
+        "mean_response_length": sum(len(r) for r in responses) / n,
+        "n": len(items),
+        "examples": examples,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m ppolab.eval", description="greedy and sampled accuracy of a model")
+    p.add_argument("--model", default=str(SHIPPED_MODEL), help="local model directory")
+    p.add_argument("--data", nargs="+", default=[str(SHIPPED_ARITH / "test.parquet")], help="verl-format parquet")
+    p.add_argument("--n", type=int, default=500, help="number of prompts (0 = all)")
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--max-prompt-length", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=1.0, help="for the sampled run")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--examples", type=int, default=3)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="float32")
+    args = p.parse_args(argv)
+
+    tok, model = load_tokenizer_and_model(args.model, args.dtype, args.device)
+    ds = load_rl_dataset(args.data, tok, args.max_prompt_length)
+    ds = ds[: args.n] if args.n > 0 else ds
+    print(f"model {args.model}  data {' '.join(args.data)}  prompts {len(ds)}")
+    for name, sample in (("greedy", False), (f"sampled (T={args.temperature:g})", True)):
+        t0 = time.perf_counter()
+        r = evaluate(model, tok, ds, args.max_new_tokens, sample, args.temperature, args.examples,
+                     batch_size=args.batch_size, seed=args.seed)
+        print(f"{name:>18}: accuracy {r['accuracy']:.3f}  mean reward {r['mean_score']:.3f}  "
+              f"mean response length {r['mean_response_length']:.2f} tokens  ({time.perf_counter() - t0:.1f} s)")
+        for prompt, resp, gt, s in r["examples"]:
+            print(f"{'':>20}{prompt!r} -> {resp!r}  (truth {gt}, reward {s:g})")
+
+
+if __name__ == "__main__":
+    main()

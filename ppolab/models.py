@@ -1,0 +1,113 @@
+"""Load a local Hugging Face causal LM (the shipped tiny model, or e.g. Qwen2.5-0.5B-Instruct).
+
+Nothing here reaches a model hub: only local directories are accepted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from packaging.version import Version
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast, Qwen2Config
+from transformers.utils import logging as hf_logging
+
+hf_logging.set_verbosity_error()
+hf_logging.disable_progress_bar()
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHIPPED_MODEL = REPO_ROOT / "data" / "models" / "tiny-arith"
+SHIPPED_ARITH = REPO_ROOT / "data" / "arith"
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+def _model_dir(path: str | os.PathLike) -> Path:
+    p = Path(path).expanduser()
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(
+            f"no local model directory at '{path}' (a folder with config.json, weights and tokenizer files). "
+            f"Models load from local folders only, never from a hub; the shipped tiny model is "
+            f"data/models/tiny-arith ({SHIPPED_MODEL})."
+        )
+    return p
+
+
+def load_tokenizer(path: str | os.PathLike) -> Any:
+    """The tokenizer of a local model dir, left-padded for generation, with a pad token.
+
+    A ``tokenizer_class`` of ``PreTrainedTokenizerFast`` is honoured as written (``AutoTokenizer``
+    would swap in ``Qwen2Tokenizer`` for a Qwen2 config); anything else goes through ``AutoTokenizer``.
+    """
+    p = _model_dir(path)
+    cfg_file = p / "tokenizer_config.json"
+    cls = json.loads(cfg_file.read_text()).get("tokenizer_class") if cfg_file.is_file() else None
+    loader = PreTrainedTokenizerFast if cls == "PreTrainedTokenizerFast" else AutoTokenizer
+    tok = loader.from_pretrained(p, local_files_only=True)
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def _dtype(dtype: str | torch.dtype) -> torch.dtype | str:
+    if isinstance(dtype, torch.dtype) or dtype == "auto":
+        return dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)} or 'auto', got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+def load_tokenizer_and_model(
+    path: str | os.PathLike, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu"
+) -> tuple[Any, torch.nn.Module]:
+    """``(tokenizer, model)`` from a local directory; the model is in eval mode on ``device``."""
+    p = _model_dir(path)
+    tok = load_tokenizer(p)
+    # transformers >= 4.56 calls it dtype; older versions torch_dtype.
+    key = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+    model = AutoModelForCausalLM.from_pretrained(p, local_files_only=True, **{key: _dtype(dtype)})
+    model.to(device).eval()
+    gc = model.generation_config
+    if gc.pad_token_id is None:
+        gc.pad_token_id = tok.pad_token_id
+    if gc.eos_token_id is None:
+        gc.eos_token_id = tok.eos_token_id
+    return tok, model
+
+
+def tiny_qwen2_config(
+    tokenizer: Any, hidden: int = 128, layers: int = 2, heads: int = 4, intermediate: int | None = None,
+    max_positions: int = 64,
+) -> Qwen2Config:
+    """A small Qwen2 config for ``tokenizer`` (tied embeddings, no GQA)."""
+    return Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=intermediate or 4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def generation_config_for(tokenizer: Any) -> GenerationConfig:
+    """Plain defaults (no top-k 50, no sampling) with the tokenizer's special ids."""
+    return GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Distinct parameters (tied embeddings counted once)."""
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,207 @@
+"""One frozen base model, three roles: actor, reference and critic (issue: "one frozen base, three roles").
+
+With LoRA (``lora_rank > 0``) everything shares one copy of the base weights:
+* actor  = base + LoRA adapter ``actor``;
+* ref    = the same model with adapters disabled (exactly the base model's log-probs);
+* critic = base + LoRA adapter ``critic`` + a value head (one linear layer on the last hidden state).
+With full fine-tuning (``lora_rank = 0``) the actor trains every weight, the reference is a frozen
+copy and the critic is a separate model + value head, as verl does.
+
+:func:`forward_response` is the one forward pass every stage uses: it returns per-token log-probs,
+entropy and/or values for the response positions, aligned by the one-token shift (chapter §9).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from ppolab.algos import entropy_from_logits, logprobs_from_logits, scale_logits
+from ppolab.models import load_tokenizer_and_model
+
+
+@dataclass
+class ResponseOutputs:
+    """Per-token outputs on the response positions, each (bs, R) or None."""
+
+    log_probs: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding: cumsum(mask) − 1, clamped at 0 (as HF ``generate`` does)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def forward_response(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    temperature: float,
+    want_log_probs: bool = True,
+    want_entropy: bool = False,
+    value_head: nn.Module | None = None,
+) -> ResponseOutputs:
+    """Run ``model`` on prompt ‖ response and read the response positions.
+
+    Shapes: input_ids, attention_mask (bs, P + R) with prompts left-padded and responses right-padded;
+    R = ``response_length``. The logits at position t predict token t+1, so the response tokens are
+    predicted by the last R+1 positions minus the final one (the one-token shift, chapter §9). Logits
+    are divided by the temperature before log-probs and entropy (facts §6). Values are the value head
+    on the hidden state at the same shifted positions (the value of the state *before* each token).
+    """
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        output_hidden_states=value_head is not None,
+        logits_to_keep=response_length + 1,
+        use_cache=False,
+    )
+    result = ResponseOutputs()
+    if want_log_probs or want_entropy:
+        logits = scale_logits(out.logits[:, :-1, :].float(), temperature)
+        responses = input_ids[:, -response_length:]
+        if want_log_probs:
+            result.log_probs = logprobs_from_logits(logits, responses)
+        if want_entropy:
+            result.entropy = entropy_from_logits(logits)
+    if value_head is not None:
+        hidden = out.hidden_states[-1][:, -response_length - 1 : -1, :]
+        result.values = value_head(hidden.to(value_head.weight.dtype)).squeeze(-1)
+    return result
+
+
+class ValueHead(nn.Linear):
+    """V(s) = w·h + b on the last hidden state (verl's critic: a token-classification head, 1 label)."""
+
+    def __init__(self, hidden_size: int, seed: int = 0):
+        super().__init__(hidden_size, 1)
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            self.weight.copy_(torch.randn(self.weight.shape, generator=g) * 0.02)
+            self.bias.zero_()
+
+
+class PolicyModels:
+    """Holds the tokenizer and the three roles; switches LoRA adapters as a stage needs them."""
+
+    def __init__(
+        self,
+        path: str,
+        lora_rank: int,
+        lora_alpha: int,
+        target_modules,
+        dtype: str = "float32",
+        device: str = "cpu",
+        use_critic: bool = False,
+        use_reference: bool = True,
+        critic_lora_rank: int | None = None,
+        critic_lora_alpha: int | None = None,
+        critic_path: str | None = None,
+        seed: int = 0,
+    ):
+        self.tokenizer, base = load_tokenizer_and_model(path, dtype, device)
+        self.device = torch.device(device)
+        self.lora = lora_rank > 0
+        self.use_critic = use_critic
+        base.requires_grad_(False)
+        self.value_head: ValueHead | None = None
+        if self.lora:
+            from peft import LoraConfig, get_peft_model
+
+            def lora_config(rank: int, alpha: int) -> LoraConfig:
+                return LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_modules, lora_dropout=0.0, bias="none")
+
+            torch.manual_seed(seed)  # LoRA A matrices are random; B is zero, so actor == base at step 0
+            self.model = get_peft_model(base, lora_config(lora_rank, lora_alpha), adapter_name="actor")
+            if use_critic:
+                self.model.add_adapter("critic", lora_config(critic_lora_rank or lora_rank, critic_lora_alpha or lora_alpha))
+            self.model.set_adapter("actor")
+            self.ref_model = None
+            self.critic_model = self.model
+        else:
+            self.model = base
+            base.requires_grad_(True)
+            self.ref_model = copy.deepcopy(base).requires_grad_(False) if use_reference else None
+            self.critic_model = None
+            if use_critic:
+                _, critic = load_tokenizer_and_model(critic_path or path, dtype, device)
+                self.critic_model = critic.requires_grad_(True)
+        if use_critic:
+            hidden = self.critic_model.config.hidden_size if not self.lora else base.config.hidden_size
+            self.value_head = ValueHead(hidden, seed=seed).to(self.device)
+
+    # ------------------------------------------------------------------ parameters per role
+    def actor_parameters(self) -> list[nn.Parameter]:
+        """The trainable actor weights: the ``actor`` adapter, or every base weight without LoRA."""
+        if self.lora:
+            return [p for n, p in self.model.named_parameters() if ".actor." in n]
+        return list(self.model.parameters())
+
+    def critic_parameters(self) -> list[nn.Parameter]:
+        """The ``critic`` adapter (or the whole critic model) plus the value head."""
+        if self.lora:
+            params = [p for n, p in self.model.named_parameters() if ".critic." in n]
+        else:
+            params = list(self.critic_model.parameters())
+        return params + list(self.value_head.parameters())
+
+    # ------------------------------------------------------------------ role contexts
+    @contextlib.contextmanager
+    def actor(self) -> Iterator[nn.Module]:
+        """The actor model, with the ``actor`` adapter active (also the rollout policy)."""
+        if self.lora:
+            self.model.set_adapter("actor")
+        yield self.model
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[nn.Module]:
+        """The reference policy: adapters disabled (LoRA) or the frozen copy (full fine-tuning)."""
+        if self.lora:
+            with self.model.disable_adapter():
+                yield self.model
+        else:
+            yield self.ref_model
+
+    @contextlib.contextmanager
+    def critic(self) -> Iterator[nn.Module]:
+        """The critic trunk, with the ``critic`` adapter active; pair it with ``value_head``."""
+        if self.lora:
+            self.model.set_adapter("critic")
+            try:
+                yield self.model
+            finally:
+                self.model.set_adapter("actor")
+        else:
+            yield self.critic_model
+
+    # ------------------------------------------------------------------ checkpoints
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """Every trainable tensor by a stable name (adapters, or full weights, and the value head)."""
+        state = {f"actor.{i}": p.detach() for i, p in enumerate(self.actor_parameters())}
+        if self.use_critic:
+            state.update({f"critic.{i}": p.detach() for i, p in enumerate(self.critic_parameters())})
+        return state
+
+    def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Inverse of :meth:`trainable_state`."""
+        with torch.no_grad():
+            for i, p in enumerate(self.actor_parameters()):
+                p.copy_(state[f"actor.{i}"])
+            if self.use_critic:
+                for i, p in enumerate(self.critic_parameters()):
+                    p.copy_(state[f"critic.{i}"])
+
+    def save_adapters(self, directory) -> None:
+        """``save_pretrained`` of the adapters (LoRA) or the full actor, for use outside ppolab."""
+        if self.lora:
+            self.model.save_pretrained(str(directory), selected_adapters=None)
+        else:
+            self.model.save_pretrained(str(directory), safe_serialization=True)

@@ -1,0 +1,27 @@
+"""Rollout engines: turn prompts into sampled trajectories with the engine's own log-probs.
+
+The interface is small on purpose (``generate`` and ``sync_weights``) so a vLLM engine can slot in
+beside the Hugging Face one.
+"""
+from ppolab.rollout.base import RolloutEngine, RolloutOutput, SamplingParams, left_pad, response_mask_from_ids
+from ppolab.rollout.hf import HFRollout
+
+
+def make_rollout_engine(name: str, models, **kwargs) -> RolloutEngine:
+    """The engine named by ``actor_rollout_ref.rollout.name``."""
+    if name == "hf":
+        return HFRollout(models, **kwargs)
+    if name == "vllm":
+        try:
+            import vllm  # noqa: F401
+        except ImportError as e:
+            raise ImportError(
+                "actor_rollout_ref.rollout.name=vllm needs the vllm package, which is not installed: install the GPU "
+                "extra with pip install 'ppolab[gpu]' on a CUDA machine, or use rollout.name=hf."
+            ) from e
+        raise NotImplementedError("the vLLM rollout engine is not implemented yet; use actor_rollout_ref.rollout.name=hf")
+    raise ValueError(f"actor_rollout_ref.rollout.name={name!r} is unknown; choose hf or vllm")
+
+
+__all__ = ["RolloutEngine", "RolloutOutput", "SamplingParams", "HFRollout", "left_pad", "response_mask_from_ids",
+           "make_rollout_engine"]

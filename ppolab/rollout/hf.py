@@ -1,0 +1,63 @@
+"""The Hugging Face ``generate`` rollout engine (CPU or GPU), sharing the actor's weights."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ppolab.algos import logprobs_from_logits, scale_logits
+from ppolab.rollout.base import RolloutOutput, SamplingParams, left_pad, response_mask_from_ids
+
+
+class HFRollout:
+    """Samples with ``model.generate`` on the actor (LoRA adapter active).
+
+    ``rollout_log_probs`` come from the *raw* logits the engine returned (``output_logits=True``) divided
+    by the temperature — ``output_scores`` would give scores after top-p/top-k processing (see the
+    environment notes) — so they measure the same temperature-scaled policy the trainer recomputes.
+    """
+
+    def __init__(self, models, chunk_size: int = 512):
+        self.models = models
+        self.tokenizer = models.tokenizer
+        self.chunk_size = chunk_size
+        gen_eos = models.model.generation_config.eos_token_id
+        eos = set(gen_eos if isinstance(gen_eos, list) else [gen_eos]) | {self.tokenizer.eos_token_id}
+        self.eos_ids = sorted(i for i in eos if i is not None)
+
+    def sync_weights(self) -> None:
+        """Nothing to do: generation runs on the very model the optimizer updates."""
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: Sequence[Sequence[int]], n: int, sampling: SamplingParams,
+                 max_response_length: int) -> RolloutOutput:
+        pad = self.tokenizer.pad_token_id
+        repeated = [list(p) for p in prompt_ids for _ in range(n)]
+        prompts, prompt_mask = left_pad(repeated, pad)
+        kwargs = dict(max_new_tokens=max_response_length, pad_token_id=pad, eos_token_id=self.eos_ids,
+                      do_sample=sampling.do_sample, output_logits=True, return_dict_in_generate=True)
+        if sampling.do_sample:
+            # transformers fills an unset top_k with 50; 0 switches it off (verl's -1).
+            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p,
+                          top_k=sampling.top_k if sampling.top_k > 0 else 0)
+        temperature = sampling.temperature if sampling.do_sample else 1.0
+        device = self.models.device
+        chunks = []
+        with self.models.actor() as model:
+            was_training = model.training
+            model.eval()
+            for start in range(0, len(repeated), self.chunk_size):
+                ids = prompts[start:start + self.chunk_size].to(device)
+                mask = prompt_mask[start:start + self.chunk_size].to(device)
+                out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+                responses = out.sequences[:, ids.shape[1]:]
+                logits = torch.stack(out.logits, dim=1).float()
+                log_probs = logprobs_from_logits(scale_logits(logits, temperature), responses)
+                chunks.append((responses.cpu(), log_probs.cpu()))
+            model.train(was_training)
+        width = max(r.shape[1] for r, _ in chunks)
+        responses = torch.cat([torch.nn.functional.pad(r, (0, width - r.shape[1]), value=pad) for r, _ in chunks])
+        log_probs = torch.cat([torch.nn.functional.pad(lp, (0, width - lp.shape[1])) for _, lp in chunks])
+        response_mask = response_mask_from_ids(responses, self.eos_ids)
+        responses = torch.where(response_mask.bool(), responses, torch.full_like(responses, pad))
+        return RolloutOutput(prompts, prompt_mask, responses, response_mask, log_probs * response_mask)

@@ -1,0 +1,263 @@
+"""``ppolab.train(...)`` from a notebook, or ``python -m ppolab.train [--preset NAME] key=value ...`` in a shell.
+
+Runs :class:`ppolab.trainer.PPOTrainer` for ``trainer.total_training_steps`` steps with validation,
+recording and checkpoints, and returns the :class:`ppolab.record.Run` it wrote::
+
+    run = ppolab.train("grpo_tiny", ["trainer.total_training_steps=20"])
+    run.metrics["val/accuracy"].dropna()
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from ppolab.config import PPOConfig, load_config, to_dict
+from ppolab.record import Recorder, Run, StepRecord, latest_checkpoint, write_json, write_tensors
+
+#: Tensors of the final step batch that go into a recorded step (chapter §1: what exists after each stage).
+RECORDED_TENSORS = ("prompts", "prompt_mask", "responses", "response_mask", "loss_mask", "rollout_log_probs",
+                    "old_log_probs", "entropy", "ref_log_prob", "values", "token_level_scores", "token_level_rewards",
+                    "advantages", "returns", "rollout_is_weights", "uid", "is_pad", "row_id")
+
+OnStep = Callable[[int, dict, "StepRecord | None"], None]
+
+
+def _versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"python": sys.version.split()[0]}
+    for name in ("ppolab", "torch", "transformers", "peft", "safetensors", "numpy"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def resolve_config(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequence[str] | dict | None = None,
+                   world_size: int = 1) -> PPOConfig:
+    """A validated config from a PPOConfig, a preset name / YAML path (default ``grpo_tiny``) and overrides."""
+    if isinstance(config, PPOConfig):
+        if overrides:
+            config = load_config(None, [*_dotlist(to_dict(config)), *_as_list(overrides)], world_size=world_size)
+        return config
+    return load_config(config or "grpo_tiny", overrides, world_size=world_size)
+
+
+def _as_list(overrides) -> list[str]:
+    return [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in overrides.items()] \
+        if isinstance(overrides, dict) else list(overrides)
+
+
+def _dotlist(tree: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        out += _dotlist(v, key + ".") if isinstance(v, dict) else [f"{key}={json.dumps(v)}"]
+    return out
+
+
+# ====================================================================== checkpoints (safetensors + JSON)
+def save_checkpoint(trainer, directory: Path) -> None:
+    """Adapters (save_pretrained), every trainable tensor, optimizer and RNG state; state.json is written
+    last, so a folder without it is an interrupted save and is ignored on resume."""
+    directory.mkdir(parents=True, exist_ok=True)
+    trainer.models.save_adapters(directory / "adapters")
+    write_tensors(directory / "trainable.safetensors", trainer.models.trainable_state())
+    optimizers = {"actor": (trainer.actor_optimizer, trainer.actor_scheduler)}
+    if trainer.use_critic:
+        optimizers["critic"] = (trainer.critic_optimizer, trainer.critic_scheduler)
+    optim_meta = {}
+    for name, (opt, sched) in optimizers.items():
+        sd = opt.state_dict()
+        tensors = {f"{i}.{k}": v for i, st in sd["state"].items() for k, v in st.items()}
+        write_tensors(directory / f"optim_{name}.safetensors", tensors or {"_empty": torch.zeros(0)})
+        optim_meta[name] = {"param_groups": sd["param_groups"], "scheduler": sched.state_dict()}
+    write_tensors(directory / "rng.safetensors", {"torch": torch.get_rng_state()})
+    np_state = np.random.get_state()
+    write_json(directory / "state.json", {
+        "global_step": trainer.global_step, "data_epoch": trainer.data_epoch, "data_cursor": trainer.data_cursor,
+        "kl_ctrl_value": trainer.kl_ctrl_in_reward.value if trainer.kl_ctrl_in_reward else None,
+        "optimizers": optim_meta, "python_random": random.getstate(),
+        "numpy_random": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+    })
+
+
+def load_checkpoint(trainer, directory: Path) -> None:
+    """Inverse of :func:`save_checkpoint`: the trainer continues exactly where the checkpoint was taken."""
+    from safetensors.torch import load_file
+
+    state = json.loads((directory / "state.json").read_text())
+    trainer.models.load_trainable_state(load_file(str(directory / "trainable.safetensors")))
+    optimizers = {"actor": (trainer.actor_optimizer, trainer.actor_scheduler)}
+    if trainer.use_critic:
+        optimizers["critic"] = (trainer.critic_optimizer, trainer.critic_scheduler)
+    for name, (opt, sched) in optimizers.items():
+        tensors = load_file(str(directory / f"optim_{name}.safetensors"))
+        per_param: dict[int, dict] = {}
+        for key, value in tensors.items():
+            if key != "_empty":
+                idx, field = key.split(".", 1)
+                per_param.setdefault(int(idx), {})[field] = value
+        opt.load_state_dict({"state": per_param, "param_groups": state["optimizers"][name]["param_groups"]})
+        sched.load_state_dict(state["optimizers"][name]["scheduler"])
+    torch.set_rng_state(load_file(str(directory / "rng.safetensors"))["torch"])
+    random.setstate(tuple(x if not isinstance(x, list) else tuple(x) for x in state["python_random"]))
+    np_state = state["numpy_random"]
+    np.random.set_state((np_state[0], np.array(np_state[1], dtype=np.uint32), *np_state[2:]))
+    trainer.global_step, trainer.data_epoch = state["global_step"], state["data_epoch"]
+    trainer._order = trainer._epoch_order(trainer.data_epoch)
+    trainer.data_cursor = state["data_cursor"]
+    if trainer.kl_ctrl_in_reward is not None:
+        trainer.kl_ctrl_in_reward.value = state["kl_ctrl_value"]
+
+
+# ====================================================================== recording
+def step_record(trainer, batch, log_prob_history, metrics: dict) -> tuple[dict, dict]:
+    """(tensors, info) of a recorded step: the batch after all nine stages plus the actor's log-probs at
+    every optimizer step (``actor_log_probs``, (updates, N, R), NaN for rows outside that mini-batch)."""
+    tensors = {k: batch[k] for k in RECORDED_TENSORS if k in batch}
+    tensors = {k: (v.to(torch.uint8) if v.dtype == torch.bool else v) for k, v in tensors.items()}
+    if log_prob_history is not None:
+        tensors["actor_log_probs"] = log_prob_history
+    decode = trainer.tokenizer.batch_decode
+    info = {
+        "texts": {"prompts": decode(batch["prompts"], skip_special_tokens=True),
+                  "responses": decode(batch["responses"], skip_special_tokens=True),
+                  "ground_truth": batch.lists["ground_truth"]},
+        "data_source": batch.lists["data_source"],
+        "batch_plan": trainer.plan.as_dict(),
+        "dp_size": trainer.dp_size,
+        "temperature": trainer.config.actor_rollout_ref.rollout.temperature,
+        "metrics": metrics,
+    }
+    return tensors, info
+
+
+# ====================================================================== the loop
+def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequence[str] | dict | None = None, *,
+          on_step: OnStep | None = None, progress: bool = True) -> Run:
+    """Train with verl's semantics and return the run directory as a :class:`Run`.
+
+    ``config``: a :class:`PPOConfig`, a preset name (``grpo_tiny`` default, ``ppo_gae_tiny``, …) or a YAML path;
+    ``overrides``: verl-style ``["actor_rollout_ref.actor.clip_ratio=0.1", ...]`` or a dict.
+    ``on_step(step, metrics, record)`` is called after every step (``record`` is the recorded step or None)
+    — a notebook can live-plot with it. A KeyboardInterrupt stops cleanly: the run dir stays loadable.
+    """
+    from tqdm.auto import tqdm
+
+    from ppolab.trainer import PPOTrainer
+
+    cfg = resolve_config(config, overrides)
+    run_dir = Path(cfg.trainer.run_dir or f"runs/{cfg.trainer.experiment_name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    trainer = PPOTrainer(cfg)
+    recorder = Recorder(run_dir, to_dict(cfg), {"batch_plan": trainer.plan.as_dict(), "versions": _versions(),
+                                                "world_size": trainer.dp_size})
+    writer = _tensorboard(cfg, run_dir)
+    t, summary = cfg.trainer, {}
+    checkpoint = latest_checkpoint(run_dir) if t.resume else None
+    if checkpoint is not None:
+        load_checkpoint(trainer, checkpoint)
+        recorder.truncate_metrics(trainer.global_step)
+        summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    elif t.val_before_train and trainer.val_data:
+        summary["val_before"] = trainer.validate()
+        recorder.log_metrics(0, summary["val_before"])
+    bar = tqdm(total=t.total_training_steps, initial=trainer.global_step, disable=not progress, desc="ppolab",
+               dynamic_ncols=True)
+    try:
+        while trainer.global_step < t.total_training_steps:
+            metrics, batch, history = trainer.step()
+            step = trainer.global_step
+            if t.test_freq > 0 and (step % t.test_freq == 0 or step == t.total_training_steps):
+                start = time.perf_counter()
+                metrics.update(trainer.validate())
+                metrics["timing_s/testing"] = time.perf_counter() - start
+            recorder.log_metrics(step, metrics)
+            record = None
+            if t.record_freq > 0 and (step % t.record_freq == 0 or step == 1 or step == t.total_training_steps):
+                tensors, info = step_record(trainer, batch, history, metrics)
+                recorder.record_step(step, tensors, info)
+                record = StepRecord(step, tensors, info)
+            if t.save_freq > 0 and step % t.save_freq == 0:
+                save_checkpoint(trainer, recorder.checkpoint_dir(step))
+            if writer is not None:
+                for k, v in metrics.items():
+                    writer.add_scalar(k, v, step)
+            bar.update(1)
+            bar.set_postfix({"score": f"{metrics.get('critic/score/mean', float('nan')):.2f}",
+                             **({"val_acc": f"{metrics['val/accuracy']:.2f}"} if "val/accuracy" in metrics else {})})
+            if on_step is not None:
+                on_step(step, metrics, record)
+    except KeyboardInterrupt:
+        summary["interrupted_at_step"] = trainer.global_step
+        bar.write(f"interrupted after step {trainer.global_step}; {run_dir} is complete up to there and loadable")
+    finally:
+        bar.close()
+        if writer is not None:
+            writer.close()
+    val = recorder.metrics[-1] if recorder.metrics and "val/accuracy" in recorder.metrics[-1] else None
+    summary.update({"steps": trainer.global_step, "run_dir": str(run_dir)})
+    if val is not None:
+        summary["val_after"] = {k: v for k, v in val.items() if k.startswith("val")}
+    recorder.write_json("summary.json", summary)
+    return Run(run_dir)
+
+
+def _tensorboard(cfg: PPOConfig, run_dir: Path):
+    if "tensorboard" not in cfg.trainer.logger:
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as e:
+        raise ImportError("trainer.logger includes tensorboard but the tensorboard package is not installed: "
+                          "pip install tensorboard, or use trainer.logger=[console]") from e
+    return SummaryWriter(str(run_dir / "tensorboard"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ppolab.train", description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="grpo_tiny", help="preset name or YAML path (default grpo_tiny)")
+    parser.add_argument("overrides", nargs="*", help="verl-style key=value overrides")
+    args = parser.parse_args(argv)
+    from ppolab.config import ConfigError
+
+    try:
+        cfg = resolve_config(args.preset, args.overrides)
+    except (ConfigError, FileNotFoundError) as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    run = train(cfg)
+    summary = run.summary
+    before = summary.get("val_before", {}).get("val/accuracy")
+    after = summary.get("val_after", {}).get("val/accuracy")
+    print(f"\nrun dir: {run.path}   ({summary.get('steps')} steps, {time.perf_counter() - start:.0f} s)")
+    if before is not None and after is not None:
+        print(f"validation accuracy (greedy, {len(run.metrics)} rows logged): before {before:.3f} → after {after:.3f} "
+              f"({100 * (after - before):+.1f} points)")
+    return 130 if "interrupted_at_step" in summary else 0
+
+
+
+class _CallableModule(type(sys)):
+    """``import ppolab.train`` binds the *module* to ``ppolab.train``; keep ``ppolab.train(...)`` working anyway."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Run:
+        return train(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+
+if __name__ == "__main__":
+    sys.exit(main())

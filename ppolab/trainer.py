@@ -1,0 +1,416 @@
+"""PPOTrainer: verl's V1 training step as nine stages, one method each, same names (chapter §1; facts §9.1).
+
+    batch = generate_sequences(prompts)       1 sample (ppolab generates here; verl reads a replay buffer)
+    batch = compute_reward(batch)             2 scores on the last response token
+    batch = balance_batch(batch)              3 padding samples + length-balanced DP partitions
+    batch = compute_old_log_prob(batch)       4 π_old (or bypass: old = rollout log-probs)
+    batch = compute_ref_log_prob(batch)       5 π_ref, when a KL path is on
+    batch = compute_values(batch)             6 V_old, when there is a critic
+    batch = compute_advantage(batch)          7 reward KL, rollout IS weights, the estimator
+    update_critic(batch)                      8 clipped value loss, mini-/micro-batches
+    update_actor(batch)                       9 PPO loss, mini-/micro-batches
+
+The trainer knows stages, not formulas: every formula comes from ``ppolab.algos``; the micro-batch
+machinery from ``ppolab.engine``; only ``ppolab.record.Recorder`` writes the run directory.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from contextlib import contextmanager
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ppolab import algos
+from ppolab.batching import balance_metrics, balance_partitions, plan_batches
+from ppolab.config import PPOConfig
+from ppolab.engine import Batch, micro_batches, pad_right, reduce_metrics, to_device, train_mini_batches, trimmed_inputs
+from ppolab.roles import PolicyModels, forward_response
+from ppolab.rollout import SamplingParams, make_rollout_engine
+
+
+class PPOTrainer:
+    """Builds models, data and optimizers from a validated :class:`PPOConfig` and runs training steps."""
+
+    def __init__(self, config: PPOConfig, dp_rank: int = 0, dp_size: int = 1, all_reduce_sum: Callable | None = None):
+        from ppolab.data import load_rl_dataset
+        from ppolab.rewards import get_reward_fn
+
+        self.config = cfg = config
+        self.dp_rank, self.dp_size, self.all_reduce_sum = dp_rank, dp_size, all_reduce_sum
+        seed_everything(cfg.trainer.seed)
+        device = cfg.trainer.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        arr, actor = cfg.actor_rollout_ref, cfg.actor_rollout_ref.actor
+        self.use_critic, self.use_ref = cfg.use_critic, cfg.use_reference_policy
+        self.models = PolicyModels(
+            arr.model.path, arr.model.lora_rank, arr.model.lora_alpha, arr.model.target_modules, arr.model.dtype,
+            str(self.device), use_critic=self.use_critic, use_reference=self.use_ref,
+            critic_lora_rank=cfg.critic.model.lora_rank, critic_lora_alpha=cfg.critic.model.lora_alpha,
+            critic_path=cfg.critic.model.path, seed=cfg.trainer.seed,
+        )
+        self.tokenizer = self.models.tokenizer
+        self.train_data = load_rl_dataset(cfg.data.train_files, self.tokenizer, cfg.data.max_prompt_length)
+        val = load_rl_dataset(cfg.data.val_files, self.tokenizer, cfg.data.max_prompt_length) if cfg.data.val_files else []
+        self.val_data = val[: cfg.data.val_max_samples] if cfg.data.val_max_samples else val
+        self.reward_fn = get_reward_fn(cfg.custom_reward_function)
+        self.rollout = make_rollout_engine(arr.rollout.name, self.models)
+        self.actor_optimizer, self.actor_scheduler = make_optimizer(self.models.actor_parameters(), actor.optim)
+        if self.use_critic:
+            self.critic_optimizer, self.critic_scheduler = make_optimizer(self.models.critic_parameters(), cfg.critic.optim)
+        self.kl_ctrl_in_reward = algos.get_kl_controller(cfg.algorithm.kl_ctrl) if cfg.algorithm.use_kl_in_reward else None
+        self.plan = plan_batches(cfg.data.train_batch_size, arr.rollout.n, actor.ppo_mini_batch_size, dp_size,
+                                 None if actor.use_dynamic_bsz else actor.ppo_micro_batch_size_per_gpu, actor.ppo_epochs)
+        self.global_step = 0
+        self.data_epoch, self.data_cursor = 0, 0
+        self._order = self._epoch_order(0)
+
+    # ================================================================== data
+    def _epoch_order(self, epoch: int) -> list[int]:
+        if not self.config.data.shuffle:
+            return list(range(len(self.train_data)))
+        seed = self.config.data.seed if self.config.data.seed is not None else self.config.trainer.seed
+        return torch.randperm(len(self.train_data), generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+
+    def next_prompts(self) -> list[dict[str, Any]]:
+        """The next ``train_batch_size`` prompts; an incomplete tail starts a new epoch (drop_last)."""
+        size = self.config.data.train_batch_size
+        if self.data_cursor + size > len(self._order):
+            self.data_epoch, self.data_cursor = self.data_epoch + 1, 0
+            self._order = self._epoch_order(self.data_epoch)
+        rows = self._order[self.data_cursor:self.data_cursor + size]
+        self.data_cursor += size
+        return [self.train_data[i] for i in rows]
+
+    # ================================================================== stage 1: sample
+    def generate_sequences(self, prompts: list[dict[str, Any]]) -> Batch:
+        """Roll out ``rollout.n`` responses per prompt; trajectories of one prompt share a ``uid``."""
+        r = self.config.actor_rollout_ref.rollout
+        out = self.rollout.generate([p["input_ids"] for p in prompts], r.n,
+                                    SamplingParams(r.temperature, r.top_p, r.top_k, True),
+                                    self.config.data.max_response_length)
+        n = r.n
+        batch = Batch(
+            {"prompts": out.prompts, "prompt_mask": out.prompt_mask, "responses": out.responses,
+             "response_mask": out.response_mask, "rollout_log_probs": out.rollout_log_probs,
+             "uid": torch.arange(len(prompts)).repeat_interleave(n), "is_pad": torch.zeros(len(prompts) * n, dtype=torch.bool)},
+            {k: [p[k] for p in prompts for _ in range(n)] for k in ("data_source", "ground_truth", "extra_info", "index")},
+        )
+        batch["loss_mask"] = batch["response_mask"].clone()  # a copy, counted by the engine (facts §9.4)
+        return batch
+
+    # ================================================================== stage 2: reward
+    def compute_reward(self, batch: Batch) -> Batch:
+        """verl's reward signature per trajectory; the score sits on the last valid response token."""
+        texts = self.tokenizer.batch_decode(batch["responses"], skip_special_tokens=True)
+        scores = torch.zeros(len(batch))
+        for i, text in enumerate(texts):
+            s = self.reward_fn(batch.lists["data_source"][i], text, batch.lists["ground_truth"][i],
+                               batch.lists["extra_info"][i])
+            scores[i] = float(s["score"] if isinstance(s, dict) else s)
+        last = (batch["response_mask"].sum(-1).long() - 1).clamp(min=0)
+        token_level_scores = torch.zeros_like(batch["response_mask"])
+        token_level_scores[torch.arange(len(batch)), last] = scores
+        batch["token_level_scores"] = token_level_scores * batch["response_mask"]
+        return batch
+
+    # ================================================================== stage 3: balance
+    def balance_batch(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """Pad with synthetic samples to a multiple of lcm(dp, mini×n) and split rows across DP ranks by
+        Karmarkar–Karp on the attention workload (facts §9.1 stage 3, §9.3)."""
+        cfg, n = self.config, self.config.actor_rollout_ref.rollout.n
+        multiple = math.lcm(self.dp_size, cfg.actor_rollout_ref.actor.ppo_mini_batch_size * n)
+        if self.use_critic:
+            multiple = math.lcm(multiple, cfg.critic.ppo_mini_batch_size * n)
+        batch = add_padding_samples(batch, (-len(batch)) % multiple, self.tokenizer)
+        partitions = balance_partitions(batch.seq_lens(), self.dp_size)
+        metrics = balance_metrics(batch.seq_lens(), partitions)
+        batch = batch.select([i for part in partitions for i in part])
+        batch["row_id"] = torch.arange(len(batch))
+        return batch, metrics
+
+    # ================================================================== stages 4–6: forward passes
+    def _infer(self, role, batch: Batch, micro_size: int | None, max_tokens: int, want_entropy=False,
+               value_head=None) -> dict[str, torch.Tensor]:
+        """Forward-only pass over micro-batches; outputs are put back in row order, padded to R."""
+        temperature = self.config.actor_rollout_ref.rollout.temperature
+        width = batch["responses"].shape[1]
+        results: dict[str, list] = {"rows": [], "log_probs": [], "entropy": [], "values": []}
+        with torch.no_grad(), role() as model:
+            was_training = model.training
+            model.eval()
+            for rows in micro_batches(batch, micro_size, max_tokens):
+                mb = to_device(batch.select(rows), self.device)
+                ids, mask, r_len = trimmed_inputs(mb)
+                out = forward_response(model, ids, mask, r_len, temperature, value_head is None, want_entropy, value_head)
+                results["rows"] += rows
+                for key in ("log_probs", "entropy", "values"):
+                    value = getattr(out, key)
+                    if value is not None:
+                        results[key].append(pad_right(value.float().cpu(), width))
+            model.train(was_training)
+        order = torch.argsort(torch.as_tensor(results["rows"]))
+        return {k: torch.cat(v)[order] for k, v in results.items() if k != "rows" and v}
+
+    def compute_old_log_prob(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """π_old: recomputed by the actor (decoupled, the default) or copied from the rollout (bypass mode)."""
+        cfg = self.config
+        rollout, actor = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
+        if cfg.algorithm.rollout_correction.bypass_mode:
+            batch["old_log_probs"] = batch["rollout_log_probs"].clone()
+            return batch, {}
+        micro = None if rollout.log_prob_use_dynamic_bsz else rollout.log_prob_micro_batch_size_per_gpu or len(batch)
+        out = self._infer(self.models.actor, batch, micro, rollout.log_prob_max_token_len_per_gpu, want_entropy=True)
+        batch["old_log_probs"], batch["entropy"] = out["log_probs"], out["entropy"]
+        mask = batch["response_mask"]
+        metrics = {"actor/entropy": float(algos.agg_loss(out["entropy"], mask, actor.loss_agg_mode,
+                                                         loss_scale_factor=actor.loss_scale_factor))}
+        if rollout.calculate_log_probs and mask.any():
+            diff = (out["log_probs"].exp() - batch["rollout_log_probs"].exp()).abs()[mask.bool()]
+            metrics.update({"training/rollout_probs_diff_max": float(diff.max()),
+                            "training/rollout_probs_diff_mean": float(diff.mean()),
+                            "training/rollout_probs_diff_std": float(diff.std()) if diff.numel() > 1 else 0.0})
+        return batch, metrics
+
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        """π_ref: the same forward with LoRA disabled (or the frozen copy), same temperature (facts §9.1 stage 5)."""
+        ref = self.config.actor_rollout_ref.ref
+        micro = None if ref.log_prob_use_dynamic_bsz else ref.log_prob_micro_batch_size_per_gpu or len(batch)
+        batch["ref_log_prob"] = self._infer(self.models.reference, batch, micro, ref.log_prob_max_token_len_per_gpu)["log_probs"]
+        return batch
+
+    def compute_values(self, batch: Batch) -> Batch:
+        """V_old: the critic's values of the states before each response token."""
+        critic = self.config.critic
+        micro = None if critic.use_dynamic_bsz else critic.ppo_micro_batch_size_per_gpu or len(batch)
+        out = self._infer(self.models.critic, batch, micro, critic.ppo_max_token_len_per_gpu,
+                          value_head=self.models.value_head)
+        batch["values"] = out["values"]
+        return batch
+
+    # ================================================================== stage 7: advantage
+    def compute_advantage(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """Reward-side KL (if on), rollout IS weights (if configured, not in bypass), then the estimator."""
+        alg, metrics = self.config.algorithm, {}
+        mask = batch["response_mask"]
+        if alg.use_kl_in_reward:
+            batch["token_level_rewards"], metrics = algos.apply_kl_penalty(
+                batch["token_level_scores"], batch["old_log_probs"], batch["ref_log_prob"], mask,
+                self.kl_ctrl_in_reward, alg.kl_penalty)
+        else:
+            batch["token_level_rewards"] = batch["token_level_scores"]
+        corr = alg.rollout_correction
+        if corr.rollout_is and not corr.bypass_mode and mask.any():
+            batch["rollout_is_weights"] = algos.rollout_is_weights(
+                batch["old_log_probs"], batch["rollout_log_probs"], mask, corr.rollout_is, corr.rollout_is_threshold)
+            metrics.update(algos.rollout_corr_metrics(batch["old_log_probs"], batch["rollout_log_probs"], mask,
+                                                      batch["rollout_is_weights"]))
+        batch["advantages"], batch["returns"] = algos.compute_advantage(
+            alg.adv_estimator, batch["token_level_rewards"], mask, index=batch["uid"].tolist(),
+            values=batch.tensors.get("values"), gamma=alg.gamma, lam=alg.lam,
+            norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo, config=alg)
+        return batch, metrics
+
+    # ================================================================== stage 8: critic
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        """Clipped value loss over critic mini-batches (critic.ppo_mini_batch_size × n rows) and epochs."""
+        c, n = self.config.critic, self.config.actor_rollout_ref.rollout.n
+        temperature = self.config.actor_rollout_ref.rollout.temperature
+
+        def micro_loss(mb: Batch, global_info: dict) -> tuple[torch.Tensor, dict]:
+            mb = to_device(mb, self.device)
+            ids, mask, r_len = trimmed_inputs(mb)
+            with self.models.critic() as model:
+                vpreds = forward_response(model, ids, mask, r_len, temperature, False, False,
+                                          self.models.value_head).values
+            info = {**global_info, "loss_scale_factor": c.loss_scale_factor}
+            return algos.value_loss(vpreds, mb["returns"][:, :r_len], mb["values"][:, :r_len],
+                                    mb["response_mask"][:, :r_len], c.cliprange_value, c.loss_agg_mode, info)
+
+        steps = train_mini_batches(
+            batch, c.ppo_mini_batch_size * n, c.ppo_epochs, c.shuffle, c.data_loader_seed + self.dp_rank,
+            None if c.use_dynamic_bsz else c.ppo_micro_batch_size_per_gpu, c.ppo_max_token_len_per_gpu,
+            self.models.critic_parameters(), self.critic_optimizer, c.optim.clip_grad, micro_loss,
+            self.dp_size, self.all_reduce_sum, prefix="critic")
+        self.critic_scheduler.step()
+        return reduce_metrics(steps)
+
+    # ================================================================== stage 9: actor
+    def update_actor(self, batch: Batch) -> tuple[dict[str, float], torch.Tensor]:
+        """PPO loss over actor mini-batches (ppo_mini_batch_size × n rows) and epochs; one optimizer step per
+        mini-batch. Also returns the log-probs each optimizer step saw, (steps, N, R) with NaN elsewhere."""
+        a, n = self.config.actor_rollout_ref.actor, self.config.actor_rollout_ref.rollout.n
+        temperature = self.config.actor_rollout_ref.rollout.temperature
+        want_entropy = a.calculate_entropy or a.entropy_coeff != 0
+        seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+        history: list[torch.Tensor] = []
+
+        def micro_loss(mb: Batch, global_info: dict) -> tuple[torch.Tensor, dict]:
+            mb = to_device(mb, self.device)
+            ids, mask, r_len = trimmed_inputs(mb)
+            with self.models.actor() as model:
+                out = forward_response(model, ids, mask, r_len, temperature, True, want_entropy)
+            a.global_batch_info = {**global_info, "loss_scale_factor": a.loss_scale_factor}
+            cut = lambda key: mb[key][:, :r_len] if key in mb else None  # noqa: E731
+            loss, metrics = algos.ppo_loss(a, out.log_probs, cut("old_log_probs"), cut("advantages"),
+                                           cut("response_mask"), out.entropy, cut("ref_log_prob"),
+                                           cut("rollout_is_weights"))
+            seen.append((mb["row_id"].cpu(), pad_right(out.log_probs.detach().cpu(), batch["responses"].shape[1],
+                                                       float("nan"))))
+            return loss, metrics
+
+        def on_optimizer_step(_: int, rows: list[int]) -> None:
+            record = torch.full(batch["responses"].shape, float("nan"))
+            for row_ids, log_probs in seen:
+                record[row_ids] = log_probs
+            history.append(record)
+            seen.clear()
+
+        steps = train_mini_batches(
+            batch, a.ppo_mini_batch_size * n, a.ppo_epochs, a.shuffle, a.data_loader_seed + self.dp_rank,
+            None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu, a.ppo_max_token_len_per_gpu,
+            self.models.actor_parameters(), self.actor_optimizer, a.optim.clip_grad, micro_loss,
+            self.dp_size, self.all_reduce_sum, prefix="actor", on_optimizer_step=on_optimizer_step)
+        a.global_batch_info = {}
+        self.actor_scheduler.step()
+        return reduce_metrics(steps), torch.stack(history)
+
+    # ================================================================== one step
+    def step(self) -> tuple[dict[str, float], Batch, torch.Tensor | None]:
+        """One training step through the nine stages; returns (metrics, final batch, per-update log-probs)."""
+        self.global_step += 1
+        timing: dict[str, float] = {}
+        metrics: dict[str, float] = {"training/global_step": self.global_step, "training/epoch": self.data_epoch}
+        with timer(timing, "step"):
+            with timer(timing, "gen"):
+                batch = self.generate_sequences(self.next_prompts())
+            with timer(timing, "reward"):
+                batch = self.compute_reward(batch)
+            with timer(timing, "balance"):
+                batch, m = self.balance_batch(batch)
+                metrics.update(m)
+            with timer(timing, "old_log_prob"):
+                batch, m = self.compute_old_log_prob(batch)
+                metrics.update(m)
+            if self.use_ref:
+                with timer(timing, "ref"):
+                    batch = self.compute_ref_log_prob(batch)
+            if self.use_critic:
+                with timer(timing, "values"):
+                    batch = self.compute_values(batch)
+            with timer(timing, "adv"):
+                batch, m = self.compute_advantage(batch)
+                metrics.update(m)
+            if self.use_critic:
+                with timer(timing, "update_critic"):
+                    metrics.update(self.update_critic(batch))
+            log_prob_history = None
+            if self.config.trainer.critic_warmup <= self.global_step:
+                with timer(timing, "update_actor"):
+                    m, log_prob_history = self.update_actor(batch)
+                    metrics.update(m)
+            self.rollout.sync_weights()
+        if self.kl_ctrl_in_reward is None and self.config.actor_rollout_ref.actor.use_kl_loss:
+            metrics["actor/kl_coef"] = self.config.actor_rollout_ref.actor.kl_loss_coef
+        metrics.update(data_metrics(batch, self.use_critic, self.config.data.max_response_length))
+        metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
+        tokens = float((batch["prompt_mask"].sum() + batch["response_mask"].sum()))
+        metrics.update({"perf/total_num_tokens": tokens, "perf/time_per_step": timing["step"],
+                        "perf/throughput": tokens / timing["step"] / self.dp_size})
+        return metrics, batch, log_prob_history
+
+    # ================================================================== validation
+    def validate(self) -> dict[str, float]:
+        """Greedy decoding (val_kwargs) on the validation prompts: ``val/accuracy`` and friends."""
+        if not self.val_data:
+            return {}
+        vk = self.config.actor_rollout_ref.rollout.val_kwargs
+        sampling = SamplingParams(vk.temperature or 1.0, vk.top_p, vk.top_k, vk.do_sample)
+        out = self.rollout.generate([p["input_ids"] for p in self.val_data], vk.n, sampling,
+                                    self.config.data.max_response_length)
+        texts = self.tokenizer.batch_decode(out.responses, skip_special_tokens=True)
+        items = [p for p in self.val_data for _ in range(vk.n)]
+        scores, by_source = [], {}
+        for item, text in zip(items, texts):
+            s = self.reward_fn(item["data_source"], text, item["ground_truth"], item["extra_info"])
+            s = float(s["score"] if isinstance(s, dict) else s)
+            scores.append(s)
+            by_source.setdefault(item["data_source"], []).append(s)
+        metrics = {"val/accuracy": float(np.mean([s == 1.0 for s in scores])), "val/reward_mean": float(np.mean(scores)),
+                   "val/response_length_mean": float(out.response_mask.sum(-1).mean())}
+        for source, values in by_source.items():
+            metrics[f"val-core/{source}/reward/mean@{vk.n}"] = float(np.mean(values))
+        return metrics
+
+
+# ====================================================================== helpers (no formulas)
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@contextmanager
+def timer(timing: dict[str, float], name: str):
+    start = time.perf_counter()
+    yield
+    timing[name] = time.perf_counter() - start
+
+
+def make_optimizer(params, optim) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW with verl's defaults and a constant LR after a linear warm-up (stepped once per training step)."""
+    optimizer = torch.optim.AdamW(params, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay)
+    warmup = max(optim.lr_warmup_steps, 0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+    return optimizer, scheduler
+
+
+def add_padding_samples(batch: Batch, count: int, tokenizer) -> Batch:
+    """Synthetic rows so the batch divides (facts §9.3): a 1-token prompt, a 1-token EOS response with
+    response_mask = 0, score 0, rollout log-prob 0, all in one fresh group of their own."""
+    if count == 0:
+        return batch
+    first = batch.select([0])
+    pad = Batch({k: v.repeat(count, *([1] * (v.dim() - 1))) for k, v in first.tensors.items()},
+                {k: v * count for k, v in first.lists.items()})
+    for key in ("prompt_mask", "response_mask", "loss_mask", "rollout_log_probs", "token_level_scores"):
+        if key in pad:
+            pad[key] = torch.zeros_like(pad[key])
+    pad["prompt_mask"][:, -1] = 1
+    pad["responses"] = torch.full_like(pad["responses"], tokenizer.pad_token_id)
+    pad["responses"][:, 0] = tokenizer.eos_token_id
+    pad["uid"] = torch.full_like(pad["uid"], int(batch["uid"].max()) + 1)
+    pad["is_pad"] = torch.ones_like(pad["is_pad"])
+    return Batch.concat([batch, pad])
+
+
+def data_metrics(batch: Batch, use_critic: bool, max_response_length: int) -> dict[str, float]:
+    """verl's ``compute_data_metrics``: score / reward / advantage / return / value statistics and lengths."""
+    real = ~batch["is_pad"]
+    mask = batch["response_mask"][real].bool()
+    out: dict[str, float] = {}
+
+    def stats(name: str, values: torch.Tensor) -> None:
+        if values.numel():
+            out.update({f"{name}/mean": float(values.mean()), f"{name}/max": float(values.max()),
+                        f"{name}/min": float(values.min())})
+
+    stats("critic/score", batch["token_level_scores"][real].sum(-1))
+    stats("critic/rewards", batch["token_level_rewards"][real].sum(-1))
+    stats("critic/advantages", batch["advantages"][real][mask])
+    stats("critic/returns", batch["returns"][real][mask])
+    if use_critic:
+        values, returns = batch["values"][real][mask], batch["returns"][real][mask]
+        stats("critic/values", values)
+        if values.numel() > 1:
+            out["critic/vf_explained_var"] = float(1 - torch.var(returns - values) / (torch.var(returns) + 1e-5))
+    lengths = batch["response_mask"][real].sum(-1)
+    stats("response_length", lengths)
+    out["response_length/clip_ratio"] = float((lengths >= max_response_length).float().mean())
+    stats("prompt_length", batch["prompt_mask"][real].sum(-1).float())
+    return out

@@ -1,0 +1,430 @@
+"""ppolab.config: verl defaults, presets, dotted overrides, error messages, validation rules, round trips."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import yaml
+
+import ppolab
+from ppolab.config import (
+    ConfigError,
+    ConfigNotice,
+    PPOConfig,
+    from_dict,
+    list_presets,
+    load_config,
+    loader,
+    to_dict,
+    to_yaml,
+    valid_keys,
+    validate,
+)
+
+REPO = Path(ppolab.__file__).resolve().parent.parent
+A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+
+
+def load_quiet(*args, **kwargs) -> PPOConfig:
+    """load_config that fails the test on any ConfigNotice (presets should be notice-free)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigNotice)
+        return load_config(*args, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------------ defaults
+
+
+def test_defaults_match_verl_facts_sheet_section_14():
+    c = PPOConfig()
+    a, crit, alg, ro = c.actor_rollout_ref.actor, c.critic, c.algorithm, c.actor_rollout_ref.rollout
+    assert (a.clip_ratio, a.clip_ratio_low, a.clip_ratio_high, a.clip_ratio_c) == (0.2, None, None, 3.0)
+    assert (a.entropy_coeff, a.calculate_entropy) == (0.0, False)
+    assert (a.use_kl_loss, a.kl_loss_coef, a.kl_loss_type) == (False, 0.001, "low_var_kl")
+    assert (a.loss_agg_mode, a.loss_scale_factor, a.policy_loss.loss_mode) == ("token-mean", None, "vanilla")
+    assert (a.ppo_mini_batch_size, a.ppo_micro_batch_size_per_gpu) == (256, None)
+    assert (a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu, a.ppo_epochs, a.shuffle) == (
+        False, 16384, 1, False)
+    assert (a.optim.lr, tuple(a.optim.betas), a.optim.weight_decay, a.optim.clip_grad) == (
+        1e-6, (0.9, 0.999), 0.01, 1.0)
+    assert (crit.cliprange_value, crit.ppo_max_token_len_per_gpu, crit.optim.lr, crit.data_loader_seed) == (
+        0.5, 32768, 1e-5, 42)
+    assert (crit.loss_agg_mode, crit.ppo_mini_batch_size, crit.ppo_epochs, crit.shuffle, crit.enable) == (
+        None, None, None, None, None)
+    assert (alg.adv_estimator, alg.gamma, alg.lam, alg.norm_adv_by_std_in_grpo) == ("gae", 1.0, 1.0, True)
+    assert (alg.use_kl_in_reward, alg.kl_penalty) == (False, "kl")
+    assert (alg.kl_ctrl.type, alg.kl_ctrl.kl_coef, alg.kl_ctrl.horizon, alg.kl_ctrl.target_kl) == (
+        "fixed", 0.001, 10000, 0.1)
+    assert (alg.rollout_correction.rollout_is, alg.rollout_correction.rollout_is_threshold,
+            alg.rollout_correction.bypass_mode) == (None, 2.0, False)
+    assert (ro.temperature, ro.top_p, ro.top_k, ro.n, ro.calculate_log_probs) == (1.0, 1.0, -1, 1, True)
+    assert (ro.val_kwargs.temperature, ro.val_kwargs.n, ro.val_kwargs.do_sample) == (0.0, 1, False)
+    assert (c.data.train_batch_size, c.data.max_response_length, c.data.max_prompt_length) == (1024, 512, 512)
+    assert (c.trainer.critic_warmup, c.trainer.seed, c.trainer.logger, c.trainer.save_freq) == (
+        0, 1, ["console"], -1)
+    assert c.actor_rollout_ref.model.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                        "up_proj", "down_proj"]
+    assert (c.custom_reward_function.path, c.custom_reward_function.name) == (None, "compute_score")
+
+
+def test_use_critic_and_reference_policy_follow_verl():
+    c = PPOConfig()
+    assert c.use_critic and not c.use_reference_policy  # gae → critic; no KL path → no ref
+    c.algorithm.adv_estimator = "grpo"
+    assert not c.use_critic
+    c.critic.enable = True
+    assert c.use_critic
+    c.actor_rollout_ref.actor.use_kl_loss = True
+    assert c.use_reference_policy
+    c.actor_rollout_ref.actor.use_kl_loss, c.algorithm.use_kl_in_reward = False, True
+    assert c.use_reference_policy
+
+
+# ------------------------------------------------------------------------------------------------ presets
+
+
+@pytest.mark.parametrize("name", ["grpo_tiny", "ppo_gae_tiny", "grpo_qwen_gpu"])
+def test_presets_load_and_validate_on_cpu_without_notices(name):
+    assert name in list_presets()
+    cfg = load_quiet(name)
+    assert validate(cfg) == []
+
+
+def test_grpo_qwen_gpu_validates_for_eight_ranks():
+    cfg = load_quiet("grpo_qwen_gpu", world_size=8)
+    assert cfg.actor_rollout_ref.rollout.name == "vllm" and cfg.actor_rollout_ref.model.dtype == "bfloat16"
+    assert validate(cfg, world_size=8) == []
+
+
+def test_preset_contents():
+    g = load_quiet("grpo_tiny")
+    assert (g.algorithm.adv_estimator, g.actor_rollout_ref.rollout.n, g.data.train_batch_size) == (
+        "grpo", 8, 16)
+    assert (g.actor_rollout_ref.model.lora_rank, g.actor_rollout_ref.actor.kl_loss_type) == (8, "low_var_kl")
+    assert g.actor_rollout_ref.actor.use_kl_loss and not g.algorithm.use_kl_in_reward and not g.use_critic
+    assert (g.trainer.total_training_steps, g.trainer.device, g.trainer.experiment_name) == (
+        60, "cpu", "grpo_tiny")
+    p = load_quiet("ppo_gae_tiny")
+    assert (p.algorithm.adv_estimator, p.algorithm.lam, p.actor_rollout_ref.rollout.n) == ("gae", 0.95, 1)
+    assert p.algorithm.use_kl_in_reward and not p.actor_rollout_ref.actor.use_kl_loss and p.use_critic
+    q = load_quiet("grpo_qwen_gpu")
+    assert q.actor_rollout_ref.actor.use_dynamic_bsz and q.actor_rollout_ref.actor.kl_loss_type == "k3"
+
+
+def test_shipped_paths_resolve_against_repo_root_from_any_cwd(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = load_quiet("grpo_tiny")
+    assert cfg.actor_rollout_ref.model.path == str(REPO / "data" / "models" / "tiny-arith")
+    assert cfg.data.train_files == [str(REPO / "data" / "arith" / "train.parquet")]
+    assert cfg.data.val_files == [str(REPO / "data" / "arith" / "test.parquet")]
+
+
+def test_user_yaml_file_and_unknown_preset(tmp_path):
+    f = tmp_path / "mine.yaml"
+    f.write_text("data:\n  train_batch_size: 32\ntrainer:\n  experiment_name: mine\n")
+    cfg = load_quiet(f, ["data.train_files=[a.parquet]", "data.val_files=[b.parquet]",
+                         "actor_rollout_ref.model.path=m", f"{A}.ppo_micro_batch_size_per_gpu=8",
+                         f"{A}.ppo_mini_batch_size=32", f"{R}.log_prob_micro_batch_size_per_gpu=8",
+                         "critic.ppo_micro_batch_size_per_gpu=8"])
+    assert (cfg.data.train_batch_size, cfg.trainer.experiment_name) == (32, "mine")
+    with pytest.raises(ConfigError, match="did you mean grpo_tiny"):
+        load_config("grpo_tiyn")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("data: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(broken)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("actor_rollout_ref:\n  actor:\n    clip_ration: 0.1\n")
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref\.actor\.clip_ration.*did you mean "
+                                          r"actor_rollout_ref\.actor\.clip_ratio"):
+        load_config(bad)
+
+
+# ------------------------------------------------------------------------------------------------ overrides
+
+
+def test_dotted_overrides_scalar_nested_list_null():
+    cfg = load_quiet("grpo_tiny", [f"{A}.clip_ratio_low=0.1", f"{A}.optim.lr=1e-4",
+                                   f"{A}.clip_ratio_high=null",
+                                   "trainer.logger=[console,tensorboard]", "data.train_files=/x/a.parquet",
+                                   f"{R}.val_kwargs.temperature=0.5"])
+    a = cfg.actor_rollout_ref.actor
+    assert (a.clip_ratio_low, a.optim.lr, a.clip_ratio_high) == (0.1, 1e-4, None)
+    assert isinstance(a.optim.lr, float)
+    assert cfg.trainer.logger == ["console", "tensorboard"]
+    assert cfg.data.train_files == ["/x/a.parquet"]  # a bare string means a one-element list
+    assert cfg.actor_rollout_ref.rollout.val_kwargs.temperature == 0.5
+
+
+def test_overrides_may_use_the_repo_root_resolver_and_interpolations():
+    cfg = load_quiet("grpo_tiny", ["data.train_files=[${ppolab_root:}/a.parquet, ${ppolab_root:}/b.parquet]",
+                                   "trainer.experiment_name=${trainer.project_name}-x"])
+    assert cfg.data.train_files == [str(REPO / "a.parquet"), str(REPO / "b.parquet")]
+    assert cfg.trainer.experiment_name == "ppolab-x"
+
+
+@pytest.mark.parametrize("overrides", [
+    {"actor_rollout_ref": {"actor": {"optim": {"lr": 3e-4}}}},
+    {"actor_rollout_ref.actor.optim.lr": 3e-4},
+    {"actor_rollout_ref.actor": {"optim.lr": 3e-4}},
+])
+def test_dict_overrides_nested_or_dotted(overrides):
+    assert load_quiet("grpo_tiny", overrides).actor_rollout_ref.actor.optim.lr == 3e-4
+
+
+@pytest.mark.parametrize("override, suggestion", [
+    (f"{A}.clip_ration=0.1", f"did you mean {A}.clip_ratio"),
+    (f"{R}.ppo_epochs=2", f"{A}.ppo_epochs"),  # right name, wrong group
+    ("actr.clip_ratio=0.1", f"{A}.clip_ratio"),
+    ("trainer.experiment=x", "trainer.experiment_name"),
+])
+def test_unknown_key_names_full_key_and_suggests(override, suggestion):
+    with pytest.raises(ConfigError, match="unknown config key") as e:
+        load_config("grpo_tiny", [override])
+    assert override.split("=")[0] in str(e.value) and suggestion in str(e.value)
+    assert isinstance(e.value, ValueError)
+
+
+@pytest.mark.parametrize("override, key, expected", [
+    ("data.train_batch_size=abc", "data.train_batch_size", "expected int"),
+    (f"{A}.optim.lr=fast", f"{A}.optim.lr", "expected float"),
+    (f"{A}.use_kl_loss=maybe", f"{A}.use_kl_loss", "expected bool"),
+    ("data.val_max_samples=lots", "data.val_max_samples", "expected int or null"),
+    (f"{A}.optim.betas=[0.9]", f"{A}.optim.betas", "expected tuple[float, float]"),
+    ("critic=3", "critic", "is a group of fields"),
+])
+def test_wrong_type_names_field_and_type(override, key, expected):
+    with pytest.raises(ConfigError) as e:
+        load_config("grpo_tiny", [override])
+    assert key in str(e.value) and expected in str(e.value)
+
+
+def test_malformed_override():
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config("grpo_tiny", ["trainer.device"])
+    with pytest.raises(ConfigError, match="not supported"):
+        load_config("grpo_tiny", ["~trainer.device"])
+
+
+def test_valid_keys_lists_dotted_leaves():
+    keys = valid_keys()
+    for k in (f"{A}.clip_ratio", f"{A}.optim.lr", "critic.model.lora_rank", "algorithm.kl_ctrl.target_kl",
+              f"{R}.val_kwargs.do_sample", "algorithm.rollout_correction.bypass_mode", "trainer.record_freq"):
+        assert k in keys
+    assert "critic" not in keys and f"{A}.optim" not in keys and keys == sorted(keys)
+
+
+# ------------------------------------------------------------------------------------------------ validation
+
+G, P = "grpo_tiny", "ppo_gae_tiny"
+VALIDATION_CASES = [  # (preset, overrides, world_size, substring the error must contain)
+    # names
+    (G, [f"{A}.loss_agg_mode=token_mean"], 1, f"{A}.loss_agg_mode='token_mean' is not valid"),
+    (P, ["critic.loss_agg_mode=token_mean"], 1, "critic.loss_agg_mode='token_mean' is not valid"),
+    (G, [f"{A}.kl_loss_type=k4"], 1, f"{A}.kl_loss_type='k4' is not valid"),
+    (G, [f"{A}.kl_loss_type=full"], 1, "verl does not implement"),
+    (G, ["algorithm.kl_penalty=full+"], 1, "algorithm.kl_penalty='full' is not allowed"),
+    (G, ["algorithm.kl_penalty=kl2"], 1, "algorithm.kl_penalty='kl2' is not valid"),
+    (G, ["algorithm.adv_estimator=grp0"], 1,
+     "algorithm.adv_estimator='grp0' is not valid (did you mean grpo?)"),
+    (G, [f"{A}.policy_loss.loss_mode=clip"], 1, f"{A}.policy_loss.loss_mode='clip' is not valid"),
+    (G, ["algorithm.kl_ctrl.type=pid"], 1, "algorithm.kl_ctrl.type='pid' is not valid"),
+    (G, [f"{R}.name=sglang"], 1, f"{R}.name='sglang' is not valid"),
+    (G, ["actor_rollout_ref.model.dtype=fp8"], 1, "actor_rollout_ref.model.dtype='fp8' is not valid"),
+    (G, ["trainer.logger=[console,wandb]"], 1, "trainer.logger='wandb' is not valid"),
+    (G, ["algorithm.rollout_correction.rollout_is=tokens"], 1, "rollout_is='tokens' is not valid"),
+    (G, ["trainer.device=tpu"], 1, "trainer.device='tpu' is not valid"),
+    # batch arithmetic (grpo_tiny: 16 prompts × 8, mini 8 × 8 = 64 rows, micro 32)
+    (G, ["data.train_batch_size=12"], 1,
+     f"data.train_batch_size=12 is not divisible by {A}.ppo_mini_batch_size=8"),
+    (G, [], 3, f"{A}.ppo_mini_batch_size × {R}.n = 8×8 is not divisible by world_size=3"),
+    (G, [f"{A}.ppo_micro_batch_size_per_gpu=24"], 1, f"{A}.ppo_micro_batch_size_per_gpu=24 does not divide"),
+    (G, [], 4, f"{A}.ppo_micro_batch_size_per_gpu=32 does not divide the local mini-batch"),
+    (P, ["critic.ppo_mini_batch_size=24"], 1, "is not divisible by critic.ppo_mini_batch_size=24"),
+    (P, ["critic.ppo_micro_batch_size_per_gpu=5"], 1,
+     "critic.ppo_micro_batch_size_per_gpu=5 does not divide"),
+    (G, [f"{A}.ppo_micro_batch_size_per_gpu=null"], 1, f"{A}.ppo_micro_batch_size_per_gpu is unset"),
+    (P, ["critic.ppo_micro_batch_size_per_gpu=null"], 1, "critic.ppo_micro_batch_size_per_gpu is unset"),
+    (G, [f"{R}.log_prob_micro_batch_size_per_gpu=null"], 1,
+     f"{R}.log_prob_micro_batch_size_per_gpu is unset"),
+    (G, ["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=null"], 1,
+     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu is unset"),
+    # group estimators need a group
+    (G, [f"{R}.n=1"], 1, "a group of one has no baseline"),
+    (G, [f"{R}.n=1", "algorithm.adv_estimator=rloo"], 1, f"{R}.n=1 with algorithm.adv_estimator=rloo"),
+    (G, [f"{R}.n=1", "algorithm.adv_estimator=grpo_passk"], 1, "a group of one has no baseline"),
+    # dynamic token budgets (max_prompt_length + max_response_length = 48)
+    (G, [f"{A}.use_dynamic_bsz=true", f"{A}.ppo_max_token_len_per_gpu=40"], 1,
+     (f"{A}.ppo_max_token_len_per_gpu=40 is smaller than data.max_prompt_length + "
+      "data.max_response_length = 48")),
+    (P, ["critic.use_dynamic_bsz=true", "critic.ppo_max_token_len_per_gpu=40"], 1,
+     "critic.ppo_max_token_len_per_gpu=40 is smaller"),
+    (G, [f"{R}.log_prob_use_dynamic_bsz=true", f"{R}.log_prob_max_token_len_per_gpu=10"], 1,
+     f"{R}.log_prob_max_token_len_per_gpu=10 is smaller"),
+    # ranges
+    (G, [f"{A}.clip_ratio_c=1.0"], 1, f"{A}.clip_ratio_c=1.0 must be > 1"),
+    (G, [f"{A}.clip_ratio_low=-0.1"], 1, f"{A}.clip_ratio_low=-0.1 must be in [0, 1)"),
+    (G, [f"{A}.clip_ratio_low=1.0"], 1, f"{A}.clip_ratio_low=1.0 must be in [0, 1)"),
+    (G, [f"{A}.clip_ratio=1.5"], 1, f"{A}.clip_ratio=1.5 must be in [0, 1)"),
+    (G, [f"{A}.clip_ratio_high=-0.2"], 1, f"{A}.clip_ratio_high=-0.2 must be ≥ 0"),
+    (P, ["critic.cliprange_value=0"], 1, "critic.cliprange_value=0.0 must be > 0"),
+    (G, [f"{R}.temperature=0"], 1, f"{R}.temperature=0.0 must be > 0"),
+    (G, [f"{R}.top_p=0"], 1, f"{R}.top_p=0.0 must be in (0, 1]"),
+    (G, [f"{R}.top_p=1.5"], 1, f"{R}.top_p=1.5 must be in (0, 1]"),
+    (G, [f"{R}.top_k=0"], 1, f"{R}.top_k=0 must be -1 (off) or ≥ 1"),
+    (P, ["algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.horizon=0"], 1,
+     "algorithm.kl_ctrl.horizon=0 must be > 0"),
+    (P, ["algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.target_kl=0"], 1,
+     "algorithm.kl_ctrl.target_kl=0.0 must be > 0"),
+    (G, ["algorithm.gamma=1.5"], 1, "algorithm.gamma=1.5 must be in [0, 1]"),
+    (G, [f"{A}.optim.lr=0"], 1, f"{A}.optim.lr=0.0 must be > 0"),
+    (G, [f"{A}.loss_scale_factor=0"], 1, f"{A}.loss_scale_factor=0.0 must be > 0"),
+    # combinations
+    (P, ["critic.enable=false"], 1, "critic.enable=false but algorithm.adv_estimator=gae needs a critic"),
+    (G, ["algorithm.rollout_correction.bypass_mode=true", f"{R}.calculate_log_probs=false"], 1,
+     "bypass_mode=true needs actor_rollout_ref.rollout.calculate_log_probs=true"),
+    (G, ["algorithm.rollout_correction.rollout_is=token", f"{R}.calculate_log_probs=false"], 1,
+     "rollout_is='token' needs actor_rollout_ref.rollout.calculate_log_probs=true"),
+    (G, [f"{R}.multi_turn.enable=true"], 1, f"{R}.multi_turn.max_assistant_turns=None"),
+    (G, [f"{R}.multi_turn.enable=true", f"{R}.multi_turn.max_assistant_turns=0"], 1,
+     "needs a turn limit ≥ 1"),
+    (G, [f"{R}.name=vllm"], 1, f"{R}.name=vllm needs a GPU but trainer.device=cpu"),
+    (G, ["actor_rollout_ref.model.lora_rank=-1"], 1, "actor_rollout_ref.model.lora_rank=-1 must be ≥ 0"),
+    (P, ["critic.model.lora_rank=-1"], 1, "critic.model.lora_rank=-1 must be ≥ 0"),
+    (G, ["actor_rollout_ref.model.target_modules=[]"], 1,
+     "actor_rollout_ref.model.target_modules=[] must be"),
+    (G, ["data.train_files=[]"], 1, "data.train_files is empty"),
+    (G, ["data.val_files=[]"], 1, "data.val_files is empty"),
+    (G, ["actor_rollout_ref.model.path=''"], 1, "actor_rollout_ref.model.path is empty"),
+    # trainer
+    (G, ["trainer.total_training_steps=0"], 1, "trainer.total_training_steps=0 must be ≥ 1"),
+    (G, ["trainer.record_freq=0"], 1, "trainer.record_freq=0 is not valid"),
+    (G, ["trainer.save_freq=0"], 1, "trainer.save_freq=0 is not valid"),
+    (G, ["trainer.test_freq=-2"], 1, "trainer.test_freq=-2 is not valid"),
+    (G, ["trainer.critic_warmup=-1"], 1, "trainer.critic_warmup=-1 must be ≥ 0"),
+    (G, [], 0, "world_size=0 must be a positive int"),
+] + [  # every positive-int field rejects 0
+    (preset, [f"{key}=0"], 1, f"{key}=0 must be a positive integer") for preset, key in [
+        (G, "data.train_batch_size"), (G, "data.max_prompt_length"), (G, "data.max_response_length"),
+        (G, "data.val_max_samples"), (G, f"{R}.n"), (G, f"{A}.ppo_mini_batch_size"), (G, f"{A}.ppo_epochs"),
+        (G, f"{A}.ppo_micro_batch_size_per_gpu"), (G, f"{A}.ppo_max_token_len_per_gpu"),
+        (G, f"{R}.log_prob_micro_batch_size_per_gpu"), (G, f"{R}.log_prob_max_token_len_per_gpu"),
+        (G, "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"), (G, f"{R}.val_kwargs.n"),
+        (G, f"{R}.multi_turn.max_tool_response_length"), (G, "trainer.total_epochs"), (G, "trainer.nnodes"),
+        (G, "trainer.n_gpus_per_node"), (G, "actor_rollout_ref.model.lora_alpha"), (P, "critic.ppo_epochs"),
+        (P, "critic.ppo_mini_batch_size"), (P, "critic.ppo_micro_batch_size_per_gpu"),
+    ]
+]
+
+
+@pytest.mark.parametrize("preset, overrides, world_size, message", VALIDATION_CASES,
+                         ids=[f"{p}:{' '.join(o) or 'ws=' + str(w)}" for p, o, w, _ in VALIDATION_CASES])
+def test_validation_errors_name_the_field(preset, overrides, world_size, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(preset, overrides, world_size=world_size)
+    assert message in str(e.value)
+    assert any(message in err for err in e.value.errors)
+
+
+def test_all_errors_reported_at_once():
+    with pytest.raises(ConfigError) as e:
+        load_config(G, ["trainer.save_freq=0", f"{R}.temperature=0", f"{A}.clip_ratio_c=0.5"])
+    assert len(e.value.errors) == 3 and str(e.value).startswith("3 config errors")
+
+
+def test_validate_on_hand_built_config_does_not_mutate_it():
+    cfg = load_quiet(P)
+    cfg.critic.ppo_mini_batch_size = None
+    before = to_dict(cfg)
+    assert validate(cfg) == []
+    assert to_dict(cfg) == before
+
+
+# ------------------------------------------------------------------------------------------------ notices
+
+
+def test_both_kl_paths_emit_a_notice_once():
+    with pytest.warns(ConfigNotice, match=r"both KL paths are on.*§7\.4") as record:
+        load_config(G, ["algorithm.use_kl_in_reward=true"])
+    assert sum("both KL paths" in str(w.message) for w in record) == 1
+    cfg = load_quiet(G)
+    cfg.algorithm.use_kl_in_reward = True
+    assert any("both KL paths" in n for n in validate(cfg))
+
+
+def test_sum_norm_without_scale_factor_is_a_notice():
+    with pytest.warns(ConfigNotice, match=f"{A}.loss_scale_factor=null"):
+        load_config(G, [f"{A}.loss_agg_mode=seq-mean-token-sum-norm"])
+    load_quiet(G, [f"{A}.loss_agg_mode=seq-mean-token-sum-norm", f"{A}.loss_scale_factor=16"])
+
+
+def test_grpo_with_vanilla_loss_is_not_a_notice():
+    cfg = load_quiet(G)  # grpo advantages + the default vanilla clipped loss is normal (chapter §5.1)
+    assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "vanilla" and validate(cfg) == []
+
+
+# ------------------------------------------------------------------------------------------------ resolve
+
+
+def test_critic_inherits_from_actor():
+    cfg = load_quiet(P, [f"{A}.ppo_epochs=2", f"{A}.shuffle=true", f"{A}.loss_agg_mode=seq-mean-token-mean",
+                         f"{A}.loss_scale_factor=16"])
+    a, m, c = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.model, cfg.critic
+    assert (c.ppo_mini_batch_size, c.ppo_epochs, c.shuffle) == (a.ppo_mini_batch_size, 2, True)
+    assert (c.loss_agg_mode, c.loss_scale_factor) == ("seq-mean-token-mean", 16.0)
+    assert (c.model.path, c.model.lora_rank, c.model.lora_alpha) == (m.path, m.lora_rank, m.lora_alpha)
+    assert c.model.target_modules == m.target_modules and c.model.target_modules is not m.target_modules
+    assert cfg.data.seed == cfg.trainer.seed
+    own = load_quiet(P, ["critic.ppo_epochs=3", "critic.model.lora_rank=4", "critic.loss_agg_mode=token-sum"])
+    assert (own.critic.ppo_epochs, own.critic.model.lora_rank, own.critic.loss_agg_mode) == (
+        3, 4, "token-sum")
+    assert PPOConfig().resolve().resolve().critic.ppo_mini_batch_size == 256  # idempotent
+
+
+# ------------------------------------------------------------------------------------------------ round trips
+
+
+@pytest.mark.parametrize("name", ["grpo_tiny", "ppo_gae_tiny", "grpo_qwen_gpu"])
+def test_to_dict_from_dict_round_trip(name):
+    cfg = load_quiet(name)
+    d = to_dict(cfg)
+    assert json.loads(json.dumps(d)) == d
+    again = from_dict(json.loads(json.dumps(d)))
+    assert again == cfg and isinstance(again.actor_rollout_ref.actor.optim.betas, tuple)
+    assert from_dict(yaml.safe_load(to_yaml(cfg))) == cfg
+    with pytest.raises(ConfigError, match="unknown config key trainer.bogus"):
+        from_dict({**d, "trainer": {**d["trainer"], "bogus": 1}})
+
+
+# ------------------------------------------------------------------------------------------ speed / imports
+
+
+def test_validation_is_fast():
+    cfg = load_quiet(P)
+    validate(cfg)  # first call may import the formula core (torch); the checks themselves must be cheap
+    t0 = time.perf_counter()
+    for _ in range(10):
+        validate(cfg)
+    assert (time.perf_counter() - t0) / 10 < 0.05
+
+
+def test_import_and_compose_do_not_import_torch():
+    code = ("import sys, ppolab.config as c; cfg = c.from_dict(c.to_dict(c.PPOConfig())); c.to_yaml(cfg); "
+            "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_fallback_names_agree_with_formula_core_registries():
+    try:
+        from ppolab.algos import ADV_ESTIMATOR_REGISTRY, KL_PENALTY_TYPES, POLICY_LOSS_REGISTRY  # noqa: F401
+    except ImportError:
+        pytest.skip("ppolab.algos does not export its registries yet")
+    names = loader.registry_names()
+    for kind, fallback in loader._FALLBACK_NAMES.items():
+        assert set(fallback) <= set(names[kind]), kind
+    assert "full" not in names["kl"]

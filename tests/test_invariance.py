@@ -1,0 +1,152 @@
+"""Micro-batch and data-parallel invariance of the globally normalised losses (chapter §13), and
+property tests of the clipped objective (chapter §4)."""
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ppolab.algos as A
+from ppolab.config import LOSS_AGG_MODES, ActorConfig
+
+DT = torch.float64
+
+
+def make_batch(seed: int, bs: int = 8, width: int = 7):
+    """A mini-batch with ragged lengths, one all-masked synthetic padding row and random tensors."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, width + 1, (bs,), generator=g)
+    lengths[-1] = 0  # a synthetic padding sample (response_mask all zero, facts §9.3)
+    mask = (torch.arange(width)[None, :] < lengths[:, None]).to(DT)
+    old = -torch.rand(bs, width, generator=g, dtype=DT) * 3
+    lp = old + 0.4 * torch.randn(bs, width, generator=g, dtype=DT)
+    adv = torch.randn(bs, 1, generator=g, dtype=DT).expand(bs, width).contiguous()
+    return old, lp, adv, mask
+
+
+def micro_loss_sum(old, lp, adv, mask, mode, splits, ragged, loss_scale_factor):
+    """Sum over micro-batches of the vanilla loss, each normalised by the *global* mini-batch counts."""
+    batch_num_tokens = mask.sum()
+    global_batch_size = mask.shape[0]  # mini × n sequences, padding rows included (facts §3)
+    total = 0.0
+    for rows in torch.tensor_split(torch.arange(mask.shape[0]), splits):
+        m = mask[rows]
+        width = max(int(m.sum(-1).max()), 1) if ragged else m.shape[1]  # ragged: trim to this micro-batch
+        cfg = ActorConfig(
+            loss_agg_mode=mode,
+            global_batch_info=dict(dp_size=1, batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size,
+                                   loss_scale_factor=loss_scale_factor),
+        )
+        loss, _ = A.compute_policy_loss_vanilla(
+            old[rows, :width], lp[rows, :width], adv[rows, :width], m[:, :width], mode, cfg
+        )
+        total = total + loss
+    return total
+
+
+def whole_loss(old, lp, adv, mask, mode, loss_scale_factor):
+    cfg = ActorConfig(loss_agg_mode=mode, global_batch_info=dict(
+        batch_num_tokens=mask.sum(), global_batch_size=mask.shape[0], loss_scale_factor=loss_scale_factor))
+    return A.compute_policy_loss_vanilla(old, lp, adv, mask, mode, cfg)[0]
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+@pytest.mark.parametrize("splits", [1, 2, 4])
+@pytest.mark.parametrize("ragged", [False, True])
+def test_micro_batch_invariance_loss_and_gradient(mode, splits, ragged):
+    scale = 7.0 if mode == "seq-mean-token-sum-norm" else None  # a fixed factor (Dr. GRPO style)
+    old, lp, adv, mask = make_batch(seed=splits + 10 * ragged)
+    lp_whole = lp.clone().requires_grad_(True)
+    lp_micro = lp.clone().requires_grad_(True)
+    ref = whole_loss(old, lp_whole, adv, mask, mode, scale)
+    got = micro_loss_sum(old, lp_micro, adv, mask, mode, splits, ragged, scale)
+    ref.backward()
+    got.backward()
+    assert got.item() == pytest.approx(ref.item(), abs=1e-6)
+    assert torch.allclose(lp_micro.grad, lp_whole.grad, atol=1e-6)
+
+
+def test_seq_mean_token_sum_norm_without_scale_factor_breaks_invariance():
+    """Chapter §10.5/§13: with loss_scale_factor=None each micro-batch divides by its own padded width."""
+    old, lp, adv, mask = make_batch(seed=3)
+    mode = "seq-mean-token-sum-norm"
+    ref = whole_loss(old, lp, adv, mask, mode, None)
+    same_width = micro_loss_sum(old, lp, adv, mask, mode, 4, ragged=False, loss_scale_factor=None)
+    ragged = micro_loss_sum(old, lp, adv, mask, mode, 4, ragged=True, loss_scale_factor=None)
+    assert same_width.item() == pytest.approx(ref.item(), abs=1e-9)  # widths equal → still fine
+    assert abs(ragged.item() - ref.item()) > 1e-3  # widths differ → the objective's scale moved
+
+
+def test_padding_rows_get_zero_gradient_in_every_mode():
+    old, lp, adv, mask = make_batch(seed=5)
+    lp[-1] = float("nan")  # whatever sits in a fully masked row must not matter for token modes
+    for mode in LOSS_AGG_MODES:
+        x = lp.clone()
+        x[-1] = -1.0
+        x.requires_grad_(True)
+        loss = whole_loss(old, x, adv, mask, mode, 7.0)
+        loss.backward()
+        assert x.grad[-1].abs().max().item() == 0.0, mode
+        assert math.isfinite(loss.item())
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_dp_split_with_global_normalisation_equals_single_process(mode):
+    """Each rank divides by the global count and multiplies by dp_size; DDP then averages (facts §3)."""
+    old, lp, adv, mask = make_batch(seed=11, bs=8)
+    token_losses = A.ppo_clip_terms(old, lp, adv, 0.2, 0.2)["pg_losses"]
+    ref = A.agg_loss(token_losses, mask, mode, batch_num_tokens=mask.sum(), global_batch_size=8,
+                     loss_scale_factor=7.0)
+    for dp in (2, 4):
+        per_rank = [
+            A.agg_loss(token_losses[rows], mask[rows], mode, dp_size=dp, batch_num_tokens=mask.sum(),
+                       global_batch_size=8, loss_scale_factor=7.0)
+            for rows in torch.arange(8).chunk(dp)
+        ]
+        assert (sum(per_rank) / dp).item() == pytest.approx(ref.item(), abs=1e-9)
+
+
+# ---------------------------------------------------------------- property tests (hypothesis)
+floats = st.floats(min_value=-3.0, max_value=3.0, allow_nan=False)
+eps = st.floats(min_value=0.05, max_value=0.5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(log_ratio=floats, adv=st.floats(min_value=-2, max_value=2).filter(lambda a: abs(a) > 1e-3),
+       eps_low=eps, eps_high=eps)
+def test_clip_never_blocks_the_gradient_that_undoes_a_bad_move(log_ratio, adv, eps_low, eps_high):
+    """Where the ratio has moved in the direction that makes the objective worse, the gradient survives
+    and points back; a zero gradient only happens where the move already improved the objective beyond
+    the band, or in the dual-clip region (A < 0, r > c), which bounds the loss on purpose."""
+    c = 3.0
+    lp = torch.tensor([[log_ratio]], dtype=DT, requires_grad=True)
+    terms = A.ppo_clip_terms(torch.zeros(1, 1, dtype=DT), lp, torch.tensor([[adv]], dtype=DT), eps_low, eps_high, c)
+    (grad,) = torch.autograd.grad(terms["pg_losses"].sum(), lp)
+    r = math.exp(log_ratio)
+    worse = (adv > 0 and r < 1 + eps_high) or (adv < 0 and r > 1 - eps_low and r * 1 < c)
+    if worse:
+        assert grad.item() != 0.0
+        assert math.copysign(1, -grad.item()) == math.copysign(1, adv)  # descent moves lp toward A's sign
+    else:
+        better_beyond_band = (adv > 0 and r > 1 + eps_high) or (adv < 0 and r < 1 - eps_low)
+        dual = adv < 0 and r > c
+        assert grad.item() == 0.0 and (better_beyond_band or dual or r == c)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(min_value=-5, max_value=5), min_size=2, max_size=12), st.sampled_from(LOSS_AGG_MODES))
+def test_ratio_one_gives_minus_advantage_aggregated(advs, mode):
+    adv = torch.tensor([advs], dtype=DT)
+    lp = -torch.rand(1, len(advs), dtype=DT)
+    m = torch.ones_like(adv)
+    loss, metrics = A.compute_policy_loss_vanilla(lp, lp, adv, m, mode, ActorConfig(loss_agg_mode=mode))
+    assert loss.item() == pytest.approx(A.agg_loss(-adv, m, mode).item(), abs=1e-9)
+    assert metrics["actor/pg_clipfrac"] == 0.0 and metrics["actor/ppo_kl"] == 0.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(min_value=-20, max_value=20), st.floats(min_value=-20, max_value=0))
+def test_k3_is_non_negative_for_unclipped_inputs(d, ref):
+    lp = torch.tensor([ref + d], dtype=DT)
+    assert A.kl_penalty(lp, torch.tensor([ref], dtype=DT), "k3").item() >= 0.0
