@@ -93,17 +93,20 @@ def evaluate(
     batch_size: int = 256,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Accuracy (share of rewards equal to 1.0), mean reward, mean response length in tokens
-    (EOS included) and ``n_examples`` tuples ``(prompt, response, ground_truth, score)``."""
+    """Accuracy (share of rewards equal to 1.0), mean reward, flexible accuracy (the last number in the
+    response is right, marker or not), the share of responses with a ``####`` marker, mean response
+    length in tokens (EOS included) and ``n_examples`` tuples ``(prompt, response, ground_truth, score)``."""
     reward_fn = reward_fn or rewards.compute_score
     items = list(dataset)
     responses = generate(
         model, tokenizer, [it["input_ids"] for it in items], max_new_tokens, do_sample, temperature,
         batch_size=batch_size, generator_seed=seed if do_sample else None,
     )
-    scores, examples = [], []
+    scores, examples, flexible, marked = [], [], [], []
     for it, resp in zip(items, responses):
         text = tokenizer.decode(resp, skip_special_tokens=True)
+        flexible.append(rewards.gsm8k_compute_score(text, str(it["ground_truth"]), "flexible") == 1.0)
+        marked.append("####" in text)
         s = reward_fn(it["data_source"], text, it["ground_truth"], it["extra_info"])
         s = float(s["score"] if isinstance(s, dict) else s)
         scores.append(s)
@@ -113,6 +116,8 @@ def evaluate(
     return {
         "accuracy": sum(s == 1.0 for s in scores) / n,
         "mean_score": sum(scores) / n,
+        "flexible_accuracy": sum(flexible) / n,  # the last number is right, whatever the format
+        "marker_rate": sum(marked) / n,  # share of answers that use the '####' marker
         "mean_response_length": sum(len(r) for r in responses) / n,
         "n": len(items),
         "examples": examples,
@@ -143,7 +148,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         r = evaluate(model, tok, ds, args.max_new_tokens, sample, args.temperature, args.examples,
                      batch_size=args.batch_size, seed=args.seed)
         print(f"{name:>18}: accuracy {r['accuracy']:.3f}  mean reward {r['mean_score']:.3f}  "
-              f"mean response length {r['mean_response_length']:.2f} tokens  ({time.perf_counter() - t0:.1f} s)")
+              f"flexible {r['flexible_accuracy']:.3f}  '####' used {r['marker_rate']:.3f}  "
+              f"mean length {r['mean_response_length']:.2f} tokens  ({time.perf_counter() - t0:.1f} s)")
         for prompt, resp, gt, s in r["examples"]:
             print(f"{'':>20}{prompt!r} -> {resp!r}  (truth {gt}, reward {s:g})")
 

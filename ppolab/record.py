@@ -65,8 +65,12 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 
 
 def write_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
-    """Atomically write tensors as safetensors (made contiguous and detached on the CPU)."""
-    clean = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    """Atomically write tensors as safetensors (detached, contiguous, on the CPU).
+
+    Each tensor is cloned: a batch often holds the same storage under two names (GRPO's returns are
+    its advantages, rewards are scores without reward-side KL) and safetensors refuses shared memory.
+    """
+    clean = {k: v.detach().to("cpu").clone().contiguous() for k, v in tensors.items()}
     _atomic(Path(path), lambda tmp: save_file(clean, tmp, metadata=metadata))
 
 

@@ -123,7 +123,9 @@ class PolicyModels:
             self.model = get_peft_model(base, lora_config(lora_rank, lora_alpha), adapter_name="actor")
             if use_critic:
                 self.model.add_adapter("critic", lora_config(critic_lora_rank or lora_rank, critic_lora_alpha or lora_alpha))
-            self.model.set_adapter("actor")
+            self._lora_params = {name: [p for n, p in self.model.named_parameters() if f".{name}." in n]
+                                 for name in (("actor", "critic") if use_critic else ("actor",))}
+            self._activate("actor")
             self.ref_model = None
             self.critic_model = self.model
         else:
@@ -138,17 +140,26 @@ class PolicyModels:
             hidden = self.critic_model.config.hidden_size if not self.lora else base.config.hidden_size
             self.value_head = ValueHead(hidden, seed=seed).to(self.device)
 
+    def _activate(self, adapter: str) -> None:
+        """Route the forward through ``adapter``. peft's ``set_adapter`` also clears ``requires_grad`` on
+        every other adapter; a loss built inside the critic context is back-propagated after the context
+        has switched back to the actor, so both adapters must stay trainable (the base stays frozen)."""
+        self.model.set_adapter(adapter)
+        for params in self._lora_params.values():
+            for p in params:
+                p.requires_grad_(True)
+
     # ------------------------------------------------------------------ parameters per role
     def actor_parameters(self) -> list[nn.Parameter]:
         """The trainable actor weights: the ``actor`` adapter, or every base weight without LoRA."""
         if self.lora:
-            return [p for n, p in self.model.named_parameters() if ".actor." in n]
+            return self._lora_params["actor"]
         return list(self.model.parameters())
 
     def critic_parameters(self) -> list[nn.Parameter]:
         """The ``critic`` adapter (or the whole critic model) plus the value head."""
         if self.lora:
-            params = [p for n, p in self.model.named_parameters() if ".critic." in n]
+            params = list(self._lora_params["critic"])
         else:
             params = list(self.critic_model.parameters())
         return params + list(self.value_head.parameters())
@@ -158,7 +169,7 @@ class PolicyModels:
     def actor(self) -> Iterator[nn.Module]:
         """The actor model, with the ``actor`` adapter active (also the rollout policy)."""
         if self.lora:
-            self.model.set_adapter("actor")
+            self._activate("actor")
         yield self.model
 
     @contextlib.contextmanager
@@ -167,6 +178,7 @@ class PolicyModels:
         if self.lora:
             with self.model.disable_adapter():
                 yield self.model
+            self._activate("actor")  # leaving disable_adapter re-enables only the active adapter's grads
         else:
             yield self.ref_model
 
@@ -174,11 +186,11 @@ class PolicyModels:
     def critic(self) -> Iterator[nn.Module]:
         """The critic trunk, with the ``critic`` adapter active; pair it with ``value_head``."""
         if self.lora:
-            self.model.set_adapter("critic")
+            self._activate("critic")
             try:
                 yield self.model
             finally:
-                self.model.set_adapter("actor")
+                self._activate("actor")
         else:
             yield self.critic_model
 

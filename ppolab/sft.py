@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,14 +26,20 @@ from ppolab.models import count_parameters, generation_config_for, tiny_qwen2_co
 from ppolab.tokenizer import build_tokenizer, save_tokenizer
 
 
-def make_batch(tokenizer: Any, problems: Sequence[tuple[str, int]]) -> dict[str, torch.Tensor]:
-    """Right-padded ``input_ids``/``attention_mask`` and ``labels`` that are -100 except on the response."""
+def make_batch(tokenizer: Any, problems: Sequence[tuple[str, int]], bare: Sequence[bool] | None = None
+               ) -> dict[str, torch.Tensor]:
+    """Right-padded ``input_ids``/``attention_mask`` and ``labels`` that are -100 except on the response.
+
+    ``bare[i]`` writes the i-th answer without the ``#### `` marker (just ``85``).
+    """
     seqs, labels = [], []
-    for question, answer in problems:
+    bare = bare if bare is not None else [False] * len(problems)
+    for (question, answer), no_marker in zip(problems, bare):
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
                                                tokenize=False)
         p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        r_ids = tokenizer(response_for(answer), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        text = str(answer) if no_marker else response_for(answer)
+        r_ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         seqs.append(p_ids + r_ids)
         labels.append([-100] * len(p_ids) + r_ids)
     width = max(map(len, seqs))
@@ -44,13 +51,21 @@ def make_batch(tokenizer: Any, problems: Sequence[tuple[str, int]]) -> dict[str,
     }
 
 
+def is_bare(question: str, prob: float) -> bool:
+    """Whether ``question``'s training answer omits ``#### ``: a fixed hash of the text, so each question
+    always has the same format and the model cannot infer the format of an unseen question — on the
+    test split it hesitates between the two, leaving RL a strong, learnable signal."""
+    return zlib.crc32(question.encode()) % 10_000 < prob * 10_000
+
+
 def train_sft(
     out: str | os.PathLike | None = None,
     *,
     task: str = "arith",
     digits: int | Sequence[int] = 2,
     ops: str = "+-",
-    steps: int = 500,
+    steps: int = 1200,
+    bare_answer_prob: float = 0.5,
     batch_size: int = 64,
     lr: float = 1e-3,
     weight_decay: float = 0.0,
@@ -62,6 +77,10 @@ def train_sft(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Train from scratch; save to ``out`` when given.
+
+    ``bare_answer_prob`` is the share of training answers written without the ``#### `` marker the
+    strict reward requires (like an instruct model that answers in its own format before RL; see
+    data/models/README.md).
 
     Returns ``{"model", "tokenizer", "losses" (one per step), "seconds", "n_params"}``.
     """
@@ -75,11 +94,13 @@ def train_sft(
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     # Fresh problems every step from the train pool; duplicates across steps are fine.
     problems = sample_problems(steps * batch_size, "train", seed, digits, ops, unique=False)
+    bare = [is_bare(q, bare_answer_prob) for q, _ in problems]
     losses: list[float] = []
     t0 = time.perf_counter()
     bar = tqdm(range(steps), desc="sft", disable=not progress, mininterval=0.5)
     for step in bar:
-        batch = make_batch(tok, problems[step * batch_size : (step + 1) * batch_size])
+        window = slice(step * batch_size, (step + 1) * batch_size)
+        batch = make_batch(tok, problems[window], bare[window])
         loss = model(**batch).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -106,7 +127,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--out", default="data/models/tiny-arith")
     p.add_argument("--digits", type=_digits, default=2, help="digits per operand, or a mix '1,2'")
     p.add_argument("--ops", default="+-")
-    p.add_argument("--steps", type=int, default=500)
+    p.add_argument("--steps", type=int, default=1200)
+    p.add_argument("--bare-answer-prob", type=float, default=0.5,
+                   help="share of answers written without '#### ' (the strict reward gives them 0)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight-decay", type=float, default=0.0)
@@ -117,13 +140,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--intermediate", type=int, default=None, help="MLP width (default 4 x hidden)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (results depend on it)")
     p.add_argument("--eval-data", default=str(SHIPPED_ARITH / "test.parquet"), help="'' to skip the final eval")
-    p.add_argument("--eval-n", type=int, default=1000)
+    p.add_argument("--eval-n", type=int, default=500)
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
 
     r = train_sft(args.out, task=args.task, digits=args.digits, ops=args.ops, steps=args.steps,
-                  batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay, seed=args.seed,
+                  batch_size=args.batch_size, bare_answer_prob=args.bare_answer_prob, lr=args.lr, weight_decay=args.weight_decay, seed=args.seed,
                   hidden=args.hidden, layers=args.layers, heads=args.heads, intermediate=args.intermediate)
     print(f"{r['n_params']:,} parameters, {args.steps} steps in {r['seconds']:.1f} s, "
           f"loss {r['losses'][0]:.3f} -> {sum(r['losses'][-20:]) / len(r['losses'][-20:]):.3f}; saved to {args.out}")
@@ -134,7 +157,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         ds = load_rl_dataset(args.eval_data, r["tokenizer"], 64)[: args.eval_n]
         for name, sample in (("greedy", False), ("sampled T=1", True)):
             e = evaluate(r["model"], r["tokenizer"], ds, 16, do_sample=sample, n_examples=0)
-            print(f"{name}: accuracy {e['accuracy']:.3f} on {e['n']} test prompts, "
+            print(f"{name}: accuracy {e['accuracy']:.3f} on {e['n']} test prompts (flexible "
+                  f"{e['flexible_accuracy']:.3f}, '####' used {e['marker_rate']:.3f}), "
                   f"mean response length {e['mean_response_length']:.2f}")
 
 
