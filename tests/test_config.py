@@ -108,7 +108,7 @@ def test_preset_contents():
     assert (g.actor_rollout_ref.model.lora_rank, g.actor_rollout_ref.actor.kl_loss_type) == (8, "low_var_kl")
     assert g.actor_rollout_ref.actor.use_kl_loss and not g.algorithm.use_kl_in_reward and not g.use_critic
     assert (g.trainer.total_training_steps, g.trainer.device, g.trainer.experiment_name) == (
-        60, "cpu", "grpo_tiny")
+        100, "cpu", "grpo_tiny")
     p = load_quiet("ppo_gae_tiny")
     assert (p.algorithm.adv_estimator, p.algorithm.lam, p.actor_rollout_ref.rollout.n) == ("gae", 0.95, 1)
     assert p.algorithm.use_kl_in_reward and not p.actor_rollout_ref.actor.use_kl_loss and p.use_critic
