@@ -108,7 +108,7 @@ class PPOTrainer:
     def compute_reward(self, batch: Batch) -> Batch:
         """verl's reward signature per trajectory; the score sits on the last valid response token."""
         texts = self.tokenizer.batch_decode(batch["responses"], skip_special_tokens=True)
-        scores = torch.zeros(len(batch))
+        scores = torch.zeros(len(batch), dtype=batch["response_mask"].dtype)
         for i, text in enumerate(texts):
             s = self.reward_fn(batch.lists["data_source"][i], text, batch.lists["ground_truth"][i],
                                batch.lists["extra_info"][i])

@@ -10,7 +10,16 @@ import torch
 import ppolab.algos as A
 from ppolab.config import ActorConfig
 
-torch.set_default_dtype(torch.float64)
+
+
+@pytest.fixture(autouse=True)
+def float64_by_default():
+    """Exact comparisons in float64 for this module only; restored so later modules see float32."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
 
 
 # ---------------------------------------------------------------- masked helpers (facts §1)

@@ -22,7 +22,16 @@ from verl.workers.config import ActorConfig as VActorConfig  # noqa: E402
 import ppolab.algos as P  # noqa: E402
 from ppolab.config import LOSS_AGG_MODES, ActorConfig  # noqa: E402
 
-torch.set_default_dtype(torch.float64)
+
+
+@pytest.fixture(autouse=True)
+def float64_by_default():
+    """Exact comparisons in float64 for this module only; restored so later modules see float32."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
 TOL = 1e-6
 
 
