@@ -122,13 +122,13 @@ def load_checkpoint(trainer, directory: Path) -> None:
 
 
 # ====================================================================== recording
-def step_record(trainer, batch, log_prob_history, metrics: dict) -> tuple[dict, dict]:
-    """(tensors, info) of a recorded step: the batch after all nine stages plus the actor's log-probs at
-    every optimizer step (``actor_log_probs``, (updates, N, R), NaN for rows outside that mini-batch)."""
+def step_record(trainer, batch, histories: dict, metrics: dict) -> tuple[dict, dict]:
+    """(tensors, info) of a recorded step: the batch after all nine stages plus the actor's log-probs and
+    the critic's vpreds at every optimizer step (``actor_log_probs`` / ``critic_vpreds``, (updates, N, R),
+    NaN for rows outside that mini-batch)."""
     tensors = {k: batch[k] for k in RECORDED_TENSORS if k in batch}
     tensors = {k: (v.to(torch.uint8) if v.dtype == torch.bool else v) for k, v in tensors.items()}
-    if log_prob_history is not None:
-        tensors["actor_log_probs"] = log_prob_history
+    tensors.update(histories)
     decode = trainer.tokenizer.batch_decode
     info = {
         "texts": {"prompts": decode(batch["prompts"], skip_special_tokens=True),
@@ -136,6 +136,8 @@ def step_record(trainer, batch, log_prob_history, metrics: dict) -> tuple[dict, 
                   "ground_truth": batch.lists["ground_truth"]},
         "data_source": batch.lists["data_source"],
         "batch_plan": trainer.plan.as_dict(),
+        "config": to_dict(trainer.config),
+        "versions": _versions(),
         "dp_size": trainer.dp_size,
         "temperature": trainer.config.actor_rollout_ref.rollout.temperature,
         "metrics": metrics,
@@ -176,7 +178,7 @@ def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequen
                dynamic_ncols=True)
     try:
         while trainer.global_step < t.total_training_steps:
-            metrics, batch, history = trainer.step()
+            metrics, batch, histories = trainer.step()
             step = trainer.global_step
             if t.test_freq > 0 and (step % t.test_freq == 0 or step == t.total_training_steps):
                 start = time.perf_counter()
@@ -185,7 +187,7 @@ def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequen
             recorder.log_metrics(step, metrics)
             record = None
             if t.record_freq > 0 and (step % t.record_freq == 0 or step == 1 or step == t.total_training_steps):
-                tensors, info = step_record(trainer, batch, history, metrics)
+                tensors, info = step_record(trainer, batch, histories, metrics)
                 recorder.record_step(step, tensors, info)
                 record = StepRecord(step, tensors, info)
             if t.save_freq > 0 and step % t.save_freq == 0:

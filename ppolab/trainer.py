@@ -217,10 +217,12 @@ class PPOTrainer:
         return batch, metrics
 
     # ================================================================== stage 8: critic
-    def update_critic(self, batch: Batch) -> dict[str, float]:
-        """Clipped value loss over critic mini-batches (critic.ppo_mini_batch_size × n rows) and epochs."""
+    def update_critic(self, batch: Batch) -> tuple[dict[str, float], torch.Tensor]:
+        """Clipped value loss over critic mini-batches (critic.ppo_mini_batch_size × n rows) and epochs. Also
+        returns the vpreds each optimizer step saw, (steps, N, R) with NaN elsewhere."""
         c, n = self.config.critic, self.config.actor_rollout_ref.rollout.n
         temperature = self.config.actor_rollout_ref.rollout.temperature
+        history = UpdateHistory(batch["responses"].shape)
 
         def micro_loss(mb: Batch, global_info: dict) -> tuple[torch.Tensor, dict]:
             mb = to_device(mb, self.device)
@@ -229,6 +231,7 @@ class PPOTrainer:
                 vpreds = forward_response(model, ids, mask, r_len, temperature, False, False,
                                           self.models.value_head).values
             info = {**global_info, "loss_scale_factor": c.loss_scale_factor}
+            history.see(mb["row_id"], vpreds)
             return algos.value_loss(vpreds, mb["returns"][:, :r_len], mb["values"][:, :r_len],
                                     mb["response_mask"][:, :r_len], c.cliprange_value, c.loss_agg_mode, info)
 
@@ -236,9 +239,9 @@ class PPOTrainer:
             batch, c.ppo_mini_batch_size * n, c.ppo_epochs, c.shuffle, c.data_loader_seed + self.dp_rank,
             None if c.use_dynamic_bsz else c.ppo_micro_batch_size_per_gpu, c.ppo_max_token_len_per_gpu,
             self.models.critic_parameters(), self.critic_optimizer, c.optim.clip_grad, micro_loss,
-            self.dp_size, self.all_reduce_sum, prefix="critic")
+            self.dp_size, self.all_reduce_sum, prefix="critic", on_optimizer_step=history.flush)
         self.critic_scheduler.step()
-        return reduce_metrics(steps)
+        return reduce_metrics(steps), history.stacked()
 
     # ================================================================== stage 9: actor
     def update_actor(self, batch: Batch) -> tuple[dict[str, float], torch.Tensor]:
@@ -247,8 +250,7 @@ class PPOTrainer:
         a, n = self.config.actor_rollout_ref.actor, self.config.actor_rollout_ref.rollout.n
         temperature = self.config.actor_rollout_ref.rollout.temperature
         want_entropy = a.calculate_entropy or a.entropy_coeff != 0
-        seen: list[tuple[torch.Tensor, torch.Tensor]] = []
-        history: list[torch.Tensor] = []
+        history = UpdateHistory(batch["responses"].shape)
 
         def micro_loss(mb: Batch, global_info: dict) -> tuple[torch.Tensor, dict]:
             mb = to_device(mb, self.device)
@@ -260,29 +262,22 @@ class PPOTrainer:
             loss, metrics = algos.ppo_loss(a, out.log_probs, cut("old_log_probs"), cut("advantages"),
                                            cut("response_mask"), out.entropy, cut("ref_log_prob"),
                                            cut("rollout_is_weights"))
-            seen.append((mb["row_id"].cpu(), pad_right(out.log_probs.detach().cpu(), batch["responses"].shape[1],
-                                                       float("nan"))))
+            history.see(mb["row_id"], out.log_probs)
             return loss, metrics
-
-        def on_optimizer_step(_: int, rows: list[int]) -> None:
-            record = torch.full(batch["responses"].shape, float("nan"))
-            for row_ids, log_probs in seen:
-                record[row_ids] = log_probs
-            history.append(record)
-            seen.clear()
 
         steps = train_mini_batches(
             batch, a.ppo_mini_batch_size * n, a.ppo_epochs, a.shuffle, a.data_loader_seed + self.dp_rank,
             None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu, a.ppo_max_token_len_per_gpu,
             self.models.actor_parameters(), self.actor_optimizer, a.optim.clip_grad, micro_loss,
-            self.dp_size, self.all_reduce_sum, prefix="actor", on_optimizer_step=on_optimizer_step)
+            self.dp_size, self.all_reduce_sum, prefix="actor", on_optimizer_step=history.flush)
         a.global_batch_info = {}
         self.actor_scheduler.step()
-        return reduce_metrics(steps), torch.stack(history)
+        return reduce_metrics(steps), history.stacked()
 
     # ================================================================== one step
-    def step(self) -> tuple[dict[str, float], Batch, torch.Tensor | None]:
-        """One training step through the nine stages; returns (metrics, final batch, per-update log-probs)."""
+    def step(self) -> tuple[dict[str, float], Batch, dict[str, torch.Tensor]]:
+        """One training step through the nine stages; returns (metrics, final batch, histories), histories
+        holding ``actor_log_probs`` and ``critic_vpreds`` per optimizer step (see :class:`UpdateHistory`)."""
         self.global_step += 1
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {"training/global_step": self.global_step, "training/epoch": self.data_epoch}
@@ -306,13 +301,14 @@ class PPOTrainer:
             with timer(timing, "adv"):
                 batch, m = self.compute_advantage(batch)
                 metrics.update(m)
+            histories: dict[str, torch.Tensor] = {}
             if self.use_critic:
                 with timer(timing, "update_critic"):
-                    metrics.update(self.update_critic(batch))
-            log_prob_history = None
+                    m, histories["critic_vpreds"] = self.update_critic(batch)
+                    metrics.update(m)
             if self.config.trainer.critic_warmup <= self.global_step:
                 with timer(timing, "update_actor"):
-                    m, log_prob_history = self.update_actor(batch)
+                    m, histories["actor_log_probs"] = self.update_actor(batch)
                     metrics.update(m)
             self.rollout.sync_weights()
         if self.kl_ctrl_in_reward is None and self.config.actor_rollout_ref.actor.use_kl_loss:
@@ -322,7 +318,7 @@ class PPOTrainer:
         tokens = float((batch["prompt_mask"].sum() + batch["response_mask"].sum()))
         metrics.update({"perf/total_num_tokens": tokens, "perf/time_per_step": timing["step"],
                         "perf/throughput": tokens / timing["step"] / self.dp_size})
-        return metrics, batch, log_prob_history
+        return metrics, batch, histories
 
     # ================================================================== validation
     def validate(self) -> dict[str, float]:
@@ -349,6 +345,28 @@ class PPOTrainer:
 
 
 # ====================================================================== helpers (no formulas)
+class UpdateHistory:
+    """What the model computed for each row at every optimizer step of an update — the actor's log-probs
+    (the ratio drifting from 1 across mini-batches and epochs) or the critic's vpreds — as (steps, N, R),
+    NaN for rows outside that step's mini-batch. Recorded for the labs; the update never reads it."""
+
+    def __init__(self, shape: torch.Size):
+        self.shape, self.steps, self._seen = shape, [], []
+
+    def see(self, row_ids: torch.Tensor, values: torch.Tensor) -> None:
+        self._seen.append((row_ids.cpu(), pad_right(values.detach().float().cpu(), self.shape[1], float("nan"))))
+
+    def flush(self, *_: Any) -> None:
+        record = torch.full(self.shape, float("nan"))
+        for row_ids, values in self._seen:
+            record[row_ids] = values
+        self.steps.append(record)
+        self._seen.clear()
+
+    def stacked(self) -> torch.Tensor:
+        return torch.stack(self.steps) if self.steps else torch.full((0, *self.shape), float("nan"))
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)

@@ -182,7 +182,8 @@ def test_every_trainable_tensor_of_actor_and_critic_gets_updated():
     for role, params, update in (("critic", t.models.critic_parameters(), t.update_critic),
                                  ("actor", t.models.actor_parameters(), t.update_actor)):
         before = [p.detach().clone() for p in params]
-        update(batch)
+        _, history = update(batch)
+        assert history.shape == (4 if role == "actor" else 1, *batch["responses"].shape) or history.shape[0] >= 1
         frozen = [i for i, (p, b) in enumerate(zip(params, before)) if torch.equal(p, b)]
         assert not frozen, f"{role}: {len(frozen)} of {len(params)} trainable tensors never changed"
 
