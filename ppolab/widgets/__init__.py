@@ -1,0 +1,43 @@
+"""Reusable explorers for the labs: each takes a recorded run (or one of its steps), returns an ipywidgets
+container holding plotly ``FigureWidget``s, and computes every number with ``ppolab.algos``.
+
+Every explorer returns a widget with two extra attributes, so tests (and curious learners) can drive it
+without a browser: ``controls`` (name → ipywidgets control) and ``figures`` (name → ``go.FigureWidget``).
+Modules load on first use, so ``import ppolab.widgets`` stays cheap.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    # policy side: ratio, clipping, loss assembly (labs 03–06)
+    "ratio_explorer": "ppolab.widgets.policy",
+    "clip_explorer": "ppolab.widgets.policy",
+    "dual_clip_explorer": "ppolab.widgets.policy",
+    "loss_assembly": "ppolab.widgets.policy",
+    # the two KL paths (lab 08)
+    "kl_explorer": "ppolab.widgets.kl",
+    # critic (lab 09)
+    "value_clip_explorer": "ppolab.widgets.value",
+    # masks, aggregation, batches (labs 01, 10–12)
+    "mask_viewer": "ppolab.widgets.masks",
+    "aggregation_explorer": "ppolab.widgets.aggregation",
+    "batch_calculator": "ppolab.widgets.batching",
+    # runs (labs 00, 15)
+    "metrics_dashboard": "ppolab.widgets.metrics",
+    "live_training": "ppolab.widgets.live",
+    # shared helpers
+    "SHIPPED_RUNS": "ppolab.widgets.common",
+    "resolve_run": "ppolab.widgets.common",
+    "step_tensors": "ppolab.widgets.common",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'ppolab.widgets' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value
