@@ -266,3 +266,22 @@ def test_cli_reports_config_errors_with_exit_code_2(capsys):
 
     assert main(["actor_rollout_ref.actor.kl_loss_type=k9"]) == 2
     assert "kl_loss_type" in capsys.readouterr().err
+
+
+def test_full_fine_tuning_uses_a_frozen_reference_copy_and_a_separate_critic():
+    t, batch = prepared(preset="ppo_gae_tiny", overrides=[
+        "actor_rollout_ref.model.lora_rank=0", "actor_rollout_ref.rollout.n=1", "data.train_batch_size=16",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=16", "critic.ppo_mini_batch_size=16",
+        "actor_rollout_ref.actor.optim.lr=1e-4"])
+    models = t.models
+    assert not models.lora and models.ref_model is not models.model and models.critic_model is not models.model
+    n_base = sum(p.numel() for p in models.ref_model.parameters())
+    assert sum(p.numel() for p in models.actor_parameters()) == n_base  # every weight trains
+    assert not any(p.requires_grad for p in models.ref_model.parameters())
+    ref_before = batch["ref_log_prob"].clone()
+    t.update_critic(batch)
+    t.update_actor(batch)
+    batch = t.compute_ref_log_prob(t.compute_old_log_prob(batch)[0])
+    mask = batch["response_mask"].bool()
+    torch.testing.assert_close(batch["ref_log_prob"], ref_before, atol=1e-6, rtol=0)  # the copy stayed frozen
+    assert (batch["old_log_probs"] - batch["ref_log_prob"])[mask].abs().max() > 1e-4  # the actor moved

@@ -24,13 +24,7 @@ from ppolab.config import LOSS_AGG_MODES, ActorConfig  # noqa: E402
 
 
 
-@pytest.fixture(autouse=True)
-def float64_by_default():
-    """Exact comparisons in float64 for this module only; restored so later modules see float32."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
+pytestmark = pytest.mark.usefixtures("float64_by_default")  # tests/conftest.py
 
 TOL = 1e-6
 
