@@ -170,11 +170,8 @@ class PPOTrainer:
         mask = batch["response_mask"]
         metrics = {"actor/entropy": float(algos.agg_loss(out["entropy"], mask, actor.loss_agg_mode,
                                                          loss_scale_factor=actor.loss_scale_factor))}
-        if rollout.calculate_log_probs and mask.any():
-            diff = (out["log_probs"].exp() - batch["rollout_log_probs"].exp()).abs()[mask.bool()]
-            metrics.update({"training/rollout_probs_diff_max": float(diff.max()),
-                            "training/rollout_probs_diff_mean": float(diff.mean()),
-                            "training/rollout_probs_diff_std": float(diff.std()) if diff.numel() > 1 else 0.0})
+        if rollout.calculate_log_probs:
+            metrics.update(algos.rollout_probs_diff(out["log_probs"], batch["rollout_log_probs"], mask))
         return batch, metrics
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
@@ -423,10 +420,10 @@ def data_metrics(batch: Batch, use_critic: bool, max_response_length: int) -> di
     stats("critic/advantages", batch["advantages"][real][mask])
     stats("critic/returns", batch["returns"][real][mask])
     if use_critic:
-        values, returns = batch["values"][real][mask], batch["returns"][real][mask]
-        stats("critic/values", values)
-        if values.numel() > 1:
-            out["critic/vf_explained_var"] = float(1 - torch.var(returns - values) / (torch.var(returns) + 1e-5))
+        stats("critic/values", batch["values"][real][mask])
+        if mask.sum() > 1:
+            out["critic/vf_explained_var"] = float(algos.explained_variance(
+                batch["returns"][real], batch["values"][real], batch["response_mask"][real]))
     lengths = batch["response_mask"][real].sum(-1)
     stats("response_length", lengths)
     out["response_length/clip_ratio"] = float((lengths >= max_response_length).float().mean())

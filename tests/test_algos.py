@@ -431,3 +431,30 @@ def test_import_is_fast_and_torch_only():
 def test_no_algos_module_over_400_lines():
     for path in Path(A.__file__).parent.glob("*.py"):
         assert len(path.read_text().splitlines()) <= 400, path.name
+
+
+def test_value_clip_terms_chapter_example():
+    t = lambda x: torch.tensor([[x]])  # noqa: E731
+    vclip, unclipped, clipped, used = A.value_clip_terms(t(0.9), t(1.0), t(0.4), 0.2)
+    assert [round(float(x), 6) for x in (vclip, unclipped, clipped, used)] == [0.6, 0.01, 0.16, 0.16]
+    loss, _ = A.compute_value_loss(t(0.9), t(1.0), t(0.4), torch.ones(1, 1), 0.2)
+    assert float(loss) == pytest.approx(0.5 * float(used))
+
+
+def test_explained_variance_matches_the_flat_formula_and_its_extremes():
+    g = torch.Generator().manual_seed(0)
+    returns, values = torch.randn(6, 5, generator=g), torch.randn(6, 5, generator=g)
+    mask = (torch.rand(6, 5, generator=g) > 0.3).float()
+    r, v = returns[mask.bool()], values[mask.bool()]
+    expected = 1 - torch.var(r - v) / (torch.var(r) + 1e-5)
+    assert float(A.explained_variance(returns, values, mask)) == pytest.approx(float(expected), rel=1e-9)
+    assert float(A.explained_variance(returns, returns, mask)) == pytest.approx(1.0)
+    assert float(A.explained_variance(returns, torch.full_like(returns, 3.0), mask)) == pytest.approx(0.0, abs=1e-4)
+
+
+def test_rollout_probs_diff():
+    old = torch.log(torch.tensor([[0.5, 0.2, 0.9]]))
+    roll = torch.log(torch.tensor([[0.4, 0.2, 0.1]]))
+    m = A.rollout_probs_diff(old, roll, torch.tensor([[1.0, 1.0, 0.0]]))
+    assert m["training/rollout_probs_diff_max"] == pytest.approx(0.1)
+    assert m["training/rollout_probs_diff_mean"] == pytest.approx(0.05)

@@ -5,7 +5,6 @@ import sys
 
 import pandas as pd
 import pytest
-import torch
 
 from ppolab.data import load_rl_dataset, response_for, sample_problems
 from ppolab.eval import evaluate

@@ -21,7 +21,7 @@ from ppolab.algos.advantages import (
 )
 from ppolab.algos.actor_loss import SUM_METRICS, ppo_loss, value_loss
 from ppolab.algos.aggregation import agg_loss
-from ppolab.algos.correction import ROLLOUT_IS_LEVELS, rollout_corr_metrics, rollout_is_weights
+from ppolab.algos.correction import ROLLOUT_IS_LEVELS, rollout_corr_metrics, rollout_is_weights, rollout_probs_diff
 from ppolab.algos.kl import (
     KL_ESTIMATORS,
     KL_PENALTY_TYPES,
@@ -46,7 +46,7 @@ from ppolab.algos.policy_loss import (
     ppo_clip_terms,
     register_policy_loss,
 )
-from ppolab.algos.value_loss import clip_by_value, compute_value_loss
+from ppolab.algos.value_loss import clip_by_value, compute_value_loss, explained_variance, value_clip_terms
 from ppolab.config.actor import LOSS_AGG_MODES
 
 import types as _types

@@ -98,3 +98,15 @@ def rollout_corr_metrics(
             }
         )
     return metrics
+
+
+@torch.no_grad()
+def rollout_probs_diff(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
+                       response_mask: torch.Tensor) -> dict[str, float]:
+    """``training/rollout_probs_diff_{max,mean,std}``: |π_old − π_rollout| in probability space over the valid
+    tokens (chapter §2: how far the engine's policy is from the trainer's recomputation). Shapes (bs, T)."""
+    diff = (old_log_probs.exp() - rollout_log_probs.exp()).abs()[response_mask.bool()]
+    if diff.numel() == 0:
+        return {}
+    return {"training/rollout_probs_diff_max": float(diff.max()), "training/rollout_probs_diff_mean": float(diff.mean()),
+            "training/rollout_probs_diff_std": float(diff.std()) if diff.numel() > 1 else 0.0}

@@ -46,7 +46,7 @@ def get_policy_loss_fn(name: str) -> PolicyLossFn:
     return POLICY_LOSS_REGISTRY[name]
 
 
-def _clip_bounds(config) -> tuple[float, float]:
+def clip_bounds(config) -> tuple[float, float]:
     """(ε_low, ε_high): each falls back to ``clip_ratio`` when None (chapter §4.4)."""
     eps = config.clip_ratio
     low = config.clip_ratio_low if config.clip_ratio_low is not None else eps
@@ -123,7 +123,7 @@ def compute_policy_loss_vanilla(
     reference KL, chapter §7.5), ``actor/pg_clipfrac_lower`` = share where the dual clip bites.
     """
     assert config is not None, "compute_policy_loss_vanilla needs an ActorConfig"
-    eps_low, eps_high = _clip_bounds(config)
+    eps_low, eps_high = clip_bounds(config)
     clip_ratio_c = config.get("clip_ratio_c", 3.0)
     assert clip_ratio_c > 1.0, f"clip_ratio_c must be > 1.0 for dual clip, got {clip_ratio_c}"
     terms = ppo_clip_terms(old_log_prob, log_prob, advantages, eps_low, eps_high, clip_ratio_c)
@@ -174,7 +174,7 @@ def compute_policy_loss_gspo(
     Aggregated with the configured ``loss_agg_mode`` (verl 0.9.1; later verl forces seq-mean-token-mean).
     """
     assert config is not None, "compute_policy_loss_gspo needs an ActorConfig"
-    eps_low, eps_high = _clip_bounds(config)
+    eps_low, eps_high = clip_bounds(config)
     negative_approx_kl = log_prob - old_log_prob
     seq_lengths = torch.sum(response_mask, dim=-1).clamp(min=1)
     seq_log_ratio = torch.sum(negative_approx_kl * response_mask, dim=-1) / seq_lengths
@@ -208,7 +208,7 @@ def compute_policy_loss_cispo(
     pushes its log-prob. ``pg_clipfrac`` = share of tokens whose ratio was changed by the clip.
     """
     assert config is not None, "compute_policy_loss_cispo needs an ActorConfig"
-    eps_low, eps_high = _clip_bounds(config)
+    eps_low, eps_high = clip_bounds(config)
     negative_approx_kl = torch.clamp(log_prob - old_log_prob, min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP)
     ratio = torch.exp(negative_approx_kl)
     clipped_ratio = torch.clamp(ratio, 1 - eps_low, 1 + eps_high).detach()

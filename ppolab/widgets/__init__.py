@@ -12,10 +12,10 @@ from typing import Any
 
 _WHERE = {
     # policy side: ratio, clipping, loss assembly (labs 03–06)
-    "ratio_explorer": "ppolab.widgets.policy",
-    "clip_explorer": "ppolab.widgets.policy",
-    "dual_clip_explorer": "ppolab.widgets.policy",
-    "loss_assembly": "ppolab.widgets.policy",
+    "ratio_explorer": "ppolab.widgets.ratio",
+    "clip_explorer": "ppolab.widgets.clip",
+    "dual_clip_explorer": "ppolab.widgets.clip",
+    "loss_assembly": "ppolab.widgets.loss",
     # the two KL paths (lab 08)
     "kl_explorer": "ppolab.widgets.kl",
     # critic (lab 09)
@@ -31,6 +31,8 @@ _WHERE = {
     "SHIPPED_RUNS": "ppolab.widgets.common",
     "resolve_run": "ppolab.widgets.common",
     "step_tensors": "ppolab.widgets.common",
+    "actor_config": "ppolab.widgets.common",
+    "optimizer_step_batch": "ppolab.widgets.common",
 }
 __all__ = sorted(_WHERE)
 

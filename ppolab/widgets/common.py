@@ -1,12 +1,16 @@
 """Shared plumbing of the explorers: which run, which step, and the masked tensors of that step."""
 from __future__ import annotations
 
+import operator
 import os
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+import ipywidgets as W
 import torch
 
+from ppolab.config.actor import ActorConfig
 from ppolab.record import Run, StepRecord
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -47,3 +51,116 @@ def real_rows(record: StepRecord) -> torch.Tensor:
 def token_labels(record: StepRecord, tokenizer: Any, row: int) -> list[str]:
     """The decoded response tokens of one row (one string per position, padding included)."""
     return [tokenizer.decode([int(t)]) for t in record.tensors["responses"][row]]
+
+
+# ----------------------------------------------------------------------------------------------- plumbing
+def actor_config(run: Run, **overrides: Any) -> ActorConfig:
+    """The run's ``actor_rollout_ref.actor`` as an :class:`ActorConfig`, with ``overrides`` applied."""
+    raw = dict(run.config.get("actor_rollout_ref", {}).get("actor", {}))
+    names = {f.name for f in fields(ActorConfig)}
+    kwargs = {k: v for k, v in raw.items() if k in names and k != "global_batch_info"}
+    if isinstance(kwargs.get("policy_loss"), dict):
+        kwargs["policy_loss"] = dict(kwargs["policy_loss"])
+    if isinstance(kwargs.get("optim"), dict):
+        kwargs["optim"] = {k: (tuple(v) if k == "betas" else v) for k, v in kwargs["optim"].items()}
+    cfg = ActorConfig(**kwargs)
+    for key, value in overrides.items():
+        if key == "loss_mode":
+            cfg.policy_loss.loss_mode = value
+        else:
+            setattr(cfg, key, value)
+    return cfg
+
+
+def _n_opt_steps(rec: StepRecord) -> int:
+    return int(rec.tensors["actor_log_probs"].shape[0])
+
+
+def _check_index(name: str, value: int | None, n: int) -> int | None:
+    if value is None:
+        return None
+    try:
+        index = operator.index(value)
+    except TypeError:
+        index = None
+    if index is None or isinstance(value, bool) or not 0 <= index < n:
+        raise ValueError(f"{name}={value!r} is out of range; allowed: an integer 0 … {n - 1}")
+    return index
+
+
+def _opt_step_label(rec: StepRecord, k: int) -> str:
+    per_epoch = int(rec.info.get("batch_plan", {}).get("optimizer_steps_per_epoch", 0) or 0)
+    if per_epoch > 0:
+        return f"opt step {k} (epoch {k // per_epoch}, mini-batch {k % per_epoch})"
+    return f"opt step {k}"
+
+
+def optimizer_step_batch(rec: StepRecord, k: int) -> dict[str, torch.Tensor]:
+    """The rows optimizer step ``k`` trained on: ``rows`` (indices), and for those rows ``old_log_probs``,
+    ``log_prob`` (= actor_log_probs[k]), ``advantages``, ``response_mask`` (real rows only), ``entropy``,
+    ``ref_log_prob`` — every tensor (n_rows, R), ready for the ``ppolab.algos`` losses."""
+    t = rec.tensors
+    _check_index("opt_step", k, _n_opt_steps(rec))
+    lp = t["actor_log_probs"][k]
+    rows = torch.nonzero(~torch.isnan(lp).all(dim=-1)).flatten()
+    mask = t["response_mask"].float() * real_rows(rec).float().unsqueeze(-1)
+    out = {"rows": rows, "log_prob": torch.nan_to_num(lp[rows], nan=0.0)}
+    for key in ("old_log_probs", "advantages", "entropy", "ref_log_prob"):
+        if key in t:
+            out[key] = t[key][rows].float()
+    out["response_mask"] = mask[rows]
+    # a NaN at a masked position would leak through the seq-mean modes; pad positions carry 0 instead
+    out["log_prob"] = torch.where(out["response_mask"] > 0, out["log_prob"], out["old_log_probs"])
+    return out
+
+
+def _opt_step_slider(rec: StepRecord, value: int | None, description: str = "opt step") -> W.IntSlider:
+    n = _n_opt_steps(rec)
+    value = n - 1 if value is None else value
+    return W.IntSlider(
+        value=value, min=0, max=n - 1, step=1, description=description, continuous_update=False
+    )
+
+
+def _box(children: list, controls: dict, figures: dict, **extra: Any) -> W.VBox:
+    box = W.VBox(children)
+    box.controls = controls
+    box.figures = figures
+    for key, value in extra.items():
+        setattr(box, key, value)
+    return box
+
+
+def _vline(x: float, color: str = "grey", dash: str = "dash") -> dict:
+    return dict(
+        type="line", xref="x", yref="paper", x0=x, x1=x, y0=0, y1=1, line=dict(color=color, dash=dash)
+    )
+
+
+def _hline(y: float, color: str = "grey", dash: str = "dot") -> dict:
+    return dict(
+        type="line", xref="paper", yref="y", x0=0, x1=1, y0=y, y1=y, line=dict(color=color, dash=dash)
+    )
+
+
+def _vrect(x0: float, x1: float, color: str = "orange") -> dict:
+    return dict(
+        type="rect",
+        xref="x",
+        yref="paper",
+        x0=x0,
+        x1=x1,
+        y0=0,
+        y1=1,
+        fillcolor=color,
+        opacity=0.08,
+        line=dict(width=0),
+        layer="below",
+    )
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.6g}"
+
+
+# ------------------------------------------------------------------------------------------------ 1. ratio

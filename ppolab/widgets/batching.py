@@ -1,0 +1,126 @@
+"""``batch_calculator``: batch → mini-batch → micro-batch arithmetic (chapter §11–§12) from ``ppolab.batching``.
+
+The table is ``plan_batches(...)`` itself (invalid combinations show its ``ValueError`` text), the timeline draws
+the plan's optimizer steps, and the dynamic-batch figure is ``plan_dynamic_micro_batches`` on the recorded
+sequence lengths of the first mini-batch of a recorded step.
+"""
+from __future__ import annotations
+
+import html
+
+import ipywidgets as W
+import plotly.graph_objects as go
+
+from ppolab.batching import plan_batches, plan_dynamic_micro_batches
+from ppolab.widgets.common import resolve_run, step_tensors
+
+#: Slider ranges (min, max) of the plan's inputs.
+RANGES = {"train_batch_size": (1, 256), "rollout_n": (1, 16), "ppo_mini_batch_size": (1, 256), "dp_size": (1, 16),
+          "ppo_micro_batch_size_per_gpu": (1, 128), "ppo_epochs": (1, 4)}
+#: The timeline draws at most this many optimizer steps.
+MAX_TIMELINE_STEPS = 256
+
+
+def recorded_seq_lens(record, rows: int | None = None) -> list[int]:
+    """prompt + response token counts (prompt_mask + response_mask sums) of the first ``rows`` rows."""
+    t = record.tensors
+    lens = (t["prompt_mask"].sum(-1) + t["response_mask"].sum(-1)).long().tolist()
+    return lens[:rows] if rows else lens
+
+
+def batch_calculator(run=None, step=None, max_token_len: int | None = None, **sizes) -> W.VBox:
+    """Sliders for every input of ``plan_batches`` (defaults: the recorded step's plan) and a token budget.
+
+    ``sizes``: any of :data:`RANGES`' keys. Attributes after every change: ``plan`` (the BatchPlan or None) and
+    ``error`` (the ValueError text or None). Figures: ``timeline`` (one bar per optimizer step: rows it sees,
+    colour = epoch, text = micro-batch waves), ``dynamic`` (token sum of each dynamic micro-batch of the recorded
+    first mini-batch, stacked per sequence, with the budget line). Controls: the six sizes and ``max_token_len``.
+    """
+    r = resolve_run(run)
+    if step is not None and step not in r.steps:
+        raise ValueError(f"step must be one of the recorded steps {r.steps}, got {step!r}")
+    rec = step_tensors(r, step)
+    unknown = set(sizes) - set(RANGES)
+    if unknown:
+        raise ValueError(f"unknown size {sorted(unknown)}; allowed: {list(RANGES)}")
+    recorded = rec.info.get("batch_plan", {})
+    values = {k: sizes.get(k, recorded.get(k) or lo) for k, (lo, hi) in RANGES.items()}
+    for k, v in values.items():
+        lo, hi = RANGES[k]
+        if not isinstance(v, int) or not lo <= v <= hi:
+            raise ValueError(f"{k} must be an int in {lo}..{hi}, got {v!r}")
+    mini_rows = recorded.get("local_mini_batch") or rec.tensors["responses"].shape[0]
+    lens = recorded_seq_lens(rec, mini_rows)
+    lo_tok, hi_tok = max(lens), sum(lens)
+    mtl = max_token_len if max_token_len is not None else max(lo_tok, hi_tok // 4)
+    if not isinstance(mtl, int) or not lo_tok <= mtl <= hi_tok:
+        raise ValueError(f"max_token_len must be an int in {lo_tok}..{hi_tok} (longest sequence .. all tokens of "
+                         f"the mini-batch), got {mtl!r}")
+
+    style = {"description_width": "initial"}
+    controls = {k: W.IntSlider(value=values[k], min=RANGES[k][0], max=RANGES[k][1], description=k, style=style,
+                               continuous_update=False) for k in RANGES}
+    controls["max_token_len"] = W.IntSlider(value=mtl, min=lo_tok, max=hi_tok, description="ppo_max_token_len_per_gpu",
+                                            style=style, continuous_update=False)
+    table = W.HTML()
+    figs = {
+        "timeline": go.FigureWidget(layout={"title": "optimizer steps of one training step", "height": 300,
+                                                "xaxis_title": "optimizer step", "yaxis_title": "rows (global mini-batch)"}),
+        "dynamic": go.FigureWidget(layout={"title": "use_dynamic_bsz micro-batches", "barmode": "stack", "height": 320,
+                                               "xaxis_title": "micro-batch (execution order)", "yaxis_title": "tokens",
+                                               "showlegend": False}),
+    }
+    figs["timeline"].add_bar()
+
+    def refresh_plan(*_):
+        kw = {k: controls[k].value for k in RANGES}
+        try:
+            plan = plan_batches(**kw)
+            error = None
+        except ValueError as e:
+            plan, error = None, str(e)
+        box.plan, box.error = plan, error
+        if plan is None:
+            table.value = f"<b style='color:#b00'>invalid: {html.escape(error)}</b>"
+            with figs["timeline"].batch_update():
+                figs["timeline"].data[0].update(x=[], y=[], text=[])
+                figs["timeline"].layout.title = "invalid configuration"
+            return
+        table.value = plan._repr_html_()
+        shown = min(plan.optimizer_steps, MAX_TIMELINE_STEPS)
+        per_epoch = plan.optimizer_steps_per_epoch
+        xs = [f"e{i // per_epoch + 1}·m{i % per_epoch + 1}" for i in range(shown)]
+        text = [f"{plan.micro_batches_per_mini} waves × {plan.micro_batch_wave} rows" for _ in range(shown)]
+        with figs["timeline"].batch_update():
+            figs["timeline"].data[0].update(x=xs, y=[plan.global_mini_batch] * shown, text=text,
+                                            marker={"color": [i // per_epoch for i in range(shown)],
+                                                    "colorscale": "Viridis"})
+            figs["timeline"].layout.title = (f"{plan.optimizer_steps} optimizer steps = {per_epoch} per epoch × "
+                                             f"{plan.ppo_epochs} epochs" + (f" (first {shown} shown)"
+                                                                            if shown < plan.optimizer_steps else ""))
+
+    def refresh_dynamic(*_):
+        budget = controls["max_token_len"].value
+        parts = plan_dynamic_micro_batches(lens, budget)
+        box.micro_batches = parts
+        with figs["dynamic"].batch_update():
+            figs["dynamic"].data = []
+            depth = max(len(p) for p in parts)
+            for d in range(depth):
+                figs["dynamic"].add_bar(x=list(range(len(parts))),
+                                        y=[lens[p[d]] if d < len(p) else 0 for p in parts],
+                                        text=[f"row {p[d]}" if d < len(p) else "" for p in parts])
+            figs["dynamic"].add_scatter(x=[-0.5, len(parts) - 0.5], y=[budget, budget], mode="lines",
+                                        line={"dash": "dash", "color": "red"}, name="budget")
+            figs["dynamic"].layout.title = (f"plan_dynamic_micro_batches: {len(lens)} rows, {sum(lens)} tokens, "
+                                            f"budget {budget} → {len(parts)} micro-batches")
+
+    for k in RANGES:
+        controls[k].observe(refresh_plan, names="value")
+    controls["max_token_len"].observe(refresh_dynamic, names="value")
+    box = W.VBox([W.HBox([W.VBox([controls[k] for k in RANGES]), table]), figs["timeline"],
+                  controls["max_token_len"], figs["dynamic"]])
+    box.controls, box.figures, box.record, box.table, box.seq_lens = controls, figs, rec, table, lens
+    refresh_plan()
+    refresh_dynamic()
+    return box

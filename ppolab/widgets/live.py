@@ -1,0 +1,64 @@
+"""``live_training``: run ``ppolab.train`` in a notebook cell with a live reward / accuracy / clip-fraction plot."""
+from __future__ import annotations
+
+import ipywidgets as W
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+#: The metrics plotted live (one panel each).
+LIVE_METRICS = ("critic/score/mean", "val/accuracy", "actor/pg_clipfrac")
+
+
+def live_training(config=None, overrides=None, metrics: tuple[str, ...] = LIVE_METRICS, on_step=None,
+                  progress: bool = False) -> W.VBox:
+    """A widget that trains when ``start()`` is called (or its button is clicked) and plots as steps finish.
+
+    ``config`` / ``overrides`` go to :func:`ppolab.train` unchanged (preset name, YAML or PPOConfig; verl-style
+    overrides); the config is resolved up front, so a bad override raises here. ``metrics``: logged names to
+    plot, one panel each. ``on_step(step, metrics, record)`` is called after the plot updates. ``start()`` runs
+    training synchronously in the calling cell and returns the :class:`ppolab.record.Run`, also kept as ``.run``;
+    ``.history`` holds every step's metrics. Controls: ``start`` (Button). Figures: ``live``.
+    """
+    from ppolab.train import resolve_config
+
+    metrics = tuple(metrics)
+    if not metrics or not all(isinstance(m, str) for m in metrics):
+        raise ValueError(f"metrics must be a non-empty tuple of metric names, e.g. {LIVE_METRICS}, got {metrics!r}")
+    cfg = resolve_config(config, overrides)
+    fig = go.FigureWidget(make_subplots(rows=1, cols=len(metrics), subplot_titles=metrics))
+    for i, name in enumerate(metrics):
+        fig.add_scatter(x=[], y=[], mode="lines+markers", name=name, row=1, col=i + 1)
+    fig.update_layout(height=300, showlegend=False, title=f"{cfg.trainer.experiment_name}: waiting for start()")
+    status = W.HTML("not started")
+    button = W.Button(description="start training", button_style="primary", icon="play")
+    history: list[dict] = []
+
+    def step_cb(step, m, record):
+        history.append({"step": step, **m})
+        with fig.batch_update():
+            for trace, name in zip(fig.data, metrics):
+                if name in m and m[name] is not None:
+                    trace.x = (*trace.x, step)
+                    trace.y = (*trace.y, float(m[name]))
+            fig.layout.title = f"{cfg.trainer.experiment_name}: step {step}/{cfg.trainer.total_training_steps}"
+        status.value = f"step {step}/{cfg.trainer.total_training_steps}"
+        if on_step is not None:
+            on_step(step, m, record)
+
+    def start(*_):
+        import ppolab.train as train_module
+
+        button.disabled = True
+        status.value = "training…"
+        try:
+            box.run = train_module.train(cfg, on_step=step_cb, progress=progress)
+        finally:
+            button.disabled = False
+        status.value = f"done: {len(history)} steps → <code>{box.run.path}</code>"
+        return box.run
+
+    button.on_click(start)
+    box = W.VBox([W.HBox([button, status]), fig])
+    box.controls, box.figures, box.config, box.history, box.run = {"start": button}, {"live": fig}, cfg, history, None
+    box.start = start
+    return box

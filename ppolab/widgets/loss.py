@@ -1,0 +1,168 @@
+"""``loss_assembly`` (lab 06, chapter §5): pg − c_H·H + c_KL·KL from ``ppolab.algos.ppo_loss`` on the recorded
+batch, and the same advantages through every registered ``policy_loss.loss_mode``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ipywidgets as W
+import plotly.graph_objects as go
+
+from ppolab.algos import (
+    POLICY_LOSS_REGISTRY,
+    ppo_loss,
+)
+from ppolab.config.actor import LOSS_AGG_MODES, ActorConfig
+from ppolab.record import Run
+from ppolab.widgets.common import (
+    _box,
+    _check_index,
+    _n_opt_steps,
+    _opt_step_label,
+    _opt_step_slider,
+    actor_config,
+    optimizer_step_batch,
+    resolve_run,
+    step_tensors,
+)
+
+
+def loss_assembly(
+    run: Run | str | None = None,
+    step: int | None = None,
+    opt_step: int | None = None,
+    loss_mode: str | None = None,
+) -> W.VBox:
+    """Lab 06 (§5): L_actor = L_PG − c_H·H + c_KL·K̂_ref, by ``ppolab.algos.ppo_loss`` on a recorded
+    mini-batch.
+
+    Controls: ``entropy_coeff``, ``kl_loss_coef``, ``use_kl_loss`` (starts at the run's setting; the recorded
+    ``ref_log_prob`` lets a run without loss-side KL show what it would add), ``kl_loss_type``,
+    ``loss_agg_mode``,
+    ``loss_mode`` (every POLICY_LOSS_REGISTRY name), ``opt_step``. Figures: ``terms`` (pg, −c_H·H, +c_KL·K̂,
+    total), ``modes`` (pg_loss of every registered loss on the same advantages — adv_estimator ⟂ loss_mode).
+    ``state`` holds ``loss``, ``metrics`` (ppo_loss's) and ``mode_losses``.
+    """
+    r = resolve_run(run)
+    rec = step_tensors(r, step)
+    opt_step = _check_index("opt_step", opt_step, _n_opt_steps(rec))
+    base = actor_config(r)
+    loss_mode = base.policy_loss.loss_mode if loss_mode is None else loss_mode
+    if loss_mode not in POLICY_LOSS_REGISTRY:
+        raise ValueError(
+            f"loss_mode={loss_mode!r} is not registered; choose one of {', '.join(POLICY_LOSS_REGISTRY)}"
+        )
+    from ppolab.algos import KL_PENALTY_TYPES
+
+    controls = {
+        "entropy_coeff": W.FloatSlider(
+            value=base.entropy_coeff,
+            min=0.0,
+            max=0.1,
+            step=0.001,
+            readout_format=".3f",
+            description="entropy_coeff",
+            continuous_update=False,
+        ),
+        "kl_loss_coef": W.FloatSlider(
+            value=base.kl_loss_coef,
+            min=0.0,
+            max=1.0,
+            step=0.001,
+            readout_format=".3f",
+            description="kl_loss_coef",
+            continuous_update=False,
+        ),
+        "use_kl_loss": W.Checkbox(value=bool(base.use_kl_loss), description="use_kl_loss"),
+        "kl_loss_type": W.Dropdown(
+            options=list(KL_PENALTY_TYPES), value=base.kl_loss_type, description="kl_loss_type"
+        ),
+        "loss_agg_mode": W.Dropdown(
+            options=list(LOSS_AGG_MODES), value=base.loss_agg_mode, description="loss_agg_mode"
+        ),
+        "loss_mode": W.Dropdown(options=list(POLICY_LOSS_REGISTRY), value=loss_mode, description="loss_mode"),
+        "opt_step": _opt_step_slider(rec, opt_step),
+    }
+    f_terms = go.FigureWidget(layout=dict(height=340, yaxis_title="contribution to the actor loss"))
+    f_terms.add_bar(
+        x=["L_PG", "−c_H·H", "+c_KL·K̂_ref", "total"],
+        y=[0, 0, 0, 0],
+        text=["", "", "", ""],
+        textposition="outside",
+    )
+    modes = list(POLICY_LOSS_REGISTRY)
+    f_modes = go.FigureWidget(
+        layout=dict(height=340, title="the same advantages through each loss_mode", yaxis_title="pg_loss")
+    )
+    f_modes.add_bar(x=modes, y=[0.0] * len(modes))
+    readout = W.HTML()
+    state: dict[str, Any] = {}
+
+    def cfg_for(mode: str) -> ActorConfig:
+        return actor_config(
+            r,
+            entropy_coeff=controls["entropy_coeff"].value,
+            kl_loss_coef=controls["kl_loss_coef"].value,
+            use_kl_loss=controls["use_kl_loss"].value,
+            kl_loss_type=controls["kl_loss_type"].value,
+            loss_agg_mode=controls["loss_agg_mode"].value,
+            loss_mode=mode,
+        )
+
+    def update(*_):
+        b = optimizer_step_batch(rec, controls["opt_step"].value)
+        args = (
+            b["log_prob"],
+            b["old_log_probs"],
+            b["advantages"],
+            b["response_mask"],
+            b.get("entropy"),
+            b.get("ref_log_prob"),
+        )
+        cfg = cfg_for(controls["loss_mode"].value)
+        loss, metrics = ppo_loss(cfg, *args)
+        pg = metrics["actor/pg_loss"]
+        ent = -cfg.entropy_coeff * metrics.get("actor/entropy_loss", 0.0)
+        kl = cfg.kl_loss_coef * metrics["actor/kl_loss"] if cfg.use_kl_loss else 0.0
+        mode_losses = {mode: ppo_loss(cfg_for(mode), *args)[1]["actor/pg_loss"] for mode in modes}
+        state.update(
+            loss=float(loss),
+            metrics=metrics,
+            pg=pg,
+            entropy_term=ent,
+            kl_term=kl,
+            mode_losses=mode_losses,
+            config=cfg,
+        )
+        with f_terms.batch_update():
+            f_terms.data[0].y = [pg, ent, kl, float(loss)]
+            f_terms.data[0].text = [f"{v:.4g}" for v in (pg, ent, kl, float(loss))]
+            f_terms.layout.title.text = (
+                f"{_opt_step_label(rec, controls['opt_step'].value)}, "
+                f"loss_mode={cfg.policy_loss.loss_mode}, {cfg.loss_agg_mode}"
+            )
+        with f_modes.batch_update():
+            f_modes.data[0].y = [mode_losses[mm] for mm in modes]
+            f_modes.data[0].marker.color = [
+                "red" if mm == cfg.policy_loss.loss_mode else "steelblue" for mm in modes
+            ]
+        adv_est = r.config.get("algorithm", {}).get("adv_estimator", "?")
+        readout.value = (
+            f"advantages from <code>adv_estimator={adv_est}</code>, loss from "
+            f"<code>policy_loss.loss_mode={cfg.policy_loss.loss_mode}</code><br>"
+            + "<br>".join(f"{k_} = {v_:.6g}" for k_, v_ in metrics.items())
+            + f"<br><b>loss = {float(loss):.6g}</b>"
+        )
+
+    for ctl in controls.values():
+        ctl.observe(update, names="value")
+    update()
+    items = list(controls.values())
+    return _box(
+        [W.HBox(items[:3]), W.HBox(items[3:6]), items[6], readout, f_terms, f_modes],
+        controls,
+        {"terms": f_terms, "modes": f_modes},
+        state=state,
+        record=rec,
+    )

@@ -1,0 +1,127 @@
+"""``mask_viewer``: which token is prompt, response, padding or a synthetic padding row, and the one-token
+shift between logit positions and the response tokens they predict (chapter §9, §1)."""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import ipywidgets as W
+import plotly.graph_objects as go
+import torch
+
+from ppolab.widgets.common import real_rows, resolve_run, step_tensors
+
+#: Category codes of the token map (z of the heatmap).
+CATEGORIES = {0: "padding", 1: "prompt", 2: "response", 3: "synthetic padding row"}
+_COLORS = ["#e0e0e0", "#7fa7d9", "#f2a65a", "#b58ad8"]
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(path: str):
+    from ppolab.models import load_tokenizer
+
+    return load_tokenizer(path)
+
+
+def run_tokenizer(run):
+    """The tokenizer of ``run``'s ``actor_rollout_ref.model.path`` if that folder exists, else the shipped model's."""
+    from ppolab.models import SHIPPED_MODEL
+
+    path = run.config.get("actor_rollout_ref", {}).get("model", {}).get("path")
+    if not path or not (Path(path) / "config.json").is_file():
+        path = SHIPPED_MODEL
+    return _tokenizer(str(path))
+
+
+def token_categories(record) -> torch.Tensor:
+    """(N, P + R) integer codes of :data:`CATEGORIES` from prompt_mask, response_mask and is_pad."""
+    t = record.tensors
+    cats = torch.cat([t["prompt_mask"].long(), 2 * t["response_mask"].long()], dim=1)
+    pad_rows = ~real_rows(record)
+    cats[pad_rows] = 3
+    return cats
+
+
+def shift_table(record, tokenizer, row: int) -> dict[str, list]:
+    """The one-token shift of one row: for each response position j, the input position whose logits predict
+    it (P − 1 + j), the token at that input position, the predicted response token, and its masks."""
+    t = record.tensors
+    P = t["prompts"].shape[1]
+    seq = torch.cat([t["prompts"][row], t["responses"][row]])
+    R = t["responses"].shape[1]
+    out = {"response position j": list(range(R)), "logit position": [P - 1 + j for j in range(R)],
+           "input token there": [tokenizer.decode([int(seq[P - 1 + j])]) for j in range(R)],
+           "predicts response token": [tokenizer.decode([int(t["responses"][row, j])]) for j in range(R)],
+           "response_mask": [int(x) for x in t["response_mask"][row].tolist()],
+           "loss_mask": [int(x) for x in t["loss_mask"][row].tolist()] if "loss_mask" in t else [None] * R}
+    return out
+
+
+def mask_viewer(run=None, step=None, rows: list[int] | None = None, tokenizer=None) -> W.VBox:
+    """Decoded tokens of ``rows`` coloured by category, and the shift table of one of them.
+
+    ``rows`` default: the first four rows plus the first synthetic padding row, if the step has one.
+    Controls: ``rows`` (SelectMultiple), ``row`` (the row of the shift table). Figures: ``tokens`` (heatmap of
+    :func:`token_categories`, hover = decoded token), ``shift`` (table from :func:`shift_table`).
+    """
+    r = resolve_run(run)
+    if step is not None and step not in r.steps:
+        raise ValueError(f"step must be one of the recorded steps {r.steps}, got {step!r}")
+    rec = step_tensors(r, step)
+    t = rec.tensors
+    n, P = t["prompts"].shape
+    R = t["responses"].shape[1]
+    if rows is None:
+        rows = list(range(min(4, n)))
+        pads = (~real_rows(rec)).nonzero().flatten().tolist()
+        rows += pads[:1]
+    rows = list(rows)
+    bad = [x for x in rows if not isinstance(x, int) or not 0 <= x < n]
+    if bad or not rows:
+        raise ValueError(f"rows must be a non-empty list of ints in 0..{n - 1}, got {rows!r}")
+    tok = tokenizer or run_tokenizer(r)
+    cats = token_categories(rec)
+    seqs = torch.cat([t["prompts"], t["responses"]], dim=1)
+    decoded: dict[int, list[str]] = {}
+
+    def words(i):
+        if i not in decoded:
+            decoded[i] = [tok.decode([int(x)]) for x in seqs[i]]
+        return decoded[i]
+
+    controls = {
+        "rows": W.SelectMultiple(options=list(range(n)), value=tuple(rows), description="rows", rows=6),
+        "row": W.Dropdown(options=list(range(n)), value=rows[0], description="shift of row"),
+    }
+    figs = {
+        "tokens": go.FigureWidget(layout={"title": "prompt | response (left-padded prompt, right-padded response)",
+                                              "height": 120 + 40 * len(rows), "xaxis_title": "position",
+                                              "yaxis": {"autorange": "reversed", "type": "category"}}),
+        "shift": go.FigureWidget(layout={"title": "one-token shift: logits at position P−1+j predict response token j",
+                                             "height": 60 + 28 * (R + 1)}),
+    }
+    n_cat = len(CATEGORIES)
+    scale = [[k / n_cat, c] for i, c in enumerate(_COLORS) for k in (i, i + 1)]
+    figs["tokens"].add_heatmap(colorscale=scale, zmin=-0.5, zmax=n_cat - 0.5, showscale=True, xgap=1, ygap=1,
+                               colorbar={"tickvals": list(CATEGORIES), "ticktext": list(CATEGORIES.values())},
+                               texttemplate="%{text}", hovertemplate="row %{y}, position %{x}: %{text}<extra></extra>")
+    figs["tokens"].add_vline(x=P - 0.5, line_dash="dash")
+    figs["shift"].add_table()
+
+    def refresh(*_):
+        sel = list(controls["rows"].value) or [controls["row"].value]
+        with figs["tokens"].batch_update():
+            figs["tokens"].data[0].update(z=cats[sel].tolist(), text=[words(i) for i in sel],
+                                          y=[f"row {i}" + (" (pad)" if cats[i, 0] == 3 else "") for i in sel],
+                                          x=list(range(P + R)))
+            figs["tokens"].layout.height = 120 + 40 * len(sel)
+        table = shift_table(rec, tok, controls["row"].value)
+        with figs["shift"].batch_update():
+            figs["shift"].data[0].update(header={"values": list(table)}, cells={"values": list(table.values())})
+
+    for c in controls.values():
+        c.observe(refresh, names="value")
+    box = W.VBox([W.HBox(list(controls.values())), *figs.values()])
+    box.controls, box.figures, box.record, box.tokenizer = controls, figs, rec, tok
+    refresh()
+    return box
