@@ -121,6 +121,7 @@ def train_mini_batches(
     all_reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
     prefix: str = "actor",
     on_optimizer_step: Callable[[int, list[int]], None] | None = None,
+    grad_sync: Callable[[list[torch.nn.Parameter]], None] | None = None,
 ) -> list[dict[str, float]]:
     """verl's ``train_mini_batch``: for every epoch and mini-batch one optimizer step.
 
@@ -148,6 +149,8 @@ def train_mini_batches(
                 loss.backward()
                 total_loss += float(loss.detach())
                 micro_metrics.append(metrics)
+            if grad_sync is not None:  # data parallel: average gradients over ranks (what DDP/FSDP do)
+                grad_sync(params)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_grad)
             if math.isfinite(float(grad_norm)):
                 optimizer.step()

@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from ppolab import distributed
 from ppolab.config import PPOConfig, load_config, to_dict
 from ppolab.record import Recorder, Run, StepRecord, latest_checkpoint, write_json, write_tensors
 
@@ -145,6 +146,28 @@ def step_record(trainer, batch, histories: dict, metrics: dict) -> tuple[dict, d
     return tensors, info
 
 
+class NullRecorder:
+    """What ranks other than 0 get instead of a Recorder: they keep metrics in memory, write nothing."""
+
+    def __init__(self):
+        self.metrics: list[dict[str, Any]] = []
+
+    def log_metrics(self, step: int, metrics: dict[str, Any]) -> None:
+        self.metrics = [m for m in self.metrics if m.get("step") != step] + [{"step": step, **metrics}]
+
+    def truncate_metrics(self, last_step: int) -> None:
+        self.metrics = [m for m in self.metrics if m.get("step", 0) <= last_step]
+
+    def record_step(self, *_: Any) -> None:
+        pass
+
+    def write_json(self, *_: Any) -> None:
+        pass
+
+    def checkpoint_dir(self, step: int) -> Path:
+        raise RuntimeError("only rank 0 saves checkpoints")
+
+
 # ====================================================================== the loop
 def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequence[str] | dict | None = None, *,
           on_step: OnStep | None = None, progress: bool = True) -> Run:
@@ -159,19 +182,24 @@ def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequen
 
     from ppolab.trainer import PPOTrainer
 
-    cfg = resolve_config(config, overrides)
-    run_dir = Path(cfg.trainer.run_dir or f"runs/{cfg.trainer.experiment_name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    trainer = PPOTrainer(cfg)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))  # set by torchrun / accelerate launch
+    cfg = resolve_config(config, overrides, world_size=world_size)
+    info = distributed.init_from_env(cfg.trainer.device)
+    stamp = distributed.all_gather_object(time.strftime("%Y%m%d-%H%M%S"), info)[0]  # one name for all ranks
+    run_dir = Path(cfg.trainer.run_dir or f"runs/{cfg.trainer.experiment_name}-{stamp}")
+    trainer = PPOTrainer(cfg, info)
+    # Only rank 0 writes the run directory; the other ranks compute and log nothing.
     recorder = Recorder(run_dir, to_dict(cfg), {"batch_plan": trainer.plan.as_dict(), "versions": _versions(),
-                                                "world_size": trainer.dp_size})
-    writer = _tensorboard(cfg, run_dir)
+                                                "world_size": trainer.dp_size}) if info.is_main else NullRecorder()
+    progress = progress and info.is_main
+    writer = _tensorboard(cfg, run_dir) if info.is_main else None
     t, summary = cfg.trainer, {}
     checkpoint = latest_checkpoint(run_dir) if t.resume else None
     if checkpoint is not None:
         load_checkpoint(trainer, checkpoint)
         recorder.truncate_metrics(trainer.global_step)
         summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
-    elif t.val_before_train and trainer.val_data:
+    elif t.val_before_train and trainer.val_data and info.is_main:
         summary["val_before"] = trainer.validate()
         recorder.log_metrics(0, summary["val_before"])
     bar = tqdm(total=t.total_training_steps, initial=trainer.global_step, disable=not progress, desc="ppolab",
@@ -180,17 +208,18 @@ def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequen
         while trainer.global_step < t.total_training_steps:
             metrics, batch, histories = trainer.step()
             step = trainer.global_step
-            if t.test_freq > 0 and (step % t.test_freq == 0 or step == t.total_training_steps):
+            if info.is_main and t.test_freq > 0 and (step % t.test_freq == 0 or step == t.total_training_steps):
                 start = time.perf_counter()
                 metrics.update(trainer.validate())
                 metrics["timing_s/testing"] = time.perf_counter() - start
             recorder.log_metrics(step, metrics)
             record = None
-            if t.record_freq > 0 and (step % t.record_freq == 0 or step == 1 or step == t.total_training_steps):
-                tensors, info = step_record(trainer, batch, histories, metrics)
-                recorder.record_step(step, tensors, info)
-                record = StepRecord(step, tensors, info)
-            if t.save_freq > 0 and step % t.save_freq == 0:
+            if info.is_main and t.record_freq > 0 and (step % t.record_freq == 0 or step == 1
+                                                       or step == t.total_training_steps):
+                tensors, step_info = step_record(trainer, batch, histories, metrics)
+                recorder.record_step(step, tensors, step_info)
+                record = StepRecord(step, tensors, step_info)
+            if info.is_main and t.save_freq > 0 and step % t.save_freq == 0:
                 save_checkpoint(trainer, recorder.checkpoint_dir(step))
             if writer is not None:
                 for k, v in metrics.items():
@@ -207,12 +236,13 @@ def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequen
         bar.close()
         if writer is not None:
             writer.close()
+        distributed.finish(info)
     val = recorder.metrics[-1] if recorder.metrics and "val/accuracy" in recorder.metrics[-1] else None
     summary.update({"steps": trainer.global_step, "run_dir": str(run_dir)})
     if val is not None:
         summary["val_after"] = {k: v for k, v in val.items() if k.startswith("val")}
     recorder.write_json("summary.json", summary)
-    return Run(run_dir)
+    return Run(run_dir) if info.is_main else None
 
 
 def _tensorboard(cfg: PPOConfig, run_dir: Path):
@@ -234,12 +264,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ppolab.config import ConfigError
 
     try:
-        cfg = resolve_config(args.preset, args.overrides)
+        cfg = resolve_config(args.preset, args.overrides, world_size=int(os.environ.get("WORLD_SIZE", "1")))
     except (ConfigError, FileNotFoundError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     start = time.perf_counter()
     run = train(cfg)
+    if run is None:  # not rank 0: rank 0 reports
+        return 0
     summary = run.summary
     before = summary.get("val_before", {}).get("val/accuracy")
     after = summary.get("val_after", {}).get("val/accuracy")

@@ -26,7 +26,9 @@ import torch
 
 from ppolab import algos
 from ppolab.batching import balance_metrics, balance_partitions, plan_batches
+from ppolab import distributed
 from ppolab.config import PPOConfig
+from ppolab.distributed import DistInfo
 from ppolab.engine import Batch, micro_batches, pad_right, reduce_metrics, to_device, train_mini_batches, trimmed_inputs
 from ppolab.roles import PolicyModels, forward_response
 from ppolab.rollout import SamplingParams, make_rollout_engine
@@ -35,12 +37,16 @@ from ppolab.rollout import SamplingParams, make_rollout_engine
 class PPOTrainer:
     """Builds models, data and optimizers from a validated :class:`PPOConfig` and runs training steps."""
 
-    def __init__(self, config: PPOConfig, dp_rank: int = 0, dp_size: int = 1, all_reduce_sum: Callable | None = None):
+    def __init__(self, config: PPOConfig, dist_info: DistInfo | None = None):
         from ppolab.data import load_rl_dataset
         from ppolab.rewards import get_reward_fn
 
         self.config = cfg = config
-        self.dp_rank, self.dp_size, self.all_reduce_sum = dp_rank, dp_size, all_reduce_sum
+        self.dist = dist_info or DistInfo()
+        self.dp_rank, self.dp_size = self.dist.rank, self.dist.world_size
+        self.all_reduce_sum = distributed.all_reduce_sum if self.dist.enabled else None
+        self.grad_sync = distributed.average_gradients if self.dist.enabled else None
+        self.local_rows: list[int] | None = None  # this rank's chunk of the balanced batch
         seed_everything(cfg.trainer.seed)
         device = cfg.trainer.device
         if device == "auto":
@@ -64,7 +70,7 @@ class PPOTrainer:
         if self.use_critic:
             self.critic_optimizer, self.critic_scheduler = make_optimizer(self.models.critic_parameters(), cfg.critic.optim)
         self.kl_ctrl_in_reward = algos.get_kl_controller(cfg.algorithm.kl_ctrl) if cfg.algorithm.use_kl_in_reward else None
-        self.plan = plan_batches(cfg.data.train_batch_size, arr.rollout.n, actor.ppo_mini_batch_size, dp_size,
+        self.plan = plan_batches(cfg.data.train_batch_size, arr.rollout.n, actor.ppo_mini_batch_size, self.dp_size,
                                  None if actor.use_dynamic_bsz else actor.ppo_micro_batch_size_per_gpu, actor.ppo_epochs)
         self.global_step = 0
         self.data_epoch, self.data_cursor = 0, 0
@@ -89,18 +95,24 @@ class PPOTrainer:
 
     # ================================================================== stage 1: sample
     def generate_sequences(self, prompts: list[dict[str, Any]]) -> Batch:
-        """Roll out ``rollout.n`` responses per prompt; trajectories of one prompt share a ``uid``."""
+        """Roll out ``rollout.n`` responses per prompt; trajectories of one prompt share a ``uid``. With several
+        ranks each generates a contiguous share of the prompts and every rank gathers the whole batch."""
         r = self.config.actor_rollout_ref.rollout
-        out = self.rollout.generate([p["input_ids"] for p in prompts], r.n,
+        share = np.array_split(np.arange(len(prompts)), self.dp_size)[self.dp_rank].tolist()
+        mine = [prompts[i] for i in share]
+        out = self.rollout.generate([p["input_ids"] for p in mine], r.n,
                                     SamplingParams(r.temperature, r.top_p, r.top_k, True),
                                     self.config.data.max_response_length)
         n = r.n
         batch = Batch(
             {"prompts": out.prompts, "prompt_mask": out.prompt_mask, "responses": out.responses,
              "response_mask": out.response_mask, "rollout_log_probs": out.rollout_log_probs,
-             "uid": torch.arange(len(prompts)).repeat_interleave(n), "is_pad": torch.zeros(len(prompts) * n, dtype=torch.bool)},
-            {k: [p[k] for p in prompts for _ in range(n)] for k in ("data_source", "ground_truth", "extra_info", "index")},
+             "uid": torch.as_tensor(share, dtype=torch.long).repeat_interleave(n),
+             "is_pad": torch.zeros(len(mine) * n, dtype=torch.bool)},
+            {k: [p[k] for p in mine for _ in range(n)] for k in ("data_source", "ground_truth", "extra_info", "index")},
         )
+        if self.dist.enabled:
+            batch = concat_padded(distributed.all_gather_object(batch, self.dist), self.tokenizer.pad_token_id)
         batch["loss_mask"] = batch["response_mask"].clone()  # a copy, counted by the engine (facts §9.4)
         return batch
 
@@ -132,12 +144,25 @@ class PPOTrainer:
         metrics = balance_metrics(batch.seq_lens(), partitions)
         batch = batch.select([i for part in partitions for i in part])
         batch["row_id"] = torch.arange(len(batch))
+        # Rank k works on the k-th contiguous chunk (the partitions have equal sizes).
+        chunk = len(batch) // self.dp_size
+        self.local_rows = list(range(self.dp_rank * chunk, (self.dp_rank + 1) * chunk))
         return batch, metrics
 
     # ================================================================== stages 4–6: forward passes
     def _infer(self, role, batch: Batch, micro_size: int | None, max_tokens: int, want_entropy=False,
                value_head=None) -> dict[str, torch.Tensor]:
-        """Forward-only pass over micro-batches; outputs are put back in row order, padded to R."""
+        """Forward-only pass over micro-batches of this rank's chunk, gathered over ranks; outputs in row
+        order, padded to R."""
+        if self.dist.enabled:
+            local = self._infer_rows(role, batch.select(self.local_rows), micro_size, max_tokens, want_entropy,
+                                     value_head)
+            gathered = distributed.all_gather_object(local, self.dist)
+            return {k: torch.cat([g[k] for g in gathered]) for k in local}
+        return self._infer_rows(role, batch, micro_size, max_tokens, want_entropy, value_head)
+
+    def _infer_rows(self, role, batch: Batch, micro_size: int | None, max_tokens: int, want_entropy=False,
+                    value_head=None) -> dict[str, torch.Tensor]:
         temperature = self.config.actor_rollout_ref.rollout.temperature
         width = batch["responses"].shape[1]
         results: dict[str, list] = {"rows": [], "log_probs": [], "entropy": [], "values": []}
@@ -233,12 +258,14 @@ class PPOTrainer:
                                     mb["response_mask"][:, :r_len], c.cliprange_value, c.loss_agg_mode, info)
 
         steps = train_mini_batches(
-            batch, c.ppo_mini_batch_size * n, c.ppo_epochs, c.shuffle, c.data_loader_seed + self.dp_rank,
+            self._local(batch), c.ppo_mini_batch_size * n, c.ppo_epochs, c.shuffle, c.data_loader_seed + self.dp_rank,
             None if c.use_dynamic_bsz else c.ppo_micro_batch_size_per_gpu, c.ppo_max_token_len_per_gpu,
             self.models.critic_parameters(), self.critic_optimizer, c.optim.clip_grad, micro_loss,
-            self.dp_size, self.all_reduce_sum, prefix="critic", on_optimizer_step=history.flush)
+            self.dp_size, self.all_reduce_sum, prefix="critic", on_optimizer_step=history.flush,
+            grad_sync=self.grad_sync)
         self.critic_scheduler.step()
-        return reduce_metrics(steps), history.stacked()
+        steps = distributed.mean_metrics_over_ranks(steps, self.dist)
+        return reduce_metrics(steps), distributed.merge_histories(history.stacked(), self.dist)
 
     # ================================================================== stage 9: actor
     def update_actor(self, batch: Batch) -> tuple[dict[str, float], torch.Tensor]:
@@ -263,13 +290,23 @@ class PPOTrainer:
             return loss, metrics
 
         steps = train_mini_batches(
-            batch, a.ppo_mini_batch_size * n, a.ppo_epochs, a.shuffle, a.data_loader_seed + self.dp_rank,
+            self._local(batch), a.ppo_mini_batch_size * n, a.ppo_epochs, a.shuffle, a.data_loader_seed + self.dp_rank,
             None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu, a.ppo_max_token_len_per_gpu,
             self.models.actor_parameters(), self.actor_optimizer, a.optim.clip_grad, micro_loss,
-            self.dp_size, self.all_reduce_sum, prefix="actor", on_optimizer_step=history.flush)
+            self.dp_size, self.all_reduce_sum, prefix="actor", on_optimizer_step=history.flush,
+            grad_sync=self.grad_sync)
         a.global_batch_info = {}
         self.actor_scheduler.step()
-        return reduce_metrics(steps), history.stacked()
+        steps = distributed.mean_metrics_over_ranks(steps, self.dist)
+        return reduce_metrics(steps), distributed.merge_histories(history.stacked(), self.dist)
+
+    def _local(self, batch: Batch) -> Batch:
+        """This rank's chunk of the balanced batch (the whole batch with one process)."""
+        if not self.dist.enabled:
+            return batch
+        if self.local_rows is None or len(self.local_rows) * self.dp_size != len(batch):
+            raise RuntimeError("balance_batch must run before an update with several ranks")
+        return batch.select(self.local_rows)
 
     # ================================================================== one step
     def step(self) -> tuple[dict[str, float], Batch, dict[str, torch.Tensor]]:
@@ -383,6 +420,23 @@ def make_optimizer(params, optim) -> tuple[torch.optim.Optimizer, torch.optim.lr
     warmup = max(optim.lr_warmup_steps, 0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
     return optimizer, scheduler
+
+
+def concat_padded(batches: list[Batch], pad_id: int) -> Batch:
+    """Concatenate batches whose prompt (left-padded) and response (right-padded) widths differ."""
+    p_width = max(b["prompts"].shape[1] for b in batches)
+    r_width = max(b["responses"].shape[1] for b in batches)
+    out = []
+    for b in batches:
+        t = dict(b.tensors)
+        for key in ("prompts", "prompt_mask"):
+            fill = pad_id if key == "prompts" else 0
+            t[key] = torch.nn.functional.pad(t[key], (p_width - t[key].shape[1], 0), value=fill)
+        for key in ("responses", "response_mask", "rollout_log_probs"):
+            fill = pad_id if key == "responses" else 0
+            t[key] = pad_right(t[key], r_width, fill)
+        out.append(Batch(t, b.lists))
+    return Batch.concat(out)
 
 
 def add_padding_samples(batch: Batch, count: int, tokenizer) -> Batch:
