@@ -48,9 +48,14 @@ class Batch:
         return Batch({k: torch.cat([b.tensors[k] for b in batches]) for k in keys},
                      {k: sum((b.lists[k] for b in batches), []) for k in batches[0].lists})
 
+    def response_attention(self) -> torch.Tensor:
+        """Which response positions the model attends to: ``response_attention_mask`` when the rollout spliced
+        in tool observations (attended, but ``response_mask`` = 0), else the response mask itself."""
+        return self.tensors.get("response_attention_mask", self["response_mask"])
+
     def seq_lens(self) -> list[int]:
         """Effective prompt + response lengths (no padding), the workload unit of balancing (facts §9.3)."""
-        return (self["prompt_mask"].sum(-1) + self["response_mask"].sum(-1)).long().tolist()
+        return (self["prompt_mask"].sum(-1) + self.response_attention().sum(-1)).long().tolist()
 
 
 def trimmed_inputs(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -61,9 +66,10 @@ def trimmed_inputs(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
     loss_scale_factor=None is not micro-batch invariant, chapter §13).
     """
     p_len = max(int(batch["prompt_mask"].sum(-1).max()), 1)
-    r_len = max(int(batch["response_mask"].sum(-1).max()), 1)
+    attention = batch.response_attention()
+    r_len = max(int(attention.sum(-1).max()), 1)
     prompts, responses = batch["prompts"][:, -p_len:], batch["responses"][:, :r_len]
-    mask = torch.cat([batch["prompt_mask"][:, -p_len:], batch["response_mask"][:, :r_len].long()], dim=1)
+    mask = torch.cat([batch["prompt_mask"][:, -p_len:], attention[:, :r_len].long()], dim=1)
     return torch.cat([prompts, responses], dim=1), mask, r_len
 
 

@@ -25,7 +25,8 @@ from ppolab.config import PPOConfig, load_config, to_dict
 from ppolab.record import Recorder, Run, StepRecord, latest_checkpoint, write_json, write_tensors
 
 #: Tensors of the final step batch that go into a recorded step (chapter §1: what exists after each stage).
-RECORDED_TENSORS = ("prompts", "prompt_mask", "responses", "response_mask", "loss_mask", "rollout_log_probs",
+RECORDED_TENSORS = ("prompts", "prompt_mask", "responses", "response_mask", "response_attention_mask", "loss_mask",
+                    "rollout_log_probs",
                     "old_log_probs", "entropy", "ref_log_prob", "values", "token_level_scores", "token_level_rewards",
                     "advantages", "returns", "rollout_is_weights", "uid", "is_pad", "row_id")
 

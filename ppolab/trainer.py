@@ -65,7 +65,7 @@ class PPOTrainer:
         val = load_rl_dataset(cfg.data.val_files, self.tokenizer, cfg.data.max_prompt_length) if cfg.data.val_files else []
         self.val_data = val[: cfg.data.val_max_samples] if cfg.data.val_max_samples else val
         self.reward_fn = get_reward_fn(cfg.custom_reward_function)
-        self.rollout = make_rollout_engine(arr.rollout.name, self.models)
+        self.rollout = make_rollout_engine(arr.rollout, self.models)
         self.actor_optimizer, self.actor_scheduler = make_optimizer(self.models.actor_parameters(), actor.optim)
         if self.use_critic:
             self.critic_optimizer, self.critic_scheduler = make_optimizer(self.models.critic_parameters(), cfg.critic.optim)
@@ -111,6 +111,8 @@ class PPOTrainer:
              "is_pad": torch.zeros(len(mine) * n, dtype=torch.bool)},
             {k: [p[k] for p in mine for _ in range(n)] for k in ("data_source", "ground_truth", "extra_info", "index")},
         )
+        if out.response_attention_mask is not None:
+            batch["response_attention_mask"] = out.response_attention_mask
         if self.dist.enabled:
             batch = concat_padded(distributed.all_gather_object(batch, self.dist), self.tokenizer.pad_token_id)
         batch["loss_mask"] = batch["response_mask"].clone()  # a copy, counted by the engine (facts §9.4)
@@ -125,7 +127,12 @@ class PPOTrainer:
             s = self.reward_fn(batch.lists["data_source"][i], text, batch.lists["ground_truth"][i],
                                batch.lists["extra_info"][i])
             scores[i] = float(s["score"] if isinstance(s, dict) else s)
-        last = (batch["response_mask"].sum(-1).long() - 1).clamp(min=0)
+        # The last position with response_mask = 1: the end of the policy's own text (tool observations,
+        # spliced in with mask 0, may sit before it; padding after it).
+        width = batch["response_mask"].shape[1]
+        positions = torch.arange(width).expand_as(batch["response_mask"])
+        last = torch.where(batch["response_mask"].bool(), positions, torch.full_like(positions, -1)).max(-1).values
+        last = last.clamp(min=0)
         token_level_scores = torch.zeros_like(batch["response_mask"])
         token_level_scores[torch.arange(len(batch)), last] = scores
         batch["token_level_scores"] = token_level_scores * batch["response_mask"]
@@ -432,7 +439,9 @@ def concat_padded(batches: list[Batch], pad_id: int) -> Batch:
         for key in ("prompts", "prompt_mask"):
             fill = pad_id if key == "prompts" else 0
             t[key] = torch.nn.functional.pad(t[key], (p_width - t[key].shape[1], 0), value=fill)
-        for key in ("responses", "response_mask", "rollout_log_probs"):
+        for key in ("responses", "response_mask", "rollout_log_probs", "response_attention_mask"):
+            if key not in t:
+                continue
             fill = pad_id if key == "responses" else 0
             t[key] = pad_right(t[key], r_width, fill)
         out.append(Batch(t, b.lists))
@@ -447,7 +456,8 @@ def add_padding_samples(batch: Batch, count: int, tokenizer) -> Batch:
     first = batch.select([0])
     pad = Batch({k: v.repeat(count, *([1] * (v.dim() - 1))) for k, v in first.tensors.items()},
                 {k: v * count for k, v in first.lists.items()})
-    for key in ("prompt_mask", "response_mask", "loss_mask", "rollout_log_probs", "token_level_scores"):
+    for key in ("prompt_mask", "response_mask", "loss_mask", "rollout_log_probs", "token_level_scores",
+                "response_attention_mask"):
         if key in pad:
             pad[key] = torch.zeros_like(pad[key])
     pad["prompt_mask"][:, -1] = 1

@@ -7,8 +7,18 @@ from ppolab.rollout.base import RolloutEngine, RolloutOutput, SamplingParams, le
 from ppolab.rollout.hf import HFRollout
 
 
-def make_rollout_engine(name: str, models, **kwargs) -> RolloutEngine:
-    """The engine named by ``actor_rollout_ref.rollout.name``."""
+def make_rollout_engine(rollout, models, **kwargs) -> RolloutEngine:
+    """The engine ``actor_rollout_ref.rollout`` asks for (a RolloutConfig, or just its ``name``): ``hf`` generate,
+    the multi-turn tool agent loop on top of it (``multi_turn.enable`` + ``agent.default_agent_loop=tool_agent``),
+    or ``vllm``."""
+    name = rollout if isinstance(rollout, str) else rollout.name
+    multi_turn = getattr(rollout, "multi_turn", None)
+    if multi_turn is not None and multi_turn.enable and rollout.agent.default_agent_loop == "tool_agent":
+        if name != "hf":
+            raise ValueError(f"actor_rollout_ref.rollout.name={name!r}: the tool agent loop runs on the hf engine")
+        from ppolab.rollout.agent import ToolAgentRollout
+
+        return ToolAgentRollout(models, rollout.multi_turn, **kwargs)
     if name == "hf":
         return HFRollout(models, **kwargs)
     if name == "vllm":

@@ -30,6 +30,9 @@ class RolloutOutput:
     responses: torch.Tensor  # (N, R) long
     response_mask: torch.Tensor  # (N, R) float
     rollout_log_probs: torch.Tensor  # (N, R) float
+    #: 1 on every token the model attends to — policy tokens and spliced tool observations — when it differs
+    #: from response_mask (multi-turn); None for single-turn rollouts, where the two are the same.
+    response_attention_mask: torch.Tensor | None = None  # (N, R) float
 
 
 class RolloutEngine(Protocol):

@@ -63,8 +63,11 @@ def aggregation_explorer(run=None, step=None, loss: str = "-advantages", loss_sc
         "n_rows": W.IntSlider(value=n_rows, min=1, max=n_real, description="rows shown", continuous_update=False),
     }
     figs = {
-        "weights": go.FigureWidget(layout={"title": "weight of each trajectory (Σ_t ∂L/∂ℓ_t)", "barmode": "group",
-                                               "height": 340, "xaxis_title": "trajectory (response length)"}),
+        # log axis: token-sum's weights are ~T_i, the other modes' ~T_i / (tokens or rows); on a linear axis they
+        # (and the only bars loss_scale_factor moves, seq-mean-token-sum-norm) would be invisible next to it
+        "weights": go.FigureWidget(layout={"title": "weight of each trajectory (Σ_t ∂L/∂ℓ_t, log scale)",
+                                               "barmode": "group", "height": 340, "yaxis_type": "log",
+                                               "xaxis_title": "trajectory (response length)"}),
         "totals": go.FigureWidget(layout={"title": "agg_loss", "height": 280}),
     }
     for mode in LOSS_AGG_MODES:

@@ -3,11 +3,13 @@
 nbval (``--nbval-lax``) proves the notebooks *execute*; this test proves the widgets *render and
 react* in the browser: the ipywidgets/anywidget/plotly front-end extensions load, a plotly
 figure and an ipywidgets slider appear, and moving the slider redraws the figure through the
-kernel round trip. A screenshot is left in ``tests/browser/artifacts/lab.png``.
+kernel round trip. The test is parametrized over the labs in ``NOTEBOOKS`` (lab 04's ε sliders,
+lab 11's ``loss_scale_factor`` slider); each leaves a screenshot in
+``tests/browser/artifacts/<notebook stem>.png``.
 
 Uses Debian's Chromium (``apt-get install -y chromium``) driven by Playwright's Python package;
 no Playwright browser download is needed. Skips only when no Chromium binary can be found.
-Set ``PPOLAB_BROWSER_NOTEBOOK`` (path relative to the server root) to try another notebook and
+Set ``PPOLAB_BROWSER_NOTEBOOK`` (path relative to the server root) to try another notebook instead and
 ``PPOLAB_BROWSER_ROOT`` to serve another directory (default: the repository root).
 """
 
@@ -27,11 +29,15 @@ from playwright.sync_api import sync_playwright
 
 pytestmark = pytest.mark.browser
 
-# The lab this test opens, relative to the JupyterLab root (the repository root).
-NOTEBOOK = "labs/04_clipped_objective.ipynb"
+# The labs this test opens, relative to the JupyterLab root (the repository root), each with the label
+# of the slider to move (None: the first visible slider whose move redraws a figure).
+NOTEBOOKS = {
+    "labs/04_clipped_objective.ipynb": None,
+    # only seq-mean-token-sum-norm depends on loss_scale_factor: its weight bars and its total redraw
+    "labs/11_loss_aggregation.ipynb": "loss_scale_factor",
+}
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
-SCREENSHOT = ARTIFACTS / "lab.png"
 
 RUN_TIMEOUT_MS = 60_000  # all cells done, figure + slider rendered
 REACT_TIMEOUT_MS = 10_000  # figure redrawn after a slider move
@@ -77,8 +83,13 @@ _EXECUTION_STARTED_JS = """
 _WIDGET_ERRORS = ("Error displaying widget", "Failed to load model class", "Error creating widget")
 
 
-def _notebook_rel_path() -> str:
-    return os.environ.get("PPOLAB_BROWSER_NOTEBOOK", NOTEBOOK)
+def _notebook_cases() -> list[tuple[str, str | None]]:
+    override = os.environ.get("PPOLAB_BROWSER_NOTEBOOK")
+    return [(override, None)] if override else list(NOTEBOOKS.items())
+
+
+def _screenshot_path(rel: str) -> Path:
+    return ARTIFACTS / f"{Path(rel).stem}.png"
 
 
 def _accept_kernel_dialog(page) -> None:
@@ -204,9 +215,10 @@ def _wait_signature_change(page, before: str, timeout_ms: int) -> str | None:
     return None
 
 
-def test_lab_runs_and_slider_redraws_plot(lab_server, chromium_path):
+@pytest.mark.parametrize(("rel", "slider_label"), _notebook_cases(), ids=lambda v: Path(v).stem if v else "any")
+def test_lab_runs_and_slider_redraws_plot(lab_server, chromium_path, rel, slider_label):
 
-    rel = _notebook_rel_path()
+    screenshot = _screenshot_path(rel)
     assert (lab_server.root_dir / rel).is_file(), f"{rel} not found under {lab_server.root_dir}"
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     console_errors: list[str] = []
@@ -248,7 +260,7 @@ def test_lab_runs_and_slider_redraws_plot(lab_server, chromium_path):
             n = sliders.count()
             assert n, "no ipywidgets slider found"
 
-            moved, changed, tried = False, None, []
+            moved, changed, tried, labels = False, None, [], []
             for i in range(n):
                 slider = sliders.nth(i)
                 if not slider.is_visible() or slider.locator(".noUi-handle").count() == 0:
@@ -258,6 +270,9 @@ def test_lab_runs_and_slider_redraws_plot(lab_server, chromium_path):
                     if slider.locator(".widget-label").count()
                     else f"slider {i}"
                 )
+                labels.append(label)
+                if slider_label is not None and label.strip() != slider_label:
+                    continue
                 ok = _move_slider(page, slider)
                 tried.append(f"{label!r}: value {'moved' if ok else 'did not move'}")
                 moved |= ok
@@ -270,7 +285,9 @@ def test_lab_runs_and_slider_redraws_plot(lab_server, chromium_path):
                         )
                         page.wait_for_timeout(300)
                         break
-            page.screenshot(path=str(SCREENSHOT))
+            page.screenshot(path=str(screenshot))
+            if slider_label is not None:
+                assert tried, f"no visible slider labelled {slider_label!r}; sliders found: {labels}"
             assert moved, f"could not move any slider: {tried}"
             assert changed is not None, (
                 f"moving a slider did not change any plotly figure within "
@@ -279,10 +296,10 @@ def test_lab_runs_and_slider_redraws_plot(lab_server, chromium_path):
             )
         except BaseException:
             with contextlib.suppress(PlaywrightError):
-                page.screenshot(path=str(SCREENSHOT))
+                page.screenshot(path=str(screenshot))
             raise
         finally:
             browser.close()
 
     elapsed = time.monotonic() - t0
-    print(f"browser test: rendered in {t_rendered:.1f} s, total {elapsed:.1f} s; screenshot {SCREENSHOT}")
+    print(f"browser test: rendered in {t_rendered:.1f} s, total {elapsed:.1f} s; screenshot {screenshot}")
