@@ -72,6 +72,9 @@ THRESHOLDS = {
     "clip_ratio_high": 0.2,  # response_length/clip_ratio mean of the late half above this
     "vf_clipfrac_high": 0.3,  # critic/vf_clipfrac median of the late half above this
     "pg_clipfrac_lower_high": 0.05,  # dual-clip share above this in the late half
+    "pg_clipfrac_zero": 0.0,  # late max of pg_clipfrac at or below this: the policy barely moves (§15 table)
+    "kl_term_dominates": 1.0,  # late median kl_coef·kl_loss above this many times |pg_loss| (§15 table)
+    "vf_loss_large": 0.5,  # late median vf_loss above this fraction of ½·(returns max − min)² (§15 table)
 }
 
 
@@ -102,7 +105,8 @@ def warning_signs(run=None, thresholds: dict | None = None) -> list[str]:
     "Late" means the second half of the training steps. Checks: non-finite losses; actor/pg_clipfrac persistently
     high; |actor/ppo_kl| large; actor/pg_clipfrac_lower high; actor/entropy collapse; actor/grad_norm and
     critic/grad_norm spikes; response_length/clip_ratio high; critic/vf_clipfrac high; critic/vf_explained_var
-    negative late in training.
+    negative late in training; actor/pg_clipfrac stuck at 0; the loss-side KL term kl_coef·kl_loss larger
+    than |pg_loss|; critic/vf_loss persistently large against the spread of the returns.
     """
     th = {**THRESHOLDS, **(thresholds or {})}
     unknown = set(thresholds or {}) - set(THRESHOLDS)
@@ -132,6 +136,9 @@ def warning_signs(run=None, thresholds: dict | None = None) -> list[str]:
     if s is not None and len(s) and late(s).median() > th["pg_clipfrac_high"]:
         out.append(f"actor/pg_clipfrac persistently high (late median {late(s).median():.3f} > "
                    f"{th['pg_clipfrac_high']}): updates too large — lower lr, ppo_epochs or raise the mini-batch")
+    if s is not None and len(s) >= 2 and late(s).max() <= th["pg_clipfrac_zero"]:
+        out.append(f"actor/pg_clipfrac stays at 0 (late max {late(s).max():.3g}): the policy barely moves between "
+                   "π_old and the update — expected only with one mini-batch and one epoch (fully on-policy)")
     s = col("actor/ppo_kl")
     if s is not None and len(s) and s.abs().max() > th["ppo_kl_large"]:
         out.append(f"actor/ppo_kl large (max |ppo_kl| {s.abs().max():.4f} at step {s.abs().idxmax()} > "
@@ -162,6 +169,19 @@ def warning_signs(run=None, thresholds: dict | None = None) -> list[str]:
     s = col("critic/vf_clipfrac")
     if s is not None and len(s) and late(s).median() > th["vf_clipfrac_high"]:
         out.append(f"critic/vf_clipfrac high (late median {late(s).median():.3f}): critic steps too large")
+    if col("actor/kl_loss") is not None and col("actor/kl_coef") is not None and col("actor/pg_loss") is not None:
+        kl_term = late((m["actor/kl_coef"] * m["actor/kl_loss"]).dropna()).median()
+        pg = late(m["actor/pg_loss"].dropna()).abs().median()
+        if len(m["actor/kl_loss"].dropna()) >= 2 and kl_term > th["kl_term_dominates"] * pg:
+            out.append(f"KL term dominates: late median kl_coef·kl_loss {kl_term:.3g} > {th['kl_term_dominates']:g}×"
+                       f"|pg_loss| {pg:.3g} — the reference KL, not the advantage, drives the update")
+    s = col("critic/vf_loss")
+    if s is not None and len(s) >= 2 and col("critic/returns/max") is not None and col("critic/returns/min") is not None:
+        span = late((m["critic/returns/max"] - m["critic/returns/min"]).dropna()).mean()
+        scale = 0.5 * span ** 2 if span > 0 else 1.0
+        if late(s).median() > th["vf_loss_large"] * scale:
+            out.append(f"critic/vf_loss persistently large (late median {late(s).median():.3g} > "
+                       f"{th['vf_loss_large']:g}×½·(returns span {span:.3g})²): critic and return scale do not match")
     s = col("critic/vf_explained_var")
     if s is not None and len(s) >= 2 and late(s).mean() < 0:
         out.append(f"critic/vf_explained_var negative late in training (late mean {late(s).mean():.3f}): the critic "

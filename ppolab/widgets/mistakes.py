@@ -1,0 +1,458 @@
+"""Lab 16 (chapter §16): the nine most common mistakes, each reproduced on a recorded step with a toggle.
+
+Every mistake is a :class:`Mistake` record (title, chapter section, the switch that flips it, what goes wrong)
+and a ``reproduce(run, step, opt_step)`` function returning an :class:`Effect`: the same quantity computed
+with the mistake *off* (what the trainer really does) and *on* (what the mistaken belief implies), on the
+real recorded tensors or through the real config checks. Every number comes from ``ppolab.algos``,
+``ppolab.batching`` or ``ppolab.config``; nothing here re-implements a formula.
+
+:func:`mistakes_explorer` puts the nine behind a dropdown and an on/off toggle.
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import ipywidgets as W
+import plotly.graph_objects as go
+import torch
+
+from ppolab.algos import (
+    FixedKLController,
+    agg_loss,
+    apply_kl_penalty,
+    compute_grpo_outcome_advantage,
+    get_policy_loss_fn,
+    kl_penalty,
+    masked_mean,
+    ppo_loss,
+)
+from ppolab.batching import fixed_micro_batches, plan_batches
+from ppolab.config import validate
+from ppolab.record import Run, StepRecord
+from ppolab.widgets.common import (
+    _box,
+    _check_index,
+    _n_opt_steps,
+    _opt_step_label,
+    actor_config,
+    optimizer_step_batch,
+    real_rows,
+    resolve_run,
+)
+
+__all__ = ["MISTAKES", "Effect", "Mistake", "mistakes_explorer", "reproduce"]
+
+
+@dataclass
+class Effect:
+    """What one mistake does to one quantity: ``off`` (correct) and ``on`` (mistaken), plus context.
+
+    ``pair`` (optional): two 1-D tensors (off, on) of the same length, drawn as a per-row/per-token figure,
+    with ``pair_label`` naming its x axis. ``details``: further numbers the explanation quotes.
+    """
+
+    quantity: str
+    off: float
+    on: float
+    pair: tuple[torch.Tensor, torch.Tensor] | None = None
+    pair_label: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def differs(self) -> bool:
+        return self.off != self.on
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """One of chapter §16's nine mistakes."""
+
+    key: str
+    number: int
+    title: str
+    section: str
+    switch: str
+    off_label: str
+    on_label: str
+    what_goes_wrong: str
+    reproduce: Callable[..., Effect]
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def _setup(run, step, opt_step) -> tuple[Run, StepRecord, int, dict[str, torch.Tensor]]:
+    r = resolve_run(run)
+    rec = r.step(step)  # default: the last recorded step (the policy has moved away from π_ref by then)
+    n = _n_opt_steps(rec)
+    k = n - 1 if opt_step is None else _check_index("opt_step", opt_step, n)
+    return r, rec, k, optimizer_step_batch(rec, k)
+
+
+def _pg(cfg, b, log_prob=None, mask=None):
+    """(pg_loss, metrics) of the run's policy loss on batch ``b`` (the registry entry the config names)."""
+    fn = get_policy_loss_fn(cfg.policy_loss.loss_mode)
+    return fn(b["old_log_probs"], b["log_prob"] if log_prob is None else log_prob, b["advantages"],
+              b["response_mask"] if mask is None else mask, cfg.loss_agg_mode, cfg)
+
+
+def _plan(r: Run, forget_n: bool = False, micro: int | None = None):
+    c = r.config
+    a = c["actor_rollout_ref"]["actor"]
+    tb, n = c["data"]["train_batch_size"], c["actor_rollout_ref"]["rollout"]["n"]
+    mini = a["ppo_mini_batch_size"]
+    micro = a["ppo_micro_batch_size_per_gpu"] if micro is None else micro
+    dp = int(r.info.get("dp_size", 1) or 1)
+    if forget_n:  # the same counts, read as if ppo_mini_batch_size were already in trajectories
+        return plan_batches(tb * n, 1, mini, dp, None, a["ppo_epochs"])
+    return plan_batches(tb, n, mini, dp, micro, a["ppo_epochs"])
+
+
+# ------------------------------------------------------------------------------------- the nine mistakes
+def _m1_grpo_loss(run=None, step=None, opt_step=None) -> Effect:
+    """adv_estimator=grpo still dispatches the loss named by policy_loss.loss_mode (vanilla PPO clip)."""
+    r, rec, k, b = _setup(run, step, opt_step)
+    cfg_run = r.ppo_config()
+    as_run = cfg_run.actor_rollout_ref.actor.policy_loss.loss_mode  # what adv_estimator=grpo really runs
+    cfg = actor_config(r)
+    off_loss, off_m = _pg(cfg, b)
+    assumed = actor_config(r, loss_mode="gspo")
+    on_loss, on_m = _pg(assumed, b)
+    return Effect(
+        "actor/pg_loss", float(off_loss), float(on_loss),
+        details={"adv_estimator": cfg_run.algorithm.adv_estimator, "loss_mode_run": as_run,
+                 "loss_fn": get_policy_loss_fn(as_run).__name__,
+                 "pg_clipfrac_off": off_m["actor/pg_clipfrac"], "pg_clipfrac_on": on_m["actor/pg_clipfrac"],
+                 "opt_step": _opt_step_label(rec, k)})
+
+
+def _m2_ppo_kl(run=None, step=None, opt_step=None) -> Effect:
+    """actor/ppo_kl (current vs π_old) read as the reference KL (current vs π_ref)."""
+    r, rec, k, b = _setup(run, step, opt_step)
+    _, m = _pg(actor_config(r), b)
+    ref_tok = kl_penalty(b["log_prob"], b["ref_log_prob"], "k1")
+    old_tok = -kl_penalty(b["log_prob"], b["old_log_probs"], "k1")  # ppo_kl's token term, old − current
+    ref_kl = float(masked_mean(ref_tok, b["response_mask"]))
+    mask = b["response_mask"] > 0
+    return Effect(
+        "KL estimate (k1, token mean)", ref_kl, float(m["actor/ppo_kl"]),
+        pair=(ref_tok[mask], old_tok[mask]), pair_label="response token",
+        details={"reference_kl_k1": ref_kl, "ppo_kl": float(m["actor/ppo_kl"]), "opt_step": _opt_step_label(rec, k)})
+
+
+def _m3_kl_twice(run=None, step=None, opt_step=None) -> Effect:
+    """Both KL paths on: validate's notice, and the reward-side term on top of the loss-side one."""
+    r, rec, _k, b = _setup(run, step, opt_step)
+    notices = {}
+    for on in (False, True):
+        cfg = copy.deepcopy(r.ppo_config())
+        cfg.actor_rollout_ref.actor.use_kl_loss = True
+        cfg.algorithm.use_kl_in_reward = on
+        notices[on] = [n for n in validate(cfg) if "both KL paths" in n]
+    a = actor_config(r, use_kl_loss=True)
+    _, m = ppo_loss(a, b["log_prob"], b["old_log_probs"], b["advantages"], b["response_mask"],
+                    ref_log_prob=b["ref_log_prob"])
+    loss_side = a.kl_loss_coef * m["actor/kl_loss"]
+    t = rec.tensors
+    mask = t["response_mask"].float() * real_rows(rec).float().unsqueeze(-1)
+    alg = r.config["algorithm"]
+    rewards, rm = apply_kl_penalty(t["token_level_scores"].float(), t["old_log_probs"].float(),
+                                   t["ref_log_prob"].float(), mask, FixedKLController(alg["kl_ctrl"]["kl_coef"]),
+                                   alg["kl_penalty"])
+    reward_shift = float((t["token_level_scores"].float() - rewards).abs().mul(mask).sum(-1).mean())
+    off_r, on_r = t["token_level_scores"].float().sum(-1), rewards.sum(-1)
+    return Effect(
+        "ConfigNotice 'both KL paths' from validate", float(len(notices[False])), float(len(notices[True])), pair=(off_r[real_rows(rec)], on_r[real_rows(rec)]),
+        pair_label="trajectory (sequence reward)",
+        details={"notice": (notices[True] or [""])[0], "loss_side_term": loss_side,
+                 "reward_side_beta": rm["actor/reward_kl_penalty_coeff"],
+                 "reward_kl_penalty": rm["actor/reward_kl_penalty"], "mean_reward_shift": reward_shift})
+
+
+def _micro(r: Run, rows: int) -> tuple[int, bool]:
+    micro = r.config["actor_rollout_ref"]["actor"]["ppo_micro_batch_size_per_gpu"] or rows
+    if micro >= rows:  # one micro-batch per mini-batch: show a what-if split into two
+        return max(1, rows // 2), True
+    return micro, False
+
+
+def _m4_micro_batch(run=None, step=None, opt_step=None) -> Effect:
+    """Micro-batches normalised as if each were the batch: the accumulated loss is n_micro × too large."""
+    r, _rec, _k, b = _setup(run, step, opt_step)
+    n_rows = int(b["rows"].numel())
+    micro, what_if = _micro(r, n_rows)
+    parts = fixed_micro_batches(n_rows, micro)
+    cfg = actor_config(r)
+    whole, _ = _pg(cfg, b)
+    info = {"dp_size": 1, "batch_num_tokens": b["response_mask"].sum(), "global_batch_size": n_rows}
+    sums = {}
+    for mistaken in (False, True):
+        c = actor_config(r)
+        c.global_batch_info = {} if mistaken else info
+        losses = [_pg(c, {kk: v[idx] for kk, v in b.items() if kk != "rows"})[0] for idx in parts]
+        sums[mistaken] = torch.stack(losses)
+    plan = _plan(r)
+    return Effect(
+        "accumulated loss of one mini-batch", float(sums[False].sum()), float(sums[True].sum()),
+        pair=(sums[False], sums[True]), pair_label="micro-batch",
+        details={"mini_batch_loss": float(whole), "n_micro": len(parts), "micro": micro, "what_if": what_if,
+                 "optimizer_steps": plan.optimizer_steps,
+                 "steps_if_micro_were_batch": plan.n_trajectories // micro * plan.ppo_epochs})
+
+
+def _m5_forget_n(run=None, step=None, opt_step=None) -> Effect:
+    """ppo_mini_batch_size read as trajectories, forgetting the trainer's × rollout.n."""
+    r, rec, _k, _b = _setup(run, step, opt_step)
+    right, wrong = _plan(r), _plan(r, forget_n=True)
+    lp = rec.tensors["actor_log_probs"]
+    rows_per_step = (~torch.isnan(lp).all(dim=-1)).sum(dim=-1)
+    return Effect(
+        "optimizer steps per training step", float(right.optimizer_steps), float(wrong.optimizer_steps),
+        details={"rollout_n": right.rollout_n, "global_mini_batch": right.global_mini_batch,
+                 "global_mini_batch_forgot_n": wrong.global_mini_batch,
+                 "recorded_optimizer_steps": int(lp.shape[0]), "recorded_rows_per_step": rows_per_step.tolist()})
+
+
+def _m6_epochs(run=None, step=None, opt_step=None) -> Effect:
+    """ppo_epochs as a repeated forward of the same policy: ratio ≡ 1, so ppo_kl and the clip vanish."""
+    r, rec, k, b = _setup(run, step, opt_step)
+    cfg = actor_config(r)
+    _, m_off = _pg(cfg, b)
+    _, m_on = _pg(cfg, b, log_prob=b["old_log_probs"])
+    mask = b["response_mask"] > 0
+    dlp = (b["log_prob"] - b["old_log_probs"])[mask]
+    plan = _plan(r)
+    return Effect(
+        "actor/ppo_kl", float(m_off["actor/ppo_kl"]), float(m_on["actor/ppo_kl"]),
+        pair=(dlp, torch.zeros_like(dlp)), pair_label="response token (log π_θ − log π_old)",
+        details={"pg_clipfrac_off": m_off["actor/pg_clipfrac"], "pg_clipfrac_on": m_on["actor/pg_clipfrac"],
+                 "optimizer_steps": plan.optimizer_steps, "ppo_epochs": plan.ppo_epochs,
+                 "opt_step": _opt_step_label(rec, k)})
+
+
+def _row_weights(mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """How much each row weighs in ``agg_loss``: ∂agg/∂(a constant loss on the row), by autograd."""
+    x = torch.ones_like(mask, requires_grad=True)
+    agg_loss(x, mask, mode).backward()
+    return (x.grad * mask).sum(-1)
+
+
+def _m7_agg_mode(run=None, step=None, opt_step=None) -> Effect:
+    """token-mean vs seq-mean-token-mean: different length weighting, different objective."""
+    r, _rec, _k, b = _setup(run, step, opt_step)
+    off, _ = _pg(actor_config(r, loss_agg_mode="token-mean"), b)
+    on, _ = _pg(actor_config(r, loss_agg_mode="seq-mean-token-mean"), b)
+    keep = b["response_mask"].sum(-1) > 0
+    w_tm = _row_weights(b["response_mask"], "token-mean")[keep]
+    w_sm = _row_weights(b["response_mask"], "seq-mean-token-mean")[keep]
+    lengths = b["response_mask"].sum(-1)[keep]
+    return Effect(
+        "actor/pg_loss", float(off), float(on), pair=(w_tm, w_sm), pair_label="trajectory (its weight in the loss)",
+        details={"min_length": int(lengths.min()), "max_length": int(lengths.max()),
+                 "weight_ratio_longest_vs_shortest_token_mean": float(w_tm.max() / w_tm.min())})
+
+
+#: Positions of every response treated as a tool observation in mistake 8 (a simulation: the shipped runs
+#: have no tool turns, so the first two response tokens stand in for text a tool wrote).
+OBSERVATION_POSITIONS = slice(0, 2)
+
+
+def _m8_tool_obs(run=None, step=None, opt_step=None) -> Effect:
+    """Tool-observation tokens left in response_mask get policy gradient as if the model had chosen them."""
+    r, _rec, _k, b = _setup(run, step, opt_step)
+    obs = torch.zeros_like(b["response_mask"])
+    obs[:, OBSERVATION_POSITIONS] = 1.0
+    obs = obs * b["response_mask"]
+    cfg = actor_config(r)
+    grads, losses = {}, {}
+    for mistaken, mask in ((False, b["response_mask"] * (1 - obs)), (True, b["response_mask"])):
+        lp = b["log_prob"].clone().requires_grad_(True)
+        loss, _ = _pg(cfg, b, log_prob=lp, mask=mask)
+        loss.backward()
+        grads[mistaken], losses[mistaken] = lp.grad, float(loss.detach())
+    count = {m: int(((grads[m] != 0) & (obs > 0)).sum()) for m in grads}
+    return Effect(
+        "observation tokens that receive gradient", float(count[False]), float(count[True]),
+        pair=(grads[False][obs > 0].abs(), grads[True][obs > 0].abs()), pair_label="observation token (|∂loss/∂log π|)",
+        details={"observation_tokens": int(obs.sum()), "pg_loss_off": losses[False], "pg_loss_on": losses[True]})
+
+
+def _m9_clip_only(run=None, step=None, opt_step=None) -> Effect:
+    """Widening the clip changes the clip fraction, never the trajectories whose advantage is zero."""
+    r, rec, _k, b = _setup(run, step, opt_step)
+    base = actor_config(r)
+    tuned = actor_config(r, clip_ratio=base.clip_ratio / 2)
+    rows_with_grad, zero_adv_with_grad, metrics, losses, row_grad = {}, {}, {}, {}, {}
+    zero_adv = (b["advantages"].abs() * b["response_mask"]).sum(-1) == 0
+    for name, cfg in (("off", base), ("on", tuned)):
+        lp = b["log_prob"].clone().requires_grad_(True)
+        loss, metrics[name] = _pg(cfg, b, log_prob=lp)
+        loss.backward()
+        row_grad[name] = lp.grad.abs().sum(-1)
+        losses[name] = float(loss.detach())
+        rows_with_grad[name] = int((row_grad[name] > 0).sum())
+        zero_adv_with_grad[name] = int(((row_grad[name] > 0) & zero_adv).sum())
+    t = rec.tensors
+    real = real_rows(rec)
+    mask = t["response_mask"].float() * real.float().unsqueeze(-1)
+    adv, _ = compute_grpo_outcome_advantage(t["token_level_rewards"].float(), mask, t["uid"].tolist())
+    no_signal = int(((adv.abs() * mask).sum(-1)[real] == 0).sum())
+    return Effect(
+        "actor/pg_loss", losses["off"], losses["on"], pair=(row_grad["off"], row_grad["on"]),
+        pair_label="trajectory (Σ|∂loss/∂log π| over its tokens)",
+        details={"clip_off": base.clip_ratio, "clip_on": tuned.clip_ratio,
+                 "pg_clipfrac_off": metrics["off"]["actor/pg_clipfrac"],
+                 "pg_clipfrac_on": metrics["on"]["actor/pg_clipfrac"], "rows": int(b["rows"].numel()),
+                 "zero_advantage_rows": int(zero_adv.sum()), "rows_with_gradient_off": rows_with_grad["off"],
+                 "rows_with_gradient_on": rows_with_grad["on"],
+                 "zero_advantage_rows_with_gradient_off": zero_adv_with_grad["off"],
+                 "zero_advantage_rows_with_gradient_on": zero_adv_with_grad["on"],
+                 "grpo_no_signal_trajectories": no_signal, "trajectories": int(real.sum())})
+
+
+MISTAKES: dict[str, Mistake] = {m.key: m for m in [
+    Mistake("grpo_loss", 1, "adv_estimator=grpo does not make the loss GRPO", "§5.1, §16.1",
+            "algorithm.adv_estimator vs actor.policy_loss.loss_mode",
+            "loss the run really used (loss_mode from the config: vanilla PPO clip)",
+            "the loss you assumed grpo selects (you would have to set policy_loss.loss_mode=gspo)",
+            "The estimator only decides how advantages are computed. The loss that consumes them is looked up by "
+            "policy_loss.loss_mode, whose default is the vanilla clipped PPO loss, whatever the estimator.",
+            _m1_grpo_loss),
+    Mistake("ppo_kl_is_not_ref_kl", 2, "actor/ppo_kl is not the reference KL", "§7.5, §16.2",
+            "which pair of policies the KL compares",
+            "reference KL: current π_θ vs π_ref (what use_kl_loss penalises)",
+            "actor/ppo_kl: current π_θ vs π_old (one PPO update's drift)",
+            "ppo_kl measures how far the current update drifted from the rollout anchor π_old; it resets every "
+            "step. Distance to the frozen reference π_ref grows over training and is a different number.",
+            _m2_ppo_kl),
+    Mistake("kl_twice", 3, "Both KL paths on means the KL constraint counts twice", "§7.4, §16.3",
+            "algorithm.use_kl_in_reward (with actor.use_kl_loss=true)",
+            "loss-side KL only", "loss-side KL + reward-side KL",
+            "The reward-side KL shapes the rewards before the advantage; the loss-side KL adds a term to every "
+            "actor loss. They act at different stages and add up; validate() emits a ConfigNotice.",
+            _m3_kl_twice),
+    Mistake("micro_is_not_the_batch", 4, "A micro-batch is not the training batch", "§11.3, §13, §16.4",
+            "normalise each micro-batch by the global mini-batch (global_batch_info) or by itself",
+            "global normalisation: micro losses add up to the mini-batch loss",
+            "each micro-batch treated as the batch: accumulated loss ≈ n_micro × too large",
+            "The optimizer steps once per mini-batch; micro-batches are only gradient-accumulation slices. Treating "
+            "a micro-batch as the batch miscounts optimizer steps and mis-scales the accumulated loss.",
+            _m4_micro_batch),
+    Mistake("forget_rollout_n", 5, "Forgetting that the mini-batch is multiplied by rollout.n", "§11.2, §16.5",
+            "ppo_mini_batch_size × rollout.n",
+            "trainer arithmetic: mini-batch = ppo_mini_batch_size × n trajectories",
+            "forgot × n: mini-batch = ppo_mini_batch_size trajectories",
+            "ppo_mini_batch_size counts prompts; the trainer multiplies it by rollout.n. Forgetting it makes memory "
+            "estimates n× too small and the optimizer-step count n× too large.",
+            _m5_forget_n),
+    Mistake("epochs_are_updates", 6, "ppo_epochs are real updates, not repeated forwards", "§12.2, §16.6",
+            "log_prob of a later optimizer step: recomputed by the updated policy, or the old one again",
+            "log-probs recomputed by the updated policy (recorded)",
+            "as if nothing were updated: log_prob = old_log_probs",
+            "Every mini-batch of every epoch takes an optimizer step, and the next forward sees the updated "
+            "weights. That is why the ratio leaves 1 and the clip starts to bite in later optimizer steps.",
+            _m6_epochs),
+    Mistake("agg_mode_weights", 7, "loss_agg_mode weights lengths differently", "§10, §16.7",
+            "actor.loss_agg_mode", "token-mean (every token weighs the same)",
+            "seq-mean-token-mean (every trajectory weighs the same)",
+            "token-mean gives a long trajectory more weight than a short one; seq-mean-token-mean gives each "
+            "trajectory equal weight. Switching changes the objective being optimised, not just its scale.",
+            _m7_agg_mode),
+    Mistake("tool_obs_as_action", 8, "Tool observations are not model actions", "§9, §16.8",
+            "response_mask on the observation tokens (0 or 1)",
+            "observation tokens masked out (response_mask = 0)", "observation tokens left in the mask",
+            "Tool output sits in the response so the model can attend to it, but the model did not choose those "
+            "tokens. With response_mask = 0 they get no policy gradient; left in, the model is pushed to "
+            "'produce' text a tool wrote. (Simulated: the runs have no tool turns, so the first two response "
+            "tokens play the observation.)",
+            _m8_tool_obs),
+    Mistake("clip_without_advantage", 9, "Tuning the clip ratio without checking the advantages", "§4, §16.9",
+            "actor.clip_ratio (halved)", "clip_ratio as configured", "clip_ratio halved (the knob tuned)",
+            "The clip ratio changes how many tokens are clipped, but a trajectory whose advantage is zero "
+            "(a group whose samples all scored the same, or a reward drowned by the KL penalty) gets no "
+            "gradient under any clip.",
+            _m9_clip_only),
+]}
+
+
+def reproduce(key: str, run=None, step: int | None = None, opt_step: int | None = None) -> Effect:
+    """The :class:`Effect` of mistake ``key`` (a key of :data:`MISTAKES`, or its number 1–9)."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        by_number = {m.number: m for m in MISTAKES.values()}
+        if key not in by_number:
+            raise ValueError(f"mistake number {key} is out of range; allowed: 1 … 9")
+        key = by_number[key].key
+    if key not in MISTAKES:
+        raise ValueError(f"unknown mistake {key!r}; choose one of {', '.join(MISTAKES)}")
+    return MISTAKES[key].reproduce(run, step, opt_step)
+
+
+def _explain(m: Mistake, e: Effect, on: bool) -> str:
+    d = "".join(f"<li><code>{k}</code>: {v:.6g}</li>" if isinstance(v, float) else f"<li><code>{k}</code>: {v}</li>"
+                for k, v in e.details.items())
+    state = m.on_label if on else m.off_label
+    return (f"<b>{m.number}. {m.title}</b> (chapter {m.section})<br>switch: <code>{m.switch}</code><br>"
+            f"<b>now showing — mistake {'ON' if on else 'OFF'}:</b> {state}<br>"
+            f"{e.quantity}: off = <b>{e.off:.6g}</b>, on = <b>{e.on:.6g}</b><br>{m.what_goes_wrong}<ul>{d}</ul>")
+
+
+def mistakes_explorer(run: Run | str | None = None, step: int | None = None, mistake: str | None = None,
+                      on: bool = False) -> W.VBox:
+    """The nine mistakes of chapter §16 on a recorded step (default: the last one) of ``run``.
+
+    Controls: ``mistake`` (Dropdown of the nine keys), ``on`` (ToggleButton: the mistake on/off).
+    Figures: ``effect`` (the quantity with the mistake off and on, the current state highlighted) and
+    ``detail`` (the per-row/per-token pair where the mistake has one). ``state`` holds the current ``effect``.
+    """
+    r = resolve_run(run)
+    rec = r.step(step)
+    mistake = mistake or next(iter(MISTAKES))
+    if mistake not in MISTAKES:
+        raise ValueError(f"mistake must be one of {', '.join(MISTAKES)}, got {mistake!r}")
+    controls = {
+        "mistake": W.Dropdown(options=[(f"{m.number}. {m.title}", k) for k, m in MISTAKES.items()], value=mistake,
+                              description="mistake", layout=W.Layout(width="640px")),
+        "on": W.ToggleButton(value=bool(on), description="mistake on", icon="bug"),
+    }
+    figs = {"effect": go.FigureWidget(layout={"height": 300, "showlegend": False}),
+            "detail": go.FigureWidget(layout={"height": 300})}
+    figs["effect"].add_bar(x=["off", "on"], y=[0, 0])
+    figs["detail"].add_scatter(mode="markers", name="mistake off", marker={"size": 5})
+    figs["detail"].add_scatter(mode="markers", name="mistake on", marker={"size": 5, "symbol": "x"})
+    text = W.HTML()
+    state: dict[str, Any] = {}
+    cache: dict[str, Effect] = {}
+
+    def refresh(*_):
+        key, is_on = controls["mistake"].value, controls["on"].value
+        if key not in cache:
+            cache[key] = reproduce(key, r, rec.step)
+        m, e = MISTAKES[key], cache[key]
+        state.update(effect=e, mistake=key, on=is_on)
+        with figs["effect"].batch_update():
+            figs["effect"].data[0].update(x=[f"off: {m.off_label}"[:60], f"on: {m.on_label}"[:60]], y=[e.off, e.on],
+                                          marker={"color": ["#1f77b4" if not is_on else "#c7c7c7",
+                                                            "#d62728" if is_on else "#f4b6b6"]})
+            figs["effect"].layout.title = f"{m.number}. {m.title} — {e.quantity}"
+            figs["effect"].layout.yaxis.title = e.quantity
+        with figs["detail"].batch_update():
+            if e.pair is not None:
+                xs = list(range(len(e.pair[0])))
+                figs["detail"].data[0].update(x=xs, y=e.pair[0].tolist(), visible=True)
+                figs["detail"].data[1].update(x=xs, y=e.pair[1].tolist(), visible=True)
+                figs["detail"].data[0].opacity = 0.3 if is_on else 1.0
+                figs["detail"].data[1].opacity = 1.0 if is_on else 0.3
+                figs["detail"].layout.title = f"per {e.pair_label}: off vs on"
+                figs["detail"].layout.xaxis.title = e.pair_label
+            else:
+                figs["detail"].data[0].update(x=[], y=[])
+                figs["detail"].data[1].update(x=[], y=[])
+                figs["detail"].layout.title = "(no per-row detail for this mistake: it is a count)"
+        text.value = _explain(m, e, is_on)
+
+    for ctl in controls.values():
+        ctl.observe(refresh, names="value")
+    refresh()
+    children = [W.HBox([controls["mistake"], controls["on"]]), text, figs["effect"], figs["detail"]]
+    return _box(children, controls, figs, state=state, run=r, record=rec)
