@@ -109,6 +109,7 @@ class PolicyModels:
         seed: int = 0,
     ):
         self.tokenizer, base = load_tokenizer_and_model(path, dtype, device)
+        self.path, self.dtype = path, dtype  # a vLLM engine loads the same base weights
         self.device = torch.device(device)
         self.lora = lora_rank > 0
         self.use_critic = use_critic

@@ -65,7 +65,8 @@ class PPOTrainer:
         val = load_rl_dataset(cfg.data.val_files, self.tokenizer, cfg.data.max_prompt_length) if cfg.data.val_files else []
         self.val_data = val[: cfg.data.val_max_samples] if cfg.data.val_max_samples else val
         self.reward_fn = get_reward_fn(cfg.custom_reward_function)
-        self.rollout = make_rollout_engine(arr.rollout, self.models)
+        self.rollout = make_rollout_engine(arr.rollout, self.models,
+                                           **({"seed": cfg.trainer.seed} if arr.rollout.name == "vllm" else {}))
         self.actor_optimizer, self.actor_scheduler = make_optimizer(self.models.actor_parameters(), actor.optim)
         if self.use_critic:
             self.critic_optimizer, self.critic_scheduler = make_optimizer(self.models.critic_parameters(), cfg.critic.optim)

@@ -500,6 +500,9 @@ def _check_rollout(c: _Checks) -> None:
          f"{_R}.multi_turn.max_assistant_turns={turns!r}: multi_turn.enable=true needs a turn limit ≥ 1")
     c.ok(not (ro.name == "vllm" and cfg.trainer.device == "cpu"),
          f"{_R}.name=vllm needs a GPU but trainer.device=cpu; use {_R}.name=hf on CPU")
+    c.ok(ro.name != "vllm" or cfg.actor_rollout_ref.model.lora_rank > 0,
+         f"{_R}.name=vllm pushes the actor to vLLM as a LoRA adapter; set actor_rollout_ref.model.lora_rank > 0 "
+         f"or use {_R}.name=hf for full fine-tuning")
     # Forward-only passes: old log-probs (skipped in bypass mode), ref log-probs (when a KL path is on).
     bypass = cfg.algorithm.rollout_correction.bypass_mode
     for p in [q for q, used in ((_R, not bypass), (_REF, cfg.use_reference_policy)) if used]:

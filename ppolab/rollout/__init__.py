@@ -29,7 +29,11 @@ def make_rollout_engine(rollout, models, **kwargs) -> RolloutEngine:
                 "actor_rollout_ref.rollout.name=vllm needs the vllm package, which is not installed: install the GPU "
                 "extra with pip install 'ppolab[gpu]' on a CUDA machine, or use rollout.name=hf."
             ) from e
-        raise NotImplementedError("the vLLM rollout engine is not implemented yet; use actor_rollout_ref.rollout.name=hf")
+        from ppolab.rollout.vllm import VLLMRollout
+
+        if isinstance(rollout, str):
+            raise ValueError("the vllm engine needs the whole actor_rollout_ref.rollout config, not just its name")
+        return VLLMRollout(models, rollout, **kwargs)
     raise ValueError(f"actor_rollout_ref.rollout.name={name!r} is unknown; choose hf or vllm")
 
 
