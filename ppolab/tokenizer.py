@@ -22,6 +22,14 @@ ROLE_TOKENS = tuple(f"<|{r}|>" for r in ROLES)
 SPECIAL_TOKENS = (PAD, UNK, BOS, EOS, *ROLE_TOKENS)
 CHARS = "0123456789+-*#? Whatis"
 
+# The tool-enabled tokenizer (``build_tokenizer(tools=True)``, the tiny-arith-tool model) appends these after
+# the ids above, so every id of the plain tokenizer keeps its meaning: the calculator's call and response
+# markers, then the characters a calculator call or an error observation may contain beyond ``CHARS``.
+TOOL_CALL, TOOL_CALL_END = "<|tool_call|>", "<|/tool_call|>"
+TOOL_RESPONSE, TOOL_RESPONSE_END = "<|tool_response|>", "<|/tool_response|>"
+TOOL_TOKENS = (TOOL_CALL, TOOL_CALL_END, TOOL_RESPONSE, TOOL_RESPONSE_END)
+TOOL_CHARS = "()bcdefghjklmnopqruvwxyz:.,"
+
 # Each message is its role marker followed by its text; an assistant turn ends with EOS, so the
 # generation that follows add_generation_prompt is exactly the response.
 CHAT_TEMPLATE = (
@@ -48,11 +56,21 @@ def _byte_level(ch: str) -> str:
     return "\u0120" if ch == " " else ch
 
 
-def build_tokenizer(model_max_length: int = 128) -> PreTrainedTokenizerFast:
-    """Build the character tokenizer (ids: specials first, then ``CHARS`` in order)."""
+def build_tokenizer(model_max_length: int = 128, tools: bool = False) -> PreTrainedTokenizerFast:
+    """Build the character tokenizer (ids: specials first, then ``CHARS`` in order).
+
+    ``tools=True`` appends ``TOOL_TOKENS`` (special: ``skip_special_tokens`` drops them) and ``TOOL_CHARS``
+    after those ids; the chat template is the same.
+    """
+    specials = SPECIAL_TOKENS + (TOOL_TOKENS if tools else ())
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for ch in CHARS:
         vocab[_byte_level(ch)] = len(vocab)
+    if tools:
+        for t in TOOL_TOKENS:
+            vocab[t] = len(vocab)
+        for ch in TOOL_CHARS:
+            vocab[_byte_level(ch)] = len(vocab)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -62,7 +80,7 @@ def build_tokenizer(model_max_length: int = 128) -> PreTrainedTokenizerFast:
         ]
     )
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    tok.add_special_tokens(list(specials))
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=BOS,

@@ -24,9 +24,13 @@ _WHERE = {
     "mask_viewer": "ppolab.widgets.masks",
     "aggregation_explorer": "ppolab.widgets.aggregation",
     "batch_calculator": "ppolab.widgets.batching",
+    # micro-batch invariance of the real actor update (lab 13)
+    "invariance_explorer": "ppolab.widgets.invariance",
     # runs (labs 00, 15)
     "metrics_dashboard": "ppolab.widgets.metrics",
     "live_training": "ppolab.widgets.live",
+    # the nine mistakes (lab 16)
+    "mistakes_explorer": "ppolab.widgets.mistakes",
     # shared helpers
     "SHIPPED_RUNS": "ppolab.widgets.common",
     "resolve_run": "ppolab.widgets.common",
