@@ -1,0 +1,299 @@
+"""The semantic checks of a resolved config: every error names the dotted key and what is allowed.
+
+:func:`check_config` returns (errors, notices); :func:`ppolab.config.loader.validate` raises the errors as
+one :class:`ConfigError` and returns the notices (legal combinations that are usually unintended).
+"""
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from typing import Any
+
+from ppolab.config.actor import LOSS_AGG_MODES
+from ppolab.config.schema import GROUP_ADV_ESTIMATORS, PPOConfig
+
+_A, _R, _REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
+
+# verl's names, used only while ppolab.algos does not export its registries (tests compare them when it does).
+_KL_BASE = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+_FALLBACK_NAMES = {
+    "loss_mode": ("vanilla", "reinforce", "gspo", "cispo", "gpg", "sapo"),
+    "adv_estimator": ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo",
+                      "gpg", "grpo_passk", "remax"),
+    "kl": _KL_BASE + tuple(k + "+" for k in _KL_BASE),
+}
+
+
+def registry_names() -> dict[str, tuple[str, ...]]:
+    """Valid ``loss_mode``, ``adv_estimator`` and KL-estimator names, from the formula core's registries.
+
+    Imported lazily: ``ppolab.algos`` imports torch, which ``import ppolab.config`` must not.
+    """
+    try:
+        from ppolab.algos import ADV_ESTIMATOR_REGISTRY, KL_PENALTY_TYPES, POLICY_LOSS_REGISTRY
+    except ImportError:
+        return dict(_FALLBACK_NAMES)
+    return {"loss_mode": tuple(POLICY_LOSS_REGISTRY), "adv_estimator": tuple(ADV_ESTIMATOR_REGISTRY),
+            "kl": tuple(k for k in KL_PENALTY_TYPES if k.rstrip("+") != "full")}
+
+
+class _Checks:
+    """Collects errors and notices about one resolved config; every message starts with the dotted key."""
+
+    def __init__(self, cfg: PPOConfig, world_size: int) -> None:
+        self.cfg, self.world_size = cfg, world_size
+        self.errors: list[str] = []
+        self.notices: list[str] = []
+
+    def get(self, key: str) -> Any:
+        value: Any = self.cfg
+        for part in key.split("."):
+            value = getattr(value, part)
+        return value
+
+    def ok(self, cond: Any, message: str) -> bool:
+        if not cond:
+            self.errors.append(message)
+        return bool(cond)
+
+    def choice(self, key: str, allowed: Iterable[Any], value: Any = ...) -> None:
+        allowed = tuple(allowed)
+        v = self.get(key) if value is ... else value
+        if v not in allowed:
+            names = ["null" if a is None else str(a) for a in allowed]
+            close = difflib.get_close_matches(str(v), names, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            self.errors.append(f"{key}={v!r} is not valid{hint}; choose one of {', '.join(names)}")
+
+    def kl_name(self, key: str, allowed: tuple[str, ...]) -> None:
+        if str(self.get(key)).rstrip("+") == "full":
+            self.errors.append(f"{key}='full' is not allowed: verl does not implement the full-distribution "
+                               f"KL (it raises NotImplementedError); choose one of {', '.join(allowed)}")
+        else:
+            self.choice(key, allowed)
+
+    def positive(self, key: str, optional: bool = False) -> bool:
+        v = self.get(key)
+        if v is None and optional:
+            return True
+        return self.ok(isinstance(v, int) and not isinstance(v, bool) and v > 0,
+                       f"{key}={v!r} must be a positive integer" + (" (or null)" if optional else ""))
+
+    def at_least(self, key: str, lo: float, strict: bool = False, why: str = "") -> bool:
+        v = self.get(key)
+        op = ">" if strict else "≥"
+        return self.ok(v > lo if strict else v >= lo, f"{key}={v!r} must be {op} {lo:g}{why}")
+
+    def unit(self, key: str, lo_open: bool, hi_open: bool = False) -> None:
+        """``key`` in [0, 1] with the given ends open."""
+        v = self.get(key)
+        good = (v > 0 if lo_open else v >= 0) and (v < 1 if hi_open else v <= 1)
+        self.ok(good, f"{key}={v!r} must be in {'(' if lo_open else '['}0, 1{')' if hi_open else ']'}")
+
+    def budget(self, key: str) -> None:
+        """A dynamic-bsz token budget must hold one full-length sequence (verl asserts it)."""
+        longest = self.cfg.data.max_prompt_length + self.cfg.data.max_response_length
+        self.ok(self.get(key) >= longest, f"{key}={self.get(key)} is smaller than data.max_prompt_length + "
+                f"data.max_response_length = {longest}: one full-length sequence would not fit")
+
+
+def _batch_errors(c: _Checks, p: str) -> list[str]:
+    """verl's batch arithmetic (chapter §11) for the actor or critic ``p``, with full dotted keys."""
+    tb, n, ws = c.cfg.data.train_batch_size, c.cfg.actor_rollout_ref.rollout.n, c.world_size
+    mini, micro = c.get(f"{p}.ppo_mini_batch_size"), c.get(f"{p}.ppo_micro_batch_size_per_gpu")
+    out = []
+    if tb % mini:
+        out.append(f"data.train_batch_size={tb} is not divisible by {p}.ppo_mini_batch_size={mini}: the "
+                   f"{tb}×{n} trajectories of a step do not split into whole mini-batches of {mini}×{n}")
+    if (mini * n) % ws:
+        out.append(f"{p}.ppo_mini_batch_size × {_R}.n = {mini}×{n} is not divisible by world_size={ws}: "
+                   "every rank needs the same local mini-batch")
+    elif not c.get(f"{p}.use_dynamic_bsz") and micro is not None and (mini * n // ws) % micro:
+        out.append(f"{p}.ppo_micro_batch_size_per_gpu={micro} does not divide the local mini-batch "
+                   f"{p}.ppo_mini_batch_size × {_R}.n / world_size = {mini}×{n}/{ws} = {mini * n // ws}")
+    return out
+
+
+def _check_batches(c: _Checks, p: str) -> None:
+    """Batch sizes of the actor or critic ``p``: positive, micro set unless dynamic, divisions exact."""
+    dyn = c.get(f"{p}.use_dynamic_bsz")
+    good = all([c.positive(f"{p}.ppo_mini_batch_size"), c.positive(f"{p}.ppo_epochs"),
+                c.positive(f"{p}.ppo_max_token_len_per_gpu"),
+                c.positive(f"{p}.ppo_micro_batch_size_per_gpu", optional=True),
+                c.ok(dyn or c.get(f"{p}.ppo_micro_batch_size_per_gpu") is not None,
+                     f"{p}.ppo_micro_batch_size_per_gpu is unset and {p}.use_dynamic_bsz=false: set the "
+                     "trajectories per forward/backward per GPU, or use_dynamic_bsz=true")])
+    if dyn and good:
+        c.budget(f"{p}.ppo_max_token_len_per_gpu")
+    tb, n = c.cfg.data.train_batch_size, c.cfg.actor_rollout_ref.rollout.n
+    if not (good and c.world_size > 0 and tb > 0 and n > 0):
+        return
+    try:
+        from ppolab.batching import plan_batches
+    except ImportError:  # the planner is not importable (yet): the same arithmetic, checked here
+        c.errors.extend(_batch_errors(c, p))
+        return
+    try:
+        plan_batches(tb, n, c.get(f"{p}.ppo_mini_batch_size"), c.world_size,
+                     None if dyn else c.get(f"{p}.ppo_micro_batch_size_per_gpu"), c.get(f"{p}.ppo_epochs"))
+    except ValueError as e:  # say it with dotted keys; keep the planner's words if ours find nothing
+        c.errors.extend(_batch_errors(c, p) or [f"{p} batch sizes: {e}"])
+
+
+def _check_names(c: _Checks) -> None:
+    names = registry_names()
+    for p in (_A, "critic"):
+        c.choice(f"{p}.loss_agg_mode", LOSS_AGG_MODES)
+    c.choice(f"{_A}.policy_loss.loss_mode", names["loss_mode"])
+    c.kl_name(f"{_A}.kl_loss_type", names["kl"])
+    c.kl_name("algorithm.kl_penalty", names["kl"])
+    c.choice("algorithm.adv_estimator", names["adv_estimator"])
+    c.choice("algorithm.kl_ctrl.type", ("fixed", "adaptive"))
+    c.choice("algorithm.rollout_correction.rollout_is", (None, "token", "sequence"))
+    c.choice(f"{_R}.name", ("hf", "vllm"))
+    c.choice("actor_rollout_ref.model.dtype", ("float32", "bfloat16", "float16"))
+    c.choice("trainer.device", ("auto", "cpu", "cuda"))
+    for sink in c.cfg.trainer.logger:
+        c.choice("trainer.logger", ("console", "tensorboard"), value=sink)
+
+
+def _check_data_model(c: _Checks) -> None:
+    cfg = c.cfg
+    c.ok(cfg.data.train_files, "data.train_files is empty: give at least one parquet file")
+    c.ok(cfg.data.val_files or not (cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train),
+         "data.val_files is empty but trainer.test_freq / trainer.val_before_train ask for validation: give "
+         "val files, or set trainer.test_freq=-1 and trainer.val_before_train=false")
+    for key in ("train_batch_size", "max_prompt_length", "max_response_length"):
+        c.positive(f"data.{key}")
+    c.positive("data.val_max_samples", optional=True)
+    c.ok(cfg.actor_rollout_ref.model.path, "actor_rollout_ref.model.path is empty: give a model directory")
+    for m in ("actor_rollout_ref.model", "critic.model") if cfg.use_critic else ("actor_rollout_ref.model",):
+        rank, targets = c.get(f"{m}.lora_rank"), c.get(f"{m}.target_modules")
+        if c.ok(isinstance(rank, int) and rank >= 0, f"{m}.lora_rank={rank!r} must be ≥ 0 (0 = no LoRA)") \
+                and rank > 0:
+            c.positive(f"{m}.lora_alpha")
+            names = isinstance(targets, list) and targets and all(isinstance(t, str) for t in targets)
+            c.ok(targets == "all-linear" or names,
+                 f"{m}.target_modules={targets!r} must be a non-empty list of module names or 'all-linear'")
+
+
+def _check_rollout(c: _Checks) -> None:
+    cfg, ro = c.cfg, c.cfg.actor_rollout_ref.rollout
+    c.positive(f"{_R}.n")
+    c.at_least(f"{_R}.temperature", 0, strict=True,
+               why=" (the update divides logits by it; greedy validation is val_kwargs.temperature=0)")
+    c.at_least(f"{_R}.val_kwargs.temperature", 0)
+    for key in (f"{_R}.top_p", f"{_R}.val_kwargs.top_p", f"{_R}.gpu_memory_utilization"):
+        c.unit(key, lo_open=True)
+    for key in (f"{_R}.top_k", f"{_R}.val_kwargs.top_k"):
+        c.ok(c.get(key) == -1 or c.get(key) >= 1, f"{key}={c.get(key)!r} must be -1 (off) or ≥ 1")
+    c.positive(f"{_R}.val_kwargs.n")
+    c.positive(f"{_R}.multi_turn.max_tool_response_length")
+    turns = ro.multi_turn.max_assistant_turns
+    c.ok(not ro.multi_turn.enable or (isinstance(turns, int) and turns >= 1),
+         f"{_R}.multi_turn.max_assistant_turns={turns!r}: multi_turn.enable=true needs a turn limit ≥ 1")
+    c.ok(not (ro.name == "vllm" and cfg.trainer.device == "cpu"),
+         f"{_R}.name=vllm needs a GPU but trainer.device=cpu; use {_R}.name=hf on CPU")
+    c.ok(ro.name != "vllm" or cfg.actor_rollout_ref.model.lora_rank > 0,
+         f"{_R}.name=vllm pushes the actor to vLLM as a LoRA adapter; set actor_rollout_ref.model.lora_rank > 0 "
+         f"or use {_R}.name=hf for full fine-tuning")
+    # Forward-only passes: old log-probs (skipped in bypass mode), ref log-probs (when a KL path is on).
+    bypass = cfg.algorithm.rollout_correction.bypass_mode
+    for p in [q for q, used in ((_R, not bypass), (_REF, cfg.use_reference_policy)) if used]:
+        if c.positive(f"{p}.log_prob_max_token_len_per_gpu") and c.get(f"{p}.log_prob_use_dynamic_bsz"):
+            c.budget(f"{p}.log_prob_max_token_len_per_gpu")
+        elif not c.get(f"{p}.log_prob_use_dynamic_bsz"):
+            c.ok(c.get(f"{p}.log_prob_micro_batch_size_per_gpu") is not None,
+                 f"{p}.log_prob_micro_batch_size_per_gpu is unset and {p}.log_prob_use_dynamic_bsz=false: "
+                 "set the rows per log-prob forward, or log_prob_use_dynamic_bsz=true")
+            c.positive(f"{p}.log_prob_micro_batch_size_per_gpu", optional=True)
+
+
+def _check_actor_critic(c: _Checks) -> None:
+    cfg, ca = c.cfg, c.cfg.actor_rollout_ref.actor
+    for key in ("clip_ratio", "clip_ratio_high"):
+        v = getattr(ca, key)
+        c.ok(v is None or v >= 0, f"{_A}.{key}={v!r} must be ≥ 0")
+    low = "clip_ratio_low" if ca.clip_ratio_low is not None else "clip_ratio"
+    c.ok(0 <= getattr(ca, low) < 1, f"{_A}.{low}={getattr(ca, low)!r} must be in [0, 1): it is ε_low and the "
+         "ratio's lower bound 1 − ε_low must stay > 0")
+    c.at_least(f"{_A}.clip_ratio_c", 1, strict=True, why=" (dual-clip bound −A·C; verl asserts C > 1)")
+    c.at_least(f"{_A}.kl_loss_coef", 0)
+    c.at_least("critic.cliprange_value", 0, strict=True)
+    c.ok(not (cfg.algorithm.adv_estimator == "gae" and cfg.critic.enable is False),
+         "critic.enable=false but algorithm.adv_estimator=gae needs a critic for its values; set "
+         "critic.enable=true (or null), or use a critic-free estimator such as grpo")
+    for p in (_A, "critic") if cfg.use_critic else (_A,):
+        _check_batches(c, p)
+        f = c.get(f"{p}.loss_scale_factor")
+        c.ok(f is None or f > 0, f"{p}.loss_scale_factor={f!r} must be > 0 (or null)")
+        c.at_least(f"{p}.optim.lr", 0, strict=True)
+        c.at_least(f"{p}.optim.clip_grad", 0, strict=True)
+        c.at_least(f"{p}.optim.weight_decay", 0)
+        c.at_least(f"{p}.optim.lr_warmup_steps", 0)
+        betas = c.get(f"{p}.optim.betas")
+        c.ok(len(betas) == 2 and all(0 <= b < 1 for b in betas),
+             f"{p}.optim.betas={betas!r} must be two numbers in [0, 1)")
+
+
+def _check_algorithm_trainer(c: _Checks) -> None:
+    cfg, alg = c.cfg, c.cfg.algorithm
+    est, n = alg.adv_estimator, cfg.actor_rollout_ref.rollout.n
+    c.ok(not (est in GROUP_ADV_ESTIMATORS and n == 1), f"{_R}.n=1 with algorithm.adv_estimator={est}: a "
+         f"group of one has no baseline (verl then uses the raw score); set {_R}.n ≥ 2 (e.g. 8)")
+    c.unit("algorithm.gamma", lo_open=False)
+    c.unit("algorithm.lam", lo_open=False)
+    c.at_least("algorithm.kl_ctrl.kl_coef", 0)
+    if alg.kl_ctrl.type == "adaptive":
+        c.at_least("algorithm.kl_ctrl.horizon", 0, strict=True, why=" for the adaptive controller")
+        c.at_least("algorithm.kl_ctrl.target_kl", 0, strict=True, why=" for the adaptive controller")
+    rc, logp = alg.rollout_correction, cfg.actor_rollout_ref.rollout.calculate_log_probs
+    c.ok(logp or not rc.bypass_mode, f"algorithm.rollout_correction.bypass_mode=true needs "
+         f"{_R}.calculate_log_probs=true (bypass mode uses the rollout log-probs as old log-probs)")
+    c.ok(logp or not rc.rollout_is, f"algorithm.rollout_correction.rollout_is={rc.rollout_is!r} needs {_R}."
+         "calculate_log_probs=true (the IS weights are old / rollout probabilities)")
+    c.at_least("algorithm.rollout_correction.rollout_is_threshold", 0, strict=True)
+    c.ok(isinstance(cfg.trainer.total_training_steps, int) and cfg.trainer.total_training_steps >= 1,
+         f"trainer.total_training_steps={cfg.trainer.total_training_steps!r} must be ≥ 1")
+    c.positive("trainer.total_epochs", optional=True)
+    for key in ("trainer.save_freq", "trainer.test_freq", "trainer.record_freq"):
+        c.ok(c.get(key) == -1 or c.get(key) >= 1,
+             f"{key}={c.get(key)!r} is not valid: use a step interval ≥ 1, or -1 for never (not 0)")
+    c.at_least("trainer.critic_warmup", 0)
+    c.positive("trainer.n_gpus_per_node")
+    c.positive("trainer.nnodes")
+
+
+def _notices(c: _Checks) -> None:
+    """Legal combinations that are usually unintended."""
+    cfg, alg = c.cfg, c.cfg.algorithm
+    if cfg.actor_rollout_ref.actor.use_kl_loss and alg.use_kl_in_reward:
+        c.notices.append(f"both KL paths are on (algorithm.use_kl_in_reward and {_A}.use_kl_loss): the "
+                         "reference KL shapes the rewards AND is added to the loss, so it is applied twice "
+                         "(chapter §7.4); turn one off unless this is intended")
+    for p in (_A, "critic") if cfg.use_critic else (_A,):
+        mode, factor = c.get(f"{p}.loss_agg_mode"), c.get(f"{p}.loss_scale_factor")
+        if mode == "seq-mean-token-sum-norm" and factor is None:
+            c.notices.append(f"{p}.loss_agg_mode=seq-mean-token-sum-norm with {p}.loss_scale_factor=null "
+                             "divides by the micro-batch's padded width, so the loss changes with the "
+                             "micro-batch split (chapter §13); set loss_scale_factor (e.g. the max response "
+                             "length)")
+    if cfg.critic.enable and alg.adv_estimator != "gae":
+        c.notices.append(f"critic.enable=true with algorithm.adv_estimator={alg.adv_estimator}: the critic "
+                         "is trained but the advantages do not use its values")
+    if alg.rollout_correction.bypass_mode and alg.rollout_correction.rollout_is:
+        c.notices.append("algorithm.rollout_correction.rollout_is is ignored in bypass mode (old = rollout "
+                         "log-probs, so there is nothing to correct)")
+    if alg.kl_ctrl.type == "adaptive" and not alg.use_kl_in_reward:
+        c.notices.append("algorithm.kl_ctrl.type=adaptive has no effect: the controller only drives the "
+                         "reward-side KL and algorithm.use_kl_in_reward=false")
+
+
+def check_config(cfg: PPOConfig, world_size: int = 1) -> tuple[list[str], list[str]]:
+    """(errors, notices) of a *resolved* config; :func:`validate` is the public entry."""
+    c = _Checks(cfg, world_size)
+    c.ok(isinstance(world_size, int) and world_size > 0, f"world_size={world_size!r} must be a positive int")
+    for check in (_check_names, _check_data_model, _check_rollout, _check_actor_critic,
+                  _check_algorithm_trainer, _notices):
+        check(c)
+    return c.errors, c.notices
