@@ -1,0 +1,165 @@
+"""Replay the trainer's real actor update on a recorded step, under other batching and aggregation settings.
+
+Why only recorded step 1 (mini-batch 0) is exact: a recorded step stores the batch the update trained on, not
+the weights. The LoRA adapter at the start of step 1's update is its seeded initial state (B = 0, A drawn
+from ``trainer.seed``), so a fresh ``PPOTrainer(run.ppo_config())`` holds exactly the weights that step 1's
+first optimizer step started from. Every later optimizer step (mini-batch 1 of step 1, or any later step)
+started from weights the run does not record; :func:`replay_actor_update` refuses those unless
+``strict=False``, which replays them from the initial weights (a valid experiment, but not the run's state).
+
+What runs is ``PPOTrainer.update_actor`` itself — the engine's zero-grad → micro-batch forward/backward with
+the global ``batch_num_tokens`` / ``global_batch_size`` → clip → step loop and ``algos.ppo_loss`` — on one
+mini-batch for one epoch, with the AdamW optimizer swapped for ``SGD(lr=1)`` and ``clip_grad`` set huge, so the
+optimizer step is the plain gradient and ``update = −grad``. The weights and the trainer's config are restored
+after every replay; the trainer is cached per run (model load takes a few seconds).
+
+    out = replay_actor_update("grpo_tiny", micro_batch_size=1)
+    out["grads"]          # list of tensors, one per actor parameter (the LoRA A/B matrices), shapes as the params
+    out["micro_batches"]  # [[0], [1], ...] row positions inside the mini-batch, in execution order
+    out["log_probs"]      # (M, R) log-probs the optimizer step saw; equal to the recorded actor_log_probs[0][rows]
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ppolab.engine import Batch, micro_batches
+from ppolab.record import Run
+
+#: Sentinel: keep the run's own ``actor.loss_scale_factor`` (``None`` is a meaningful value of that field).
+KEEP = object()
+#: The gradient-clip threshold used in a replay: large enough never to clip.
+NO_CLIP = 1e30
+#: Recorded tensors that are histories of the update, not inputs to it.
+_HISTORIES = ("actor_log_probs", "critic_vpreds")
+
+#: Runs shipped in ``data/runs`` that may be named instead of given as a path.
+SHIPPED = ("grpo_tiny", "ppo_gae_tiny")
+
+_TRAINERS: dict[str, Any] = {}
+
+
+def _resolve(run: Run | str | os.PathLike | None) -> Run:
+    """A Run, a shipped run's name (``"grpo_tiny"``, ``"ppo_gae_tiny"``; None → grpo_tiny) or a run directory."""
+    if isinstance(run, Run):
+        return run
+    run = "grpo_tiny" if run is None else run
+    shipped = Path(__file__).resolve().parent.parent / "data" / "runs" / str(run)
+    return Run(shipped if isinstance(run, str) and run in SHIPPED and shipped.exists() else run)
+
+
+def cached_trainer(run: Run | str | os.PathLike | None = None):
+    """A ``PPOTrainer(run.ppo_config())`` built once per run directory: the run's model and seeded initial adapter."""
+    from ppolab.trainer import PPOTrainer
+
+    r = _resolve(run)
+    key = str(r.path.resolve())
+    if key not in _TRAINERS:
+        _TRAINERS[key] = PPOTrainer(r.ppo_config())
+    return _TRAINERS[key]
+
+
+def mini_batch_rows(run: Run | str | os.PathLike | None = None, step: int = 1, mini_batch: int = 0) -> list[int]:
+    """Recorded row indices of mini-batch ``mini_batch`` in the first epoch, in the order the engine used them
+    (``mini_batch_indices`` with the run's shuffle and seed; the batch plan's local mini-batch size)."""
+    from ppolab.batching import mini_batch_indices
+
+    r = _resolve(run)
+    rec = r.step(step)
+    a = r.ppo_config().actor_rollout_ref.actor
+    n_rows = rec.tensors["responses"].shape[0]
+    local = rec.info["batch_plan"]["local_mini_batch"]
+    epoch0 = mini_batch_indices(n_rows, local, 1, a.shuffle, a.data_loader_seed + 0)[0]
+    if not 0 <= mini_batch < len(epoch0):
+        raise ValueError(f"mini_batch={mini_batch!r} is out of range; this step has mini-batches 0 … {len(epoch0) - 1}")
+    return epoch0[mini_batch]
+
+
+def replay_actor_update(run: Run | str | os.PathLike | None = None, step: int = 1, *,
+                        micro_batch_size: int | None = None, use_dynamic_bsz: bool = False,
+                        max_token_len: int | None = None, loss_agg_mode: str | None = None,
+                        loss_scale_factor: Any = KEEP, mini_batch: int = 0, strict: bool = True) -> dict[str, Any]:
+    """One optimizer step of ``PPOTrainer.update_actor`` on the recorded rows of ``mini_batch`` of ``step``.
+
+    Settings default to the run's own (``micro_batch_size=None`` → ``ppo_micro_batch_size_per_gpu``;
+    ``max_token_len=None`` → ``ppo_max_token_len_per_gpu``; ``loss_scale_factor`` omitted → the run's value,
+    ``None`` → the padded-width fallback). ``strict``: only step 1, mini-batch 0 replays the run's real state
+    (module docstring); anything else raises ``ValueError`` unless ``strict=False``.
+
+    Returns a dict: ``grads`` (list of tensors, one per actor parameter, the accumulated gradient of the
+    mini-batch loss), ``update`` (weights after − before; = −grads with SGD lr = 1), ``metrics`` (the update's
+    actor/* metrics), ``micro_batches`` (lists of positions 0 … M−1 in the mini-batch, execution order),
+    ``rows`` (the recorded row index of each position), ``log_probs`` ((M, R) log-probs the forward of the
+    optimizer step computed), ``seq_lens`` and ``response_lens`` (per position), ``widths`` (padded response
+    width T of each micro-batch), ``exact`` and the resolved ``settings``.
+    """
+    r = _resolve(run)
+    if 1 not in r.steps:
+        raise ValueError(f"{r.path} has no recorded step 1; only step 1 can be replayed from the seeded adapter")
+    exact = step == 1 and mini_batch == 0
+    if strict and not exact:
+        raise ValueError(f"only the recorded step 1, mini-batch 0 started from weights a fresh trainer holds (the "
+                         f"seeded initial adapter); step={step}, mini_batch={mini_batch} started from weights the run "
+                         f"did not record. Pass strict=False to replay it from the initial weights anyway.")
+    rec = r.step(step)
+    rows = mini_batch_rows(r, step, mini_batch)
+    tensors = {k: v for k, v in rec.tensors.items() if k not in _HISTORIES}
+    tensors["is_pad"] = tensors["is_pad"].bool()
+    batch = Batch(tensors).select(rows)
+    batch["row_id"] = torch.arange(len(rows))  # local positions: the history is indexed by them
+
+    trainer = cached_trainer(r)
+    a = trainer.config.actor_rollout_ref.actor
+    n = trainer.config.actor_rollout_ref.rollout.n
+    saved = (a.ppo_epochs, a.shuffle, a.ppo_mini_batch_size, a.ppo_micro_batch_size_per_gpu, a.use_dynamic_bsz,
+             a.ppo_max_token_len_per_gpu, a.loss_agg_mode, a.loss_scale_factor, a.optim.clip_grad)
+    params = trainer.models.actor_parameters()
+    before = [p.detach().clone() for p in params]
+    optimizer, scheduler_state = trainer.actor_optimizer, trainer.actor_scheduler.state_dict()
+    try:
+        if len(rows) % n:
+            raise ValueError(f"a mini-batch of {len(rows)} rows is not a multiple of rollout.n={n}")
+        a.ppo_epochs, a.shuffle, a.ppo_mini_batch_size = 1, False, len(rows) // n  # one mini-batch, one step
+        a.use_dynamic_bsz = bool(use_dynamic_bsz)
+        if micro_batch_size is not None:
+            a.ppo_micro_batch_size_per_gpu = int(micro_batch_size)
+        if max_token_len is not None:
+            a.ppo_max_token_len_per_gpu = int(max_token_len)
+        if loss_agg_mode is not None:
+            a.loss_agg_mode = loss_agg_mode
+        if loss_scale_factor is not KEEP:
+            a.loss_scale_factor = loss_scale_factor
+        a.optim.clip_grad = NO_CLIP
+        micro = None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu
+        parts = micro_batches(batch, micro, a.ppo_max_token_len_per_gpu)  # the engine's own call, same result
+        settings = {"micro_batch_size": micro, "use_dynamic_bsz": a.use_dynamic_bsz,
+                    "max_token_len": a.ppo_max_token_len_per_gpu, "loss_agg_mode": a.loss_agg_mode,
+                    "loss_scale_factor": a.loss_scale_factor}
+        trainer.actor_optimizer = torch.optim.SGD(params, lr=1.0)
+        with warnings.catch_warnings():  # the AdamW scheduler steps without its optimizer stepping: harmless here
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+            metrics, history = trainer.update_actor(batch)
+        grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+        update = [p.detach() - b for p, b in zip(params, before)]
+    finally:
+        (a.ppo_epochs, a.shuffle, a.ppo_mini_batch_size, a.ppo_micro_batch_size_per_gpu, a.use_dynamic_bsz,
+         a.ppo_max_token_len_per_gpu, a.loss_agg_mode, a.loss_scale_factor, a.optim.clip_grad) = saved
+        trainer.actor_optimizer = optimizer
+        trainer.actor_scheduler.load_state_dict(scheduler_state)  # update_actor stepped it
+        with torch.no_grad():
+            for p, b in zip(params, before):
+                p.copy_(b)
+                p.grad = None
+    r_lens = batch["response_mask"].sum(-1).long()
+    return {"grads": grads, "update": update, "metrics": metrics, "micro_batches": parts, "rows": rows,
+            "log_probs": history[0], "seq_lens": batch.seq_lens(), "response_lens": r_lens.tolist(),
+            "widths": [max(int(r_lens[p].max()), 1) for p in parts], "exact": exact, "settings": settings}
+
+
+def max_abs_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    """max over all parameters and entries of |a − b| (two ``grads`` or ``update`` lists)."""
+    return max(float((x - y).abs().max()) for x, y in zip(a, b))

@@ -1,0 +1,161 @@
+"""``invariance_explorer``: the real actor update of recorded step 1, replayed under any micro-batching (chapter §13).
+
+Every number comes from :func:`ppolab.replay.replay_actor_update`, i.e. from ``PPOTrainer.update_actor`` on the
+run's step-1 mini-batch 0 from the run's own initial weights. The top figure is the largest gradient entry that
+differs from the reference (one micro-batch = the whole mini-batch) for every fixed micro-batch size that divides
+the mini-batch and for the dynamic (token-budget) packing; the bottom figure shows the micro-batches of the
+configuration picked with the controls.
+"""
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import ipywidgets as W
+import plotly.graph_objects as go
+
+from ppolab.config import LOSS_AGG_MODES
+from ppolab.replay import max_abs_diff, mini_batch_rows, replay_actor_update
+from ppolab.widgets.common import resolve_run
+
+#: Relative tolerance of the "same gradient" verdict: gap ≤ TOL · max(1, max |g_ref|).
+TOL = 1e-5
+DYNAMIC = "dynamic"
+#: Replays shared by every explorer of this process: (run dir, step, mode, factor, micro label, budget) → replay.
+_CACHE: dict[tuple, dict[str, Any]] = {}
+
+
+def divisors(n: int) -> list[int]:
+    """The micro-batch sizes that cut ``n`` rows into equal micro-batches."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def invariance_explorer(run=None, step: int = 1, *, loss_agg_mode: str | None = None, scale: str = "fixed",
+                        scale_value: float | None = None) -> W.VBox:
+    """Replay step ``step`` (must be 1: see :mod:`ppolab.replay`) under every micro-batching.
+
+    ``loss_agg_mode``: initial mode (default: the run's); ``scale``: ``"fixed"`` (loss_scale_factor =
+    ``scale_value``, default ``data.max_response_length``) or ``"None"`` (verl's fallback: the micro-batch's padded
+    width). Controls: ``micro_batch_size`` (divisors of the mini-batch), ``dynamic`` (use_dynamic_bsz),
+    ``max_token_len``, ``loss_agg_mode``, ``scale``, ``scale_value``. Figures: ``gap`` (max |g − g_ref| per
+    micro-batching; x labels are the micro-batch sizes and ``"dynamic"``), ``micro_batches`` (tokens and rows of
+    each micro-batch of the chosen configuration). Attributes kept current: ``reference`` and ``current`` (the
+    replay dicts), ``gaps`` (x label → gap), ``state`` (gap, tol, invariant, n_micro, loss).
+    """
+    r = resolve_run(run)
+    if step != 1:
+        raise ValueError(f"only the recorded step 1 can be replayed exactly (its update started from the seeded "
+                         f"initial adapter); got step={step!r}")
+    cfg = r.ppo_config()
+    a = cfg.actor_rollout_ref.actor
+    mode = loss_agg_mode or a.loss_agg_mode
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {mode!r}")
+    if scale not in ("fixed", "None"):
+        raise ValueError(f"scale must be 'fixed' or 'None', got {scale!r}")
+    factor = float(scale_value if scale_value is not None else cfg.data.max_response_length)
+    if not factor > 0:
+        raise ValueError(f"scale_value must be positive, got {scale_value!r}")
+    rows = mini_batch_rows(r, step, 0)
+    sizes = divisors(len(rows))
+    rec = r.step(step)
+    lens = (rec["prompt_mask"].sum(-1) + rec["response_mask"].sum(-1)).long()[rows].tolist()
+    budget = max(max(lens), sum(lens) // 16)  # ~1/16 of the mini-batch's tokens per micro-batch
+    own = a.ppo_micro_batch_size_per_gpu
+    style = {"description_width": "initial"}
+    controls = {
+        "micro_batch_size": W.SelectionSlider(options=sizes, value=own if own in sizes else sizes[0],
+                                              description="ppo_micro_batch_size_per_gpu", style=style,
+                                              continuous_update=False),
+        "dynamic": W.Checkbox(value=False, description="use_dynamic_bsz"),
+        "max_token_len": W.IntSlider(value=budget, min=max(lens), max=sum(lens), description="ppo_max_token_len_per_gpu",
+                                     style=style, continuous_update=False, disabled=True),
+        "loss_agg_mode": W.Dropdown(options=list(LOSS_AGG_MODES), value=mode, description="loss_agg_mode",
+                                    style=style),
+        "scale": W.ToggleButtons(options=["fixed", "None"], value=scale, description="loss_scale_factor",
+                                 style=style),
+        "scale_value": W.BoundedFloatText(value=factor, min=1e-3, max=1e6, description="fixed factor", style=style),
+    }
+    figs = {
+        "gap": go.FigureWidget(layout={"height": 330, "yaxis": {"type": "log", "title": "max |g − g_ref|"},
+                                       "xaxis": {"title": "micro-batch size (rows) · or dynamic", "type": "category"},
+                                       "showlegend": False}),
+        "micro_batches": go.FigureWidget(layout={
+            "height": 300, "barmode": "group", "xaxis": {"title": "micro-batch (execution order)"},
+            "yaxis": {"title": "tokens (prompt + response)"},
+            "yaxis2": {"title": "rows", "overlaying": "y", "side": "right", "showgrid": False},
+            "legend": {"orientation": "h", "y": 1.12}}),
+    }
+    figs["gap"].add_bar(name="gap")
+    figs["gap"].add_scatter(name="tolerance", mode="lines", line={"dash": "dash", "color": "red"})
+    figs["micro_batches"].add_bar(name="tokens", offsetgroup="tokens", yaxis="y")
+    figs["micro_batches"].add_bar(name="rows", offsetgroup="rows", yaxis="y2")
+    status = W.HTML()
+    cache = _CACHE
+
+    def replay(label, *, mode, factor) -> dict[str, Any]:
+        """The replay of one x label under the current mode/factor (cached: the update is deterministic)."""
+        dyn = label == DYNAMIC
+        budget = controls["max_token_len"].value if dyn else None
+        key = (str(r.path.resolve()), step, mode, factor, label, budget)
+        if key not in cache:
+            cache[key] = replay_actor_update(r, step, micro_batch_size=None if dyn else label, use_dynamic_bsz=dyn,
+                                             max_token_len=budget, loss_agg_mode=mode, loss_scale_factor=factor)
+        return cache[key]
+
+    def current_factor() -> float | None:
+        return controls["scale_value"].value if controls["scale"].value == "fixed" else None
+
+    def refresh(*_):
+        mode, factor = controls["loss_agg_mode"].value, current_factor()
+        dyn = controls["dynamic"].value
+        controls["micro_batch_size"].disabled, controls["max_token_len"].disabled = dyn, not dyn
+        reference = replay(len(rows), mode=mode, factor=factor)
+        labels = [*sizes, DYNAMIC]
+        outs = {lab: replay(lab, mode=mode, factor=factor) for lab in labels}
+        gaps = {lab: max_abs_diff(o["grads"], reference["grads"]) for lab, o in outs.items()}
+        g_max = max(float(g.abs().max()) for g in reference["grads"])
+        tol = TOL * max(1.0, g_max)
+        chosen = DYNAMIC if dyn else controls["micro_batch_size"].value
+        current = outs[chosen]
+        xs = [str(x) if x != DYNAMIC else f"dynamic ({controls['max_token_len'].value} tok)" for x in labels]
+        colors = ["#d62728" if gaps[x] > tol else "#2ca02c" for x in labels]
+        line = [("#000" if x == chosen else c) for x, c in zip(labels, colors)]
+        with figs["gap"].batch_update():
+            figs["gap"].data[0].update(x=xs, y=[gaps[x] for x in labels],
+                                       text=["reference" if x == len(rows) else f"{gaps[x]:.1e}" for x in labels],
+                                       marker={"color": colors, "line": {"color": line, "width": [3 if x == chosen else 0
+                                                                                                  for x in labels]}})
+            figs["gap"].data[1].update(x=[xs[0], xs[-1]], y=[tol, tol])
+            figs["gap"].layout.title = (f"{mode}, loss_scale_factor={factor}: gradient gap to one micro-batch of "
+                                        f"{len(rows)} rows (max |g_ref| = {g_max:.3g})")
+        parts = current["micro_batches"]
+        with figs["micro_batches"].batch_update():
+            xs_mb = list(range(len(parts)))
+            figs["micro_batches"].data[0].update(
+                x=xs_mb, y=[sum(current["seq_lens"][i] for i in p) for p in parts],
+                text=[f"T={w}" for w in current["widths"]], hovertext=[f"padded response width T = {w}"
+                                                                        for w in current["widths"]])
+            figs["micro_batches"].data[1].update(x=xs_mb, y=[len(p) for p in parts])
+            figs["micro_batches"].layout.title = (f"{len(parts)} micro-batches ({'dynamic, budget ' + str(controls['max_token_len'].value) + ' tokens' if dyn else str(chosen) + ' rows each'}); "
+                                                  f"T = padded response width")
+        gap = gaps[chosen]
+        invariant = gap <= tol
+        m = current["metrics"]
+        box.reference, box.current, box.gaps = reference, current, gaps
+        box.state = {"gap": gap, "tol": tol, "invariant": invariant, "n_micro": len(parts),
+                     "loss": m["actor/loss"], "reference_loss": reference["metrics"]["actor/loss"]}
+        verdict = ("<b style='color:#2ca02c'>same gradient</b>" if invariant
+                   else "<b style='color:#d62728'>different gradient: invariance broken</b>")
+        status.value = (f"{verdict} — max |g − g_ref| = {gap:.3e} (tolerance {tol:.1e}); actor/loss "
+                        f"{m['actor/loss']:.6f} vs {reference['metrics']['actor/loss']:.6f}; "
+                        f"{len(parts)} micro-batches, widths T = {html.escape(str(sorted(set(current['widths']))))}")
+
+    box = W.VBox([W.HBox([W.VBox([controls["micro_batch_size"], controls["dynamic"], controls["max_token_len"]]),
+                          W.VBox([controls["loss_agg_mode"], controls["scale"], controls["scale_value"]])]),
+                  status, figs["gap"], figs["micro_batches"]])
+    box.controls, box.figures, box.run, box.rows = controls, figs, r, rows
+    for ctl in controls.values():
+        ctl.observe(refresh, names="value")
+    refresh()
+    return box

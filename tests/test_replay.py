@@ -1,0 +1,105 @@
+"""The replay of the real actor update on the shipped grpo run's step 1 (chapter §13) and its explorer."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ppolab.record import Run
+from ppolab.replay import cached_trainer, max_abs_diff, mini_batch_rows, replay_actor_update
+from ppolab.widgets.common import SHIPPED_RUNS
+
+RUN = Run(SHIPPED_RUNS["grpo_tiny"])
+FACTOR = 16.0  # data.max_response_length of grpo_tiny: Dr. GRPO's fixed loss_scale_factor
+BUDGET = 90  # tokens per dynamic micro-batch: ~16 micro-batches of the 64-row mini-batch
+INVARIANT_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def replays(mode: str, factor) -> dict[str, dict]:
+    kw = {"loss_agg_mode": mode, "loss_scale_factor": factor}
+    return {"micro=1": replay_actor_update(RUN, micro_batch_size=1, **kw),
+            "micro=mini": replay_actor_update(RUN, micro_batch_size=64, **kw),
+            "dynamic": replay_actor_update(RUN, use_dynamic_bsz=True, max_token_len=BUDGET, **kw)}
+
+
+@pytest.fixture(scope="module")
+def token_mean():
+    return replays("token-mean", FACTOR)
+
+
+def test_first_mini_batch_is_the_first_64_rows():
+    assert mini_batch_rows(RUN, 1, 0) == list(range(64))
+    assert mini_batch_rows(RUN, 1, 1) == list(range(64, 128))
+
+
+@pytest.mark.parametrize("mode", INVARIANT_MODES)
+def test_same_update_for_every_micro_batching(mode, token_mean):
+    out = token_mean if mode == "token-mean" else replays(mode, FACTOR)
+    assert [len(p) for p in out["micro=1"]["micro_batches"]] == [1] * 64
+    assert len(out["micro=mini"]["micro_batches"]) == 1
+    assert 1 < len(out["dynamic"]["micro_batches"]) < 64
+    ref = out["micro=mini"]
+    assert max(float(g.abs().max()) for g in ref["grads"]) > 1e-3  # the update does something
+    assert max_abs_diff(ref["update"], [-g for g in ref["grads"]]) == 0.0  # SGD(lr=1), no clipping
+    for name in ("micro=1", "dynamic"):
+        assert max_abs_diff(out[name]["grads"], ref["grads"]) <= 1e-5
+        assert out[name]["metrics"]["actor/pg_loss"] == pytest.approx(ref["metrics"]["actor/pg_loss"], abs=1e-6)
+
+
+def test_sum_norm_without_a_fixed_factor_breaks_invariance():
+    kw = {"loss_agg_mode": "seq-mean-token-sum-norm", "loss_scale_factor": None}
+    one = replay_actor_update(RUN, micro_batch_size=1, **kw)
+    full = replay_actor_update(RUN, micro_batch_size=64, **kw)
+    assert len(set(one["widths"])) > 1 and full["widths"] == [max(one["widths"])]
+    assert max_abs_diff(one["grads"], full["grads"]) > 1e-3
+
+
+def test_replay_sees_the_recorded_log_probs_and_restores_the_weights(token_mean):
+    rec = RUN.step(1)
+    before = [p.detach().clone() for p in cached_trainer(RUN).models.actor_parameters()]
+    own = replay_actor_update(RUN)  # the run's own micro-batching: the very forward the run made
+    assert own["exact"] and own["settings"]["micro_batch_size"] == 32 and len(own["micro_batches"]) == 2
+    recorded = rec["actor_log_probs"][0][own["rows"]]
+    mask = rec["response_mask"][own["rows"]].bool()
+    assert torch.equal(torch.isnan(recorded), torch.isnan(own["log_probs"]))
+    assert float((own["log_probs"][mask] - recorded[mask]).abs().max()) <= 1e-6
+    one = token_mean["micro=1"]["log_probs"]  # 64 separate forwards: same numbers on the real tokens
+    assert float((one[mask] - recorded[mask]).abs().max()) <= 1e-5
+    after = cached_trainer(RUN).models.actor_parameters()
+    assert all(torch.equal(a, b) for a, b in zip(after, before))
+
+
+def test_only_step_1_mini_batch_0_is_exact():
+    with pytest.raises(ValueError, match="step 1"):
+        replay_actor_update(RUN, step=5)
+    with pytest.raises(ValueError, match="mini-batch 0"):
+        replay_actor_update(RUN, mini_batch=1)
+
+
+def test_explorer_figures_are_replay_outputs(token_mean):
+    from ppolab.widgets import invariance_explorer
+
+    w = invariance_explorer(RUN)
+    gap, micro = w.figures["gap"], w.figures["micro_batches"]
+    assert list(gap.data[0].x[:7]) == ["1", "2", "4", "8", "16", "32", "64"]
+    expected = max_abs_diff(token_mean["micro=1"]["grads"], token_mean["micro=mini"]["grads"])
+    assert gap.data[0].y[0] == expected and gap.data[0].y[6] == 0.0
+    assert max(gap.data[0].y) <= 1e-5 and w.state["invariant"]
+    w.controls["dynamic"].value = True
+    w.controls["max_token_len"].value = BUDGET
+    assert gap.data[0].y[7] == max_abs_diff(token_mean["dynamic"]["grads"], token_mean["micro=mini"]["grads"])
+    parts = token_mean["dynamic"]["micro_batches"]
+    assert list(micro.data[1].y) == [len(p) for p in parts]
+    assert list(micro.data[0].y) == [sum(token_mean["dynamic"]["seq_lens"][i] for i in p) for p in parts]
+    w.controls["loss_agg_mode"].value = "seq-mean-token-sum-norm"
+    assert w.state["invariant"]
+    w.controls["scale"].value = "None"
+    assert not w.state["invariant"] and w.state["gap"] > 1e-3
+    assert gap.data[0].y[0] > 1e-3 and gap.data[0].y[6] == 0.0
+    w.controls["dynamic"].value = False
+    for size in w.controls["micro_batch_size"].options:  # cached replays: cheap
+        w.controls["micro_batch_size"].value = size
+        assert w.state["n_micro"] == 64 // size
+    w.controls["scale"].value = "fixed"
+    assert w.state["invariant"]
+    with pytest.raises(ValueError, match="step 1"):
+        invariance_explorer(RUN, step=5)
