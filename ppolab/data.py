@@ -12,7 +12,12 @@ The answer the model should write is ``#### 85``. About 10% of all problems (cho
 the question, independent of any seed) are held out: only the test split draws from them, so
 train rows and SFT data never contain a test question.
 
+The ``arith_tool`` task multiplies two numbers of ``digits`` digits each (``What is 37*48?``, ground truth
+``1776``): too hard for the tiny model to answer directly, easy with the calculator tool of the
+multi-turn agent rollout (``ppolab.rollout.agent``). Its rows have ``data_source`` ``arith_tool``.
+
     python -m ppolab.data arith --out data/arith
+    python -m ppolab.data arith_tool --out data/arith_tool
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 DATA_SOURCE = "arith"
+TOOL_DATA_SOURCE = "arith_tool"
 REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
 HELD_OUT_PERCENT = 10
 
@@ -41,12 +47,14 @@ def _operand(rng: random.Random, digits: int) -> int:
     return rng.randrange(10 ** (digits - 1) if digits > 1 else 0, 10**digits)
 
 
-def sample_problem(rng: random.Random, digits: int | Sequence[int] = 2, ops: str = "+-") -> tuple[str, int]:
-    """One random problem ``(question, answer)``; ``*`` multiplies by a single digit."""
+def sample_problem(rng: random.Random, digits: int | Sequence[int] = 2, ops: str = "+-", full_mul: bool = False
+                   ) -> tuple[str, int]:
+    """One random problem ``(question, answer)``; ``*`` multiplies by a single digit, or by a number of the
+    same number of digits with ``full_mul`` (the ``arith_tool`` task)."""
     d = digits if isinstance(digits, int) else rng.choice(list(digits))
     op = rng.choice(ops)
     a = _operand(rng, d)
-    b = _operand(rng, 1) if op == "*" else _operand(rng, d)
+    b = _operand(rng, 1) if op == "*" and not full_mul else _operand(rng, d)
     answer = {"+": a + b, "-": a - b, "*": a * b}[op]
     return f"What is {a}{op}{b}?", answer
 
@@ -57,7 +65,8 @@ def is_held_out(question: str) -> bool:
 
 
 def sample_problems(
-    n: int, split: str, seed: int, digits: int | Sequence[int] = 2, ops: str = "+-", unique: bool = True
+    n: int, split: str, seed: int, digits: int | Sequence[int] = 2, ops: str = "+-", unique: bool = True,
+    full_mul: bool = False,
 ) -> list[tuple[str, int]]:
     """``n`` problems from the ``test`` (held-out) or ``train`` pool."""
     if split not in ("train", "test"):
@@ -70,7 +79,7 @@ def sample_problems(
     for _ in range(200 * n + 1000):
         if len(out) == n:
             return out
-        q, a = sample_problem(rng, digits, ops)
+        q, a = sample_problem(rng, digits, ops, full_mul)
         if is_held_out(q) != (split == "test") or (unique and q in seen):
             continue
         seen.add(q)
@@ -78,10 +87,10 @@ def sample_problems(
     raise ValueError(f"could not draw {n} distinct {split} problems with digits={digits} ops={ops!r}: too few exist")
 
 
-def make_row(question: str, answer: int, split: str, index: int) -> dict[str, Any]:
+def make_row(question: str, answer: int, split: str, index: int, data_source: str = DATA_SOURCE) -> dict[str, Any]:
     """One verl RL row."""
     return {
-        "data_source": DATA_SOURCE,
+        "data_source": data_source,
         "prompt": [{"role": "user", "content": question}],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": str(answer)},
@@ -108,6 +117,29 @@ def write_arith(
     paths = []
     for split, n in (("train", n_train), ("test", n_test)):
         rows = [make_row(q, a, split, i) for i, (q, a) in enumerate(sample_problems(n, split, seed, digits, ops))]
+        path = out / f"{split}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), path)
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def tool_call_for(question: str) -> str:
+    """The calculator call that answers an arithmetic question: ``What is 37*48?`` -> ``37*48``."""
+    return question.removeprefix("What is ").removesuffix("?")
+
+
+def write_arith_tool(
+    out: str | os.PathLike, n_train: int = 5000, n_test: int = 500, seed: int = 0,
+    digits: int | Sequence[int] = 2, ops: str = "*",
+) -> tuple[Path, Path]:
+    """The ``arith_tool`` task (``digits``-digit by ``digits``-digit products by default) as ``train.parquet``
+    and ``test.parquet`` under ``out``; returns their paths."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for split, n in (("train", n_train), ("test", n_test)):
+        problems = sample_problems(n, split, seed, digits, ops, full_mul=True)
+        rows = [make_row(q, a, split, i, TOOL_DATA_SOURCE) for i, (q, a) in enumerate(problems)]
         path = out / f"{split}.parquet"
         pq.write_table(pa.Table.from_pylist(rows), path)
         paths.append(path)
@@ -228,8 +260,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     a.add_argument("--digits", type=_digits, default=2, help="digits per operand (difficulty tier), or a mix '1,2'")
     a.add_argument("--ops", default="+-", help="operators to draw from, e.g. '+-*'")
     a.add_argument("--seed", type=int, default=0)
+    t = sub.add_parser("arith_tool", help="products like 'What is 37*48?' for the calculator tool agent")
+    t.add_argument("--out", default="data/arith_tool", help="output directory")
+    t.add_argument("--n-train", type=int, default=5000)
+    t.add_argument("--n-test", type=int, default=500)
+    t.add_argument("--digits", type=_digits, default=2, help="digits of each operand, or a mix '2,3'")
+    t.add_argument("--ops", default="*", help="operators to draw from ('*' multiplies two such operands)")
+    t.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    train, test = write_arith(args.out, args.n_train, args.n_test, args.seed, args.digits, args.ops)
+    write = write_arith_tool if args.task == "arith_tool" else write_arith
+    train, test = write(args.out, args.n_train, args.n_test, args.seed, args.digits, args.ops)
     for path in (train, test):
         print(f"wrote {path} ({pq.read_metadata(path).num_rows} rows, {path.stat().st_size / 1024:.0f} KiB)")
 

@@ -4,7 +4,8 @@
 
 ``gsm8k`` follows ``verl/utils/reward_score/gsm8k.py``: ``strict`` takes the last ``#### <number>``
 (commas and ``$`` stripped), ``flexible`` the last number anywhere; a found but wrong answer earns
-``format_score``, no answer earns 0. ``arith`` is the strict rule, comparing integers. A user's
+``format_score``, no answer earns 0. ``arith`` is the strict rule, comparing integers; ``arith_tool`` (the
+calculator agent task) the same rule on the text after the last tool response. A user's
 function is loaded the way verl reads ``custom_reward_function.path`` / ``.name``.
 """
 
@@ -65,12 +66,27 @@ def arith_compute_score(
     return score if correct else format_score
 
 
+_TOOL_RESPONSE_END = "<|/tool_response|>"
+
+
+def arith_tool_compute_score(
+    solution_str: str, ground_truth: str, format_score: float = 0.0, score: float = 1.0
+) -> float:
+    """``arith`` on the final answer of a tool-agent trajectory: only the text after the last
+    ``<|/tool_response|>`` counts when the markers are there (decoded with special tokens); the trainer decodes
+    without them, where the call and observation digits come first and the last ``#### <number>`` still wins."""
+    final = solution_str.rsplit(_TOOL_RESPONSE_END, 1)[-1]
+    return arith_compute_score(final, ground_truth, format_score, score)
+
+
 # Namespaces so callers can write ``rewards.gsm8k.compute_score`` like verl's module layout.
 gsm8k = SimpleNamespace(extract_solution=gsm8k_extract_solution, compute_score=gsm8k_compute_score)
 arith = SimpleNamespace(compute_score=arith_compute_score)
+arith_tool = SimpleNamespace(compute_score=arith_tool_compute_score)
 
 _BY_SOURCE: dict[str, Callable[..., float]] = {
     "arith": arith_compute_score,
+    "arith_tool": arith_tool_compute_score,
     "openai/gsm8k": gsm8k_compute_score,
     "gsm8k": gsm8k_compute_score,
 }

@@ -28,7 +28,7 @@ CHARS = "0123456789+-*#? Whatis"
 TOOL_CALL, TOOL_CALL_END = "<|tool_call|>", "<|/tool_call|>"
 TOOL_RESPONSE, TOOL_RESPONSE_END = "<|tool_response|>", "<|/tool_response|>"
 TOOL_TOKENS = (TOOL_CALL, TOOL_CALL_END, TOOL_RESPONSE, TOOL_RESPONSE_END)
-TOOL_CHARS = "()bcdefghjklmnopqruvwxyz:.,"
+TOOL_CHARS = "()bcdefgjklmnopqruvwxyz:.,"
 
 # Each message is its role marker followed by its text; an assistant turn ends with EOS, so the
 # generation that follows add_generation_prompt is exactly the response.
@@ -70,7 +70,7 @@ def build_tokenizer(model_max_length: int = 128, tools: bool = False) -> PreTrai
         for t in TOOL_TOKENS:
             vocab[t] = len(vocab)
         for ch in TOOL_CHARS:
-            vocab[_byte_level(ch)] = len(vocab)
+            vocab.setdefault(_byte_level(ch), len(vocab))
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(

@@ -12,8 +12,8 @@ import torch
 from ppolab.widgets.common import real_rows, resolve_run, step_tensors
 
 #: Category codes of the token map (z of the heatmap).
-CATEGORIES = {0: "padding", 1: "prompt", 2: "response", 3: "synthetic padding row"}
-_COLORS = ["#e0e0e0", "#7fa7d9", "#f2a65a", "#b58ad8"]
+CATEGORIES = {0: "padding", 1: "prompt", 2: "response", 3: "synthetic padding row", 4: "tool observation"}
+_COLORS = ["#e0e0e0", "#7fa7d9", "#f2a65a", "#b58ad8", "#6cc08b"]
 
 
 @functools.lru_cache(maxsize=4)
@@ -34,9 +34,15 @@ def run_tokenizer(run):
 
 
 def token_categories(record) -> torch.Tensor:
-    """(N, P + R) integer codes of :data:`CATEGORIES` from prompt_mask, response_mask and is_pad."""
+    """(N, P + R) integer codes of :data:`CATEGORIES` from prompt_mask, response_mask and is_pad; with a
+    ``response_attention_mask`` (multi-turn tool rollouts), attended response tokens with response_mask 0 are
+    tool observations."""
     t = record.tensors
-    cats = torch.cat([t["prompt_mask"].long(), 2 * t["response_mask"].long()], dim=1)
+    response = 2 * t["response_mask"].long()
+    if "response_attention_mask" in t:
+        observation = t["response_attention_mask"].bool() & ~t["response_mask"].bool()
+        response = torch.where(observation, torch.full_like(response, 4), response)
+    cats = torch.cat([t["prompt_mask"].long(), response], dim=1)
     pad_rows = ~real_rows(record)
     cats[pad_rows] = 3
     return cats
