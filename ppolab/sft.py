@@ -40,6 +40,16 @@ from ppolab.tokenizer import (
 )
 
 
+def _right_padded(seqs: list[list[int]], labels: list[list[int]], pad: int) -> dict[str, torch.Tensor]:
+    """``input_ids`` / ``attention_mask`` / ``labels`` right-padded to the longest sequence (labels with -100)."""
+    width = max(map(len, seqs))
+    return {
+        "input_ids": torch.tensor([s + [pad] * (width - len(s)) for s in seqs]),
+        "attention_mask": torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs]),
+        "labels": torch.tensor([lab + [-100] * (width - len(lab)) for lab in labels]),
+    }
+
+
 def make_batch(tokenizer: Any, problems: Sequence[tuple[str, int]], bare: Sequence[bool] | None = None
                ) -> dict[str, torch.Tensor]:
     """Right-padded ``input_ids``/``attention_mask`` and ``labels`` that are -100 except on the response.
@@ -56,13 +66,7 @@ def make_batch(tokenizer: Any, problems: Sequence[tuple[str, int]], bare: Sequen
         r_ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         seqs.append(p_ids + r_ids)
         labels.append([-100] * len(p_ids) + r_ids)
-    width = max(map(len, seqs))
-    pad = tokenizer.pad_token_id
-    return {
-        "input_ids": torch.tensor([s + [pad] * (width - len(s)) for s in seqs]),
-        "attention_mask": torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs]),
-        "labels": torch.tensor([lab + [-100] * (width - len(lab)) for lab in labels]),
-    }
+    return _right_padded(seqs, labels, tokenizer.pad_token_id)
 
 
 def make_tool_batch(tokenizer: Any, problems: Sequence[tuple[str, int]], use_tool: Sequence[bool]
@@ -86,13 +90,7 @@ def make_tool_batch(tokenizer: Any, problems: Sequence[tuple[str, int]], use_too
         else:
             seqs.append(p_ids + answer_ids)
             labels.append([-100] * len(p_ids) + answer_ids)
-    width = max(map(len, seqs))
-    pad = tokenizer.pad_token_id
-    return {
-        "input_ids": torch.tensor([s + [pad] * (width - len(s)) for s in seqs]),
-        "attention_mask": torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs]),
-        "labels": torch.tensor([lab + [-100] * (width - len(lab)) for lab in labels]),
-    }
+    return _right_padded(seqs, labels, tokenizer.pad_token_id)
 
 
 def uses_tool(question: str, prob: float) -> bool:
