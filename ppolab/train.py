@@ -259,7 +259,10 @@ def _tensorboard(cfg: PPOConfig, run_dir: Path):
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ppolab.train", description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="grpo_tiny", help="preset name or YAML path (default grpo_tiny)")
+    from ppolab.config import list_presets
+
+    parser.add_argument("--preset", default="grpo_tiny",
+                        help=f"a preset ({', '.join(list_presets())}) or a YAML path; default grpo_tiny")
     parser.add_argument("overrides", nargs="*", help="verl-style key=value overrides")
     args = parser.parse_intermixed_args(argv)  # key=value before or after --preset
     from ppolab.config import ConfigError
