@@ -22,7 +22,7 @@ import torch
 
 from ppolab import distributed
 from ppolab.config import PPOConfig, load_config, to_dict
-from ppolab.record import Recorder, Run, StepRecord, latest_checkpoint, write_json, write_tensors
+from ppolab.record import STEP_FILE, Recorder, Run, StepRecord, latest_checkpoint, write_json, write_tensors
 
 #: Tensors of the final step batch that go into a recorded step (chapter §1: what exists after each stage).
 RECORDED_TENSORS = ("prompts", "prompt_mask", "responses", "response_mask", "response_attention_mask", "loss_mask",
@@ -71,8 +71,15 @@ def _dotlist(tree: dict, prefix: str = "") -> list[str]:
 # ====================================================================== checkpoints (safetensors + JSON)
 def save_checkpoint(trainer, directory: Path) -> None:
     """Adapters (save_pretrained), every trainable tensor, optimizer and RNG state; state.json is written
-    last, so a folder without it is an interrupted save and is ignored on resume."""
+    last, so a folder without it is an interrupted save and is ignored on resume. Called on every rank:
+    each saves its own torch RNG state (ranks sample different rollouts); rank 0 saves the rest, which is
+    identical on all ranks (gradients are averaged)."""
     directory.mkdir(parents=True, exist_ok=True)
+    write_tensors(directory / f"rng_rank{trainer.dp_rank}.safetensors", {"torch": torch.get_rng_state()})
+    if trainer.dist.enabled:
+        torch.distributed.barrier()
+    if not trainer.dist.is_main:
+        return
     trainer.models.save_adapters(directory / "adapters")
     write_tensors(directory / "trainable.safetensors", trainer.models.trainable_state())
     optimizers = {"actor": (trainer.actor_optimizer, trainer.actor_scheduler)}
@@ -84,7 +91,6 @@ def save_checkpoint(trainer, directory: Path) -> None:
         tensors = {f"{i}.{k}": v for i, st in sd["state"].items() for k, v in st.items()}
         write_tensors(directory / f"optim_{name}.safetensors", tensors or {"_empty": torch.zeros(0)})
         optim_meta[name] = {"param_groups": sd["param_groups"], "scheduler": sched.state_dict()}
-    write_tensors(directory / "rng.safetensors", {"torch": torch.get_rng_state()})
     np_state = np.random.get_state()
     write_json(directory / "state.json", {
         "global_step": trainer.global_step, "data_epoch": trainer.data_epoch, "data_cursor": trainer.data_cursor,
@@ -112,7 +118,8 @@ def load_checkpoint(trainer, directory: Path) -> None:
                 per_param.setdefault(int(idx), {})[field] = value
         opt.load_state_dict({"state": per_param, "param_groups": state["optimizers"][name]["param_groups"]})
         sched.load_state_dict(state["optimizers"][name]["scheduler"])
-    torch.set_rng_state(load_file(str(directory / "rng.safetensors"))["torch"])
+    rng_file = directory / f"rng_rank{trainer.dp_rank}.safetensors"
+    torch.set_rng_state(load_file(str(rng_file if rng_file.exists() else directory / "rng_rank0.safetensors"))["torch"])
     random.setstate(tuple(x if not isinstance(x, list) else tuple(x) for x in state["python_random"]))
     np_state = state["numpy_random"]
     np.random.set_state((np_state[0], np.array(np_state[1], dtype=np.uint32), *np_state[2:]))
@@ -148,9 +155,11 @@ def step_record(trainer, batch, histories: dict, metrics: dict) -> tuple[dict, d
 
 
 class NullRecorder:
-    """What ranks other than 0 get instead of a Recorder: they keep metrics in memory, write nothing."""
+    """What ranks other than 0 get instead of a Recorder: they keep metrics in memory and write nothing
+    (except their own RNG state into a checkpoint folder, see :func:`save_checkpoint`)."""
 
-    def __init__(self):
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
         self.metrics: list[dict[str, Any]] = []
 
     def log_metrics(self, step: int, metrics: dict[str, Any]) -> None:
@@ -166,7 +175,7 @@ class NullRecorder:
         pass
 
     def checkpoint_dir(self, step: int) -> Path:
-        raise RuntimeError("only rank 0 saves checkpoints")
+        return self.run_dir / "checkpoints" / STEP_FILE.format(step)
 
 
 # ====================================================================== the loop
@@ -191,7 +200,7 @@ def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequen
     trainer = PPOTrainer(cfg, info)
     # Only rank 0 writes the run directory; the other ranks compute and log nothing.
     recorder = Recorder(run_dir, to_dict(cfg), {"batch_plan": trainer.plan.as_dict(), "versions": _versions(),
-                                                "world_size": trainer.dp_size}) if info.is_main else NullRecorder()
+                                                "world_size": trainer.dp_size}) if info.is_main else NullRecorder(run_dir)
     progress = progress and info.is_main
     writer = _tensorboard(cfg, run_dir) if info.is_main else None
     t, summary = cfg.trainer, {}
@@ -220,7 +229,7 @@ def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequen
                 tensors, step_info = step_record(trainer, batch, histories, metrics)
                 recorder.record_step(step, tensors, step_info)
                 record = StepRecord(step, tensors, step_info)
-            if info.is_main and t.save_freq > 0 and step % t.save_freq == 0:
+            if t.save_freq > 0 and step % t.save_freq == 0:
                 save_checkpoint(trainer, recorder.checkpoint_dir(step))
             if writer is not None:
                 for k, v in metrics.items():

@@ -57,3 +57,25 @@ def test_torchrun_trains_with_two_ranks_and_only_rank0_writes(tmp_path):
     assert rec["responses"].shape[0] == 16  # the whole step batch, gathered from both ranks
     assert not torch.isnan(rec["old_log_probs"]).any()
     assert len(list(tmp_path.rglob("metrics.jsonl"))) == 1
+
+
+def test_two_rank_resume_continues_exactly(tmp_path):
+    args = ["-m", "ppolab.train", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+            "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.save_freq=1"]
+    torchrun(2, *args, "trainer.total_training_steps=3", f"trainer.run_dir={tmp_path / 'full'}")
+    torchrun(2, *args, "trainer.total_training_steps=2", f"trainer.run_dir={tmp_path / 'part'}")
+    assert sorted(p.name for p in (tmp_path / "part" / "checkpoints" / "step_000002").glob("rng_rank*")) == [
+        "rng_rank0.safetensors", "rng_rank1.safetensors"]  # each rank's own sampling state
+    torchrun(2, *args, "trainer.total_training_steps=3", f"trainer.run_dir={tmp_path / 'part'}", "trainer.resume=true")
+
+    def stable(run):
+        return [{k: v for k, v in row.items() if not k.startswith(("timing_s/", "perf/time", "perf/throughput"))}
+                for row in (json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines())]
+
+    full, resumed = stable(tmp_path / "full"), stable(tmp_path / "part")
+    assert [r["step"] for r in resumed] == [1, 2, 3]
+    for a, b in zip(full, resumed):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-7), k
