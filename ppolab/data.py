@@ -253,20 +253,20 @@ def _digits(s: str) -> int | list[int]:
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m ppolab.data", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="task", required=True)
-    a = sub.add_parser("arith", help="arithmetic prompts like 'What is 37+48?' answered '#### 85'")
-    a.add_argument("--out", default="data/arith", help="output directory")
-    a.add_argument("--n-train", type=int, default=5000)
-    a.add_argument("--n-test", type=int, default=1000)
-    a.add_argument("--digits", type=_digits, default=2, help="digits per operand (difficulty tier), or a mix '1,2'")
-    a.add_argument("--ops", default="+-", help="operators to draw from, e.g. '+-*'")
-    a.add_argument("--seed", type=int, default=0)
-    t = sub.add_parser("arith_tool", help="products like 'What is 37*48?' for the calculator tool agent")
-    t.add_argument("--out", default="data/arith_tool", help="output directory")
-    t.add_argument("--n-train", type=int, default=5000)
-    t.add_argument("--n-test", type=int, default=500)
-    t.add_argument("--digits", type=_digits, default=2, help="digits of each operand, or a mix '2,3'")
-    t.add_argument("--ops", default="*", help="operators to draw from ('*' multiplies two such operands)")
-    t.add_argument("--seed", type=int, default=0)
+    tasks = (  # name, help, n_test, ops, ops help
+        ("arith", "arithmetic prompts like 'What is 37+48?' answered '#### 85'", 1000, "+-",
+         "operators to draw from, e.g. '+-*'"),
+        ("arith_tool", "products like 'What is 37*48?' for the calculator tool agent", 500, "*",
+         "operators to draw from ('*' multiplies two such operands)"),
+    )
+    for name, task_help, n_test, ops, ops_help in tasks:
+        t = sub.add_parser(name, help=task_help)
+        t.add_argument("--out", default=f"data/{name}", help="output directory")
+        t.add_argument("--n-train", type=int, default=5000)
+        t.add_argument("--n-test", type=int, default=n_test)
+        t.add_argument("--digits", type=_digits, default=2, help="digits per operand (difficulty tier), or a mix '1,2'")
+        t.add_argument("--ops", default=ops, help=ops_help)
+        t.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     write = write_arith_tool if args.task == "arith_tool" else write_arith
     train, test = write(args.out, args.n_train, args.n_test, args.seed, args.digits, args.ops)

@@ -16,13 +16,7 @@ import torch
 from ppolab import rewards
 from ppolab.data import RLDataset, load_rl_dataset
 from ppolab.models import SHIPPED_ARITH, SHIPPED_MODEL, load_tokenizer_and_model
-
-
-def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
-    ids = {tokenizer.eos_token_id}
-    gc_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids.update(gc_eos if isinstance(gc_eos, list) else [gc_eos])
-    return sorted(i for i in ids if i is not None)
+from ppolab.rollout.base import eos_token_ids, left_pad
 
 
 def _cut(row: list[int], eos_ids: list[int], pad_id: int) -> list[int]:
@@ -56,7 +50,7 @@ def generate(
     touching the global RNG state.
     """
     device = next(model.parameters()).device
-    pad, eos_ids = tokenizer.pad_token_id, _eos_ids(model, tokenizer)
+    pad, eos_ids = tokenizer.pad_token_id, eos_token_ids(model, tokenizer)
     kw: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, pad_token_id=pad, eos_token_id=eos_ids)
     if do_sample:
         # transformers fills an unset top_k with 50; 0 switches it off.
@@ -69,13 +63,8 @@ def generate(
         if generator_seed is not None:
             torch.manual_seed(generator_seed)
         for start in range(0, len(prompt_ids), batch_size):
-            chunk = prompt_ids[start : start + batch_size]
-            width = max(len(p) for p in chunk)
-            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for i, p in enumerate(chunk):
-                ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-                mask[i, width - len(p) :] = 1
+            ids, mask = left_pad(prompt_ids[start : start + batch_size], pad)
+            width = ids.shape[1]
             seqs = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kw)
             responses += [_cut(row, eos_ids, pad) for row in seqs[:, width:].tolist()]
     return responses
@@ -107,8 +96,7 @@ def evaluate(
         text = tokenizer.decode(resp, skip_special_tokens=True)
         flexible.append(rewards.gsm8k_compute_score(text, str(it["ground_truth"]), "flexible") == 1.0)
         marked.append("####" in text)
-        s = reward_fn(it["data_source"], text, it["ground_truth"], it["extra_info"])
-        s = float(s["score"] if isinstance(s, dict) else s)
+        s = rewards.score_value(reward_fn(it["data_source"], text, it["ground_truth"], it["extra_info"]))
         scores.append(s)
         if len(examples) < n_examples:
             examples.append((it["raw_prompt"][-1]["content"], text, it["ground_truth"], s))

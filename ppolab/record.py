@@ -77,10 +77,14 @@ def write_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], met
 class Recorder:
     """Writes one run directory. The trainer hands it plain dicts and tensors; it decides the layout."""
 
-    def __init__(self, run_dir: str | os.PathLike, config: dict[str, Any], info: dict[str, Any]):
+    def __init__(self, run_dir: str | os.PathLike, config: dict[str, Any], info: dict[str, Any], write: bool = True):
+        """``write=False`` (data-parallel ranks other than 0): keep metrics in memory, write nothing."""
         self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.write = write
         self.metrics: list[dict[str, Any]] = []
+        if not write:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         existing = self.run_dir / "metrics.jsonl"
         if existing.exists():  # resuming: keep what was logged
             self.metrics = _read_jsonl(existing)
@@ -89,6 +93,8 @@ class Recorder:
     def log_metrics(self, step: int, metrics: dict[str, Any]) -> None:
         """Add (or replace, when resuming) the metrics of ``step`` and rewrite metrics.jsonl atomically."""
         self.metrics = [m for m in self.metrics if m.get("step") != step] + [{"step": step, **metrics}]
+        if not self.write:
+            return
         lines = "".join(json.dumps(_json_safe(m)) + "\n" for m in self.metrics)
         _atomic(self.run_dir / "metrics.jsonl", lambda tmp: Path(tmp).write_text(lines))
 
@@ -99,12 +105,15 @@ class Recorder:
     def record_step(self, step: int, tensors: dict[str, torch.Tensor], info: dict[str, Any]) -> Path:
         """Write ``steps/step_<k>.safetensors`` (tensors) and ``.json`` (texts, plan, metadata)."""
         base = self.run_dir / "steps" / STEP_FILE.format(step)
+        if not self.write:
+            return base
         write_tensors(base.with_suffix(".safetensors"), tensors)
         write_json(base.with_suffix(".json"), {"step": step, **info})
         return base
 
     def write_json(self, name: str, obj: Any) -> None:
-        write_json(self.run_dir / name, obj)
+        if self.write:
+            write_json(self.run_dir / name, obj)
 
     def checkpoint_dir(self, step: int) -> Path:
         return self.run_dir / "checkpoints" / STEP_FILE.format(step)

@@ -9,6 +9,7 @@ recording and checkpoints, and returns the :class:`ppolab.record.Run` it wrote::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -22,7 +23,7 @@ import torch
 
 from ppolab import distributed
 from ppolab.config import PPOConfig, load_config, to_dict
-from ppolab.record import STEP_FILE, Recorder, Run, StepRecord, latest_checkpoint, write_json, write_tensors
+from ppolab.record import Recorder, Run, StepRecord, latest_checkpoint, write_json, write_tensors
 
 #: Tensors of the final step batch that go into a recorded step (chapter §1: what exists after each stage).
 RECORDED_TENSORS = ("prompts", "prompt_mask", "responses", "response_mask", "response_attention_mask", "loss_mask",
@@ -33,6 +34,7 @@ RECORDED_TENSORS = ("prompts", "prompt_mask", "responses", "response_mask", "res
 OnStep = Callable[[int, dict, "StepRecord | None"], None]
 
 
+@functools.lru_cache(maxsize=1)  # recorded with every step; the installed versions do not change mid-run
 def _versions() -> dict[str, str]:
     import importlib.metadata as md
 
@@ -154,30 +156,6 @@ def step_record(trainer, batch, histories: dict, metrics: dict) -> tuple[dict, d
     return tensors, info
 
 
-class NullRecorder:
-    """What ranks other than 0 get instead of a Recorder: they keep metrics in memory and write nothing
-    (except their own RNG state into a checkpoint folder, see :func:`save_checkpoint`)."""
-
-    def __init__(self, run_dir: Path):
-        self.run_dir = Path(run_dir)
-        self.metrics: list[dict[str, Any]] = []
-
-    def log_metrics(self, step: int, metrics: dict[str, Any]) -> None:
-        self.metrics = [m for m in self.metrics if m.get("step") != step] + [{"step": step, **metrics}]
-
-    def truncate_metrics(self, last_step: int) -> None:
-        self.metrics = [m for m in self.metrics if m.get("step", 0) <= last_step]
-
-    def record_step(self, *_: Any) -> None:
-        pass
-
-    def write_json(self, *_: Any) -> None:
-        pass
-
-    def checkpoint_dir(self, step: int) -> Path:
-        return self.run_dir / "checkpoints" / STEP_FILE.format(step)
-
-
 # ====================================================================== the loop
 def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequence[str] | dict | None = None, *,
           on_step: OnStep | None = None, progress: bool = True) -> Run:
@@ -200,7 +178,7 @@ def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequen
     trainer = PPOTrainer(cfg, info)
     # Only rank 0 writes the run directory; the other ranks compute and log nothing.
     recorder = Recorder(run_dir, to_dict(cfg), {"batch_plan": trainer.plan.as_dict(), "versions": _versions(),
-                                                "world_size": trainer.dp_size}) if info.is_main else NullRecorder(run_dir)
+                                                "world_size": trainer.dp_size}, write=info.is_main)
     progress = progress and info.is_main
     writer = _tensorboard(cfg, run_dir) if info.is_main else None
     t, summary = cfg.trainer, {}

@@ -19,7 +19,7 @@ import math
 import random
 import time
 from contextlib import contextmanager
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,6 +29,7 @@ from ppolab.batching import balance_metrics, balance_partitions, plan_batches
 from ppolab import distributed
 from ppolab.config import PPOConfig
 from ppolab.distributed import DistInfo
+from ppolab.rewards import score_value
 from ppolab.engine import Batch, micro_batches, pad_right, reduce_metrics, to_device, train_mini_batches, trimmed_inputs
 from ppolab.roles import PolicyModels, forward_response
 from ppolab.rollout import SamplingParams, make_rollout_engine
@@ -127,7 +128,7 @@ class PPOTrainer:
         for i, text in enumerate(texts):
             s = self.reward_fn(batch.lists["data_source"][i], text, batch.lists["ground_truth"][i],
                                batch.lists["extra_info"][i])
-            scores[i] = float(s["score"] if isinstance(s, dict) else s)
+            scores[i] = score_value(s)
         # The last position with response_mask = 1: the end of the policy's own text (tool observations,
         # spliced in with mask 0, may sit before it; padding after it).
         width = batch["response_mask"].shape[1]
@@ -376,7 +377,7 @@ class PPOTrainer:
         scores, by_source = [], {}
         for item, text in zip(items, texts):
             s = self.reward_fn(item["data_source"], text, item["ground_truth"], item["extra_info"])
-            s = float(s["score"] if isinstance(s, dict) else s)
+            s = score_value(s)
             scores.append(s)
             by_source.setdefault(item["data_source"], []).append(s)
         metrics = {"val/accuracy": float(np.mean([s == 1.0 for s in scores])), "val/reward_mean": float(np.mean(scores)),

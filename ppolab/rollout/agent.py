@@ -24,7 +24,8 @@ from typing import Any
 import torch
 
 from ppolab.algos import logprobs_from_logits, scale_logits
-from ppolab.rollout.base import RolloutOutput, SamplingParams, left_pad
+from ppolab.rewards import score_value
+from ppolab.rollout.base import RolloutOutput, SamplingParams, eos_token_ids, left_pad
 from ppolab.tokenizer import TOOL_CALL, TOOL_CALL_END, TOOL_RESPONSE, TOOL_RESPONSE_END
 from ppolab.tools import calculator
 
@@ -52,9 +53,7 @@ class ToolAgentRollout:
                              "tool-enabled model such as data/models/tiny-arith-tool (ppolab.tokenizer, tools=True)")
         self.call_id, self.call_end_id = ids[TOOL_CALL], ids[TOOL_CALL_END]
         self.response_id, self.response_end_id = ids[TOOL_RESPONSE], ids[TOOL_RESPONSE_END]
-        gen_eos = models.model.generation_config.eos_token_id
-        eos = set(gen_eos if isinstance(gen_eos, list) else [gen_eos]) | {tok.eos_token_id}
-        self.eos_ids = sorted(i for i in eos if i is not None)
+        self.eos_ids = eos_token_ids(models.model, tok)
         self.stop_ids = self.eos_ids + [self.call_end_id]
         self.last_num_tool_calls: torch.Tensor | None = None
         self.last_num_turns: torch.Tensor | None = None
@@ -206,7 +205,7 @@ def evaluate_tool_agent(model: Any, tokenizer: Any, dataset: Sequence[dict[str, 
     scores = []
     for it, text in zip(items, texts):
         s = reward_fn(it["data_source"], text, it["ground_truth"], it["extra_info"])
-        scores.append(float(s["score"] if isinstance(s, dict) else s))
+        scores.append(score_value(s))
     correct = torch.tensor([s == 1.0 for s in scores])
     used = out.num_tool_calls > 0
     n = max(len(items), 1)

@@ -44,6 +44,14 @@ class RolloutEngine(Protocol):
         """Make the engine generate with the actor's current weights (a no-op when it shares the model)."""
 
 
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every id generation stops at: the model's ``generation_config.eos_token_id`` (an int or a list) and the
+    tokenizer's EOS, sorted, without None."""
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = set(gen_eos if isinstance(gen_eos, list) else [gen_eos]) | {tokenizer.eos_token_id}
+    return sorted(i for i in ids if i is not None)
+
+
 def left_pad(prompt_ids: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, attention_mask), both (B, max_len), prompts aligned to the right edge."""
     width = max(len(p) for p in prompt_ids)

@@ -6,7 +6,8 @@ from typing import Sequence
 import torch
 
 from ppolab.algos import logprobs_from_logits, scale_logits
-from ppolab.rollout.base import RolloutOutput, SamplingParams, left_pad, response_mask_from_ids
+from ppolab.engine import pad_right
+from ppolab.rollout.base import RolloutOutput, SamplingParams, eos_token_ids, left_pad, response_mask_from_ids
 
 
 class HFRollout:
@@ -21,9 +22,7 @@ class HFRollout:
         self.models = models
         self.tokenizer = models.tokenizer
         self.chunk_size = chunk_size
-        gen_eos = models.model.generation_config.eos_token_id
-        eos = set(gen_eos if isinstance(gen_eos, list) else [gen_eos]) | {self.tokenizer.eos_token_id}
-        self.eos_ids = sorted(i for i in eos if i is not None)
+        self.eos_ids = eos_token_ids(models.model, self.tokenizer)
 
     def sync_weights(self) -> None:
         """Nothing to do: generation runs on the very model the optimizer updates."""
@@ -56,8 +55,8 @@ class HFRollout:
                 chunks.append((responses.cpu(), log_probs.cpu()))
             model.train(was_training)
         width = max(r.shape[1] for r, _ in chunks)
-        responses = torch.cat([torch.nn.functional.pad(r, (0, width - r.shape[1]), value=pad) for r, _ in chunks])
-        log_probs = torch.cat([torch.nn.functional.pad(lp, (0, width - lp.shape[1])) for _, lp in chunks])
+        responses = torch.cat([pad_right(r, width, pad) for r, _ in chunks])
+        log_probs = torch.cat([pad_right(lp, width) for _, lp in chunks])
         response_mask = response_mask_from_ids(responses, self.eos_ids)
         responses = torch.where(response_mask.bool(), responses, torch.full_like(responses, pad))
         return RolloutOutput(prompts, prompt_mask, responses, response_mask, log_probs * response_mask)

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-from ppolab.rollout.base import RolloutOutput, SamplingParams, left_pad, response_mask_from_ids
+from ppolab.rollout.base import RolloutOutput, SamplingParams, eos_token_ids, left_pad, response_mask_from_ids
 
 
 class VLLMRollout:
@@ -45,9 +45,7 @@ class VLLMRollout:
         self._version = 0
         self._asleep = False
         self.sync_weights()
-        gen_eos = models.model.generation_config.eos_token_id
-        eos = set(gen_eos if isinstance(gen_eos, list) else [gen_eos]) | {self.tokenizer.eos_token_id}
-        self.eos_ids = sorted(i for i in eos if i is not None)
+        self.eos_ids = eos_token_ids(models.model, self.tokenizer)
 
     def sync_weights(self) -> None:
         """Save the actor adapter as a new version; the next ``generate`` uses it."""

@@ -85,6 +85,12 @@ def _clipped_table(b: dict, terms: dict, clipped: torch.Tensor, limit: int = 12)
     )
 
 
+def _eps_sliders(eps_low: float, eps_high: float) -> dict[str, W.FloatSlider]:
+    """The ε_low / ε_high sliders (clip_ratio_low / clip_ratio_high) both clip explorers share."""
+    return {name: W.FloatSlider(value=value, min=0.01, max=0.9, step=0.01, description=label, continuous_update=False)
+            for name, label, value in (("eps_low", "ε_low", eps_low), ("eps_high", "ε_high", eps_high))}
+
+
 def clip_explorer(
     run: Run | str | None = None,
     step: int | None = None,
@@ -110,15 +116,7 @@ def clip_explorer(
     for name, v in (("eps_low", eps_low), ("eps_high", eps_high)):
         if not 0.01 <= v <= 0.9:
             raise ValueError(f"{name}={v} is out of range; allowed: 0.01 … 0.9 (the slider's range)")
-    controls = {
-        "eps_low": W.FloatSlider(
-            value=eps_low, min=0.01, max=0.9, step=0.01, description="ε_low", continuous_update=False
-        ),
-        "eps_high": W.FloatSlider(
-            value=eps_high, min=0.01, max=0.9, step=0.01, description="ε_high", continuous_update=False
-        ),
-        "opt_step": _opt_step_slider(rec, opt_step),
-    }
+    controls = {**_eps_sliders(eps_low, eps_high), "opt_step": _opt_step_slider(rec, opt_step)}
     f_sur = go.FigureWidget(
         layout=dict(
             title="PPO objective min(r·A, clip(r)·A) = −pg_losses_clip",
@@ -286,22 +284,7 @@ def dual_clip_explorer(
             description="clip_ratio_c",
             continuous_update=False,
         ),
-        "eps_low": W.FloatSlider(
-            value=clip_bounds(base)[0],
-            min=0.01,
-            max=0.9,
-            step=0.01,
-            description="ε_low",
-            continuous_update=False,
-        ),
-        "eps_high": W.FloatSlider(
-            value=clip_bounds(base)[1],
-            min=0.01,
-            max=0.9,
-            step=0.01,
-            description="ε_high",
-            continuous_update=False,
-        ),
+        **_eps_sliders(*clip_bounds(base)),
         "opt_step": _opt_step_slider(rec, opt_step),
         "stretch": W.FloatSlider(
             value=stretch, min=1.0, max=50.0, step=0.5, description="stretch", continuous_update=False
