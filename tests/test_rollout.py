@@ -33,3 +33,14 @@ def test_vllm_with_full_fine_tuning_is_a_config_error_before_any_model_loads():
 
     with pytest.raises(ConfigError, match="lora_rank > 0"):
         load_config("grpo_qwen_gpu", ["actor_rollout_ref.model.lora_rank=0"])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_missing_vllm_is_reported_before_any_model_loads():
+    from ppolab.train import resolve_config
+    from ppolab.trainer import PPOTrainer
+
+    cfg = resolve_config("grpo_tiny", ["actor_rollout_ref.rollout.name=vllm",
+                                       "actor_rollout_ref.model.path=/nonexistent/model"])
+    with pytest.raises(ImportError, match="needs the vllm package"):  # not the missing model directory
+        PPOTrainer(cfg)

@@ -118,7 +118,7 @@ class RolloutConfig:
     """verl's ``actor_rollout_ref.rollout``: the generation engine and the old-log-prob forward."""
 
     name: str = "hf"
-    """Generation engine: hf (transformers generate, CPU or GPU) or vllm (GPU only)."""
+    """Generation engine: hf (transformers generate) or vllm (a vLLM engine; CUDA, or vLLM's CPU build)."""
     n: int = 1
     """Trajectories sampled per prompt (the group size of GRPO-like estimators)."""
     temperature: float = 1.0
@@ -139,6 +139,10 @@ class RolloutConfig:
     """Fraction of GPU memory vLLM may take for weights and KV cache."""
     enforce_eager: bool = False
     """vLLM: disable CUDA graphs (slower, less memory, faster start)."""
+    free_cache_engine: bool = True
+    """vLLM: sleep after each generate (free the KV cache, offload weights) so training gets the memory back."""
+    max_model_len: Optional[int] = None
+    """vLLM: longest sequence the engine serves; None = data.max_prompt_length + data.max_response_length."""
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
     """Sampling settings for validation."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)

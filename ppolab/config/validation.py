@@ -192,11 +192,15 @@ def _check_rollout(c: _Checks) -> None:
     turns = ro.multi_turn.max_assistant_turns
     c.ok(not ro.multi_turn.enable or (isinstance(turns, int) and turns >= 1),
          f"{_R}.multi_turn.max_assistant_turns={turns!r}: multi_turn.enable=true needs a turn limit ≥ 1")
-    c.ok(not (ro.name == "vllm" and cfg.trainer.device == "cpu"),
-         f"{_R}.name=vllm needs a GPU but trainer.device=cpu; use {_R}.name=hf on CPU")
+    if c.positive(f"{_R}.max_model_len", optional=True) and ro.max_model_len is not None:
+        need = cfg.data.max_prompt_length + cfg.data.max_response_length
+        c.ok(ro.max_model_len >= need, f"{_R}.max_model_len={ro.max_model_len} is shorter than data.max_prompt_length "
+             f"+ data.max_response_length = {need}")
     c.ok(ro.name != "vllm" or cfg.actor_rollout_ref.model.lora_rank > 0,
          f"{_R}.name=vllm pushes the actor to vLLM as a LoRA adapter; set actor_rollout_ref.model.lora_rank > 0 "
          f"or use {_R}.name=hf for full fine-tuning")
+    c.ok(ro.name != "vllm" or not (ro.multi_turn.enable and ro.agent.default_agent_loop == "tool_agent"),
+         f"{_R}.name=vllm with the tool agent loop: ppolab's tool agent runs on the hf engine; use {_R}.name=hf")
     # Forward-only passes: old log-probs (skipped in bypass mode), ref log-probs (when a KL path is on).
     bypass = cfg.algorithm.rollout_correction.bypass_mode
     for p in [q for q, used in ((_R, not bypass), (_REF, cfg.use_reference_policy)) if used]:

@@ -7,6 +7,17 @@ from ppolab.rollout.base import RolloutEngine, RolloutOutput, SamplingParams, le
 from ppolab.rollout.hf import HFRollout
 
 
+def require_engine(name: str) -> None:
+    """Fail with one sentence, before any model loads, when the chosen engine's package is missing."""
+    import importlib.util
+
+    if name == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ImportError(
+            "actor_rollout_ref.rollout.name=vllm needs the vllm package, which is not installed: install the GPU "
+            "extra with pip install 'ppolab[gpu]' on a CUDA machine, or use rollout.name=hf."
+        )
+
+
 def make_rollout_engine(rollout, models, **kwargs) -> RolloutEngine:
     """The engine ``actor_rollout_ref.rollout`` asks for (a RolloutConfig, or just its ``name``): ``hf`` generate,
     the multi-turn tool agent loop on top of it (``multi_turn.enable`` + ``agent.default_agent_loop=tool_agent``),
@@ -22,13 +33,7 @@ def make_rollout_engine(rollout, models, **kwargs) -> RolloutEngine:
     if name == "hf":
         return HFRollout(models, **kwargs)
     if name == "vllm":
-        try:
-            import vllm  # noqa: F401
-        except ImportError as e:
-            raise ImportError(
-                "actor_rollout_ref.rollout.name=vllm needs the vllm package, which is not installed: install the GPU "
-                "extra with pip install 'ppolab[gpu]' on a CUDA machine, or use rollout.name=hf."
-            ) from e
+        require_engine(name)
         from ppolab.rollout.vllm import VLLMRollout
 
         if isinstance(rollout, str):
@@ -38,4 +43,4 @@ def make_rollout_engine(rollout, models, **kwargs) -> RolloutEngine:
 
 
 __all__ = ["RolloutEngine", "RolloutOutput", "SamplingParams", "HFRollout", "left_pad", "response_mask_from_ids",
-           "make_rollout_engine"]
+           "make_rollout_engine", "require_engine"]

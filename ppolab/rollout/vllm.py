@@ -1,63 +1,107 @@
-"""The vLLM rollout engine (GPU only), colocated with training, LoRA weights pushed as adapters.
+"""The vLLM rollout engine, colocated with training, the actor's LoRA pushed as a fresh adapter each step.
 
-Each step the actor's current LoRA adapter is saved with ``save_pretrained`` to a scratch folder and handed
-to vLLM as a ``LoRARequest`` with a fresh integer id (a new adapter version), so vLLM never merges weights
-and never serves a stale adapter. Between rollouts the engine sleeps (``enable_sleep_mode``) to give the
-training step its GPU memory back, and wakes before the next ``generate``.
+After every update the actor adapter is saved with ``save_pretrained`` to a scratch folder and handed to
+vLLM as a ``LoRARequest`` with a new integer id (a new adapter version), so vLLM never merges weights and
+never serves a stale adapter. With ``free_cache_engine`` the engine sleeps between rollouts (level 1: KV
+cache freed, weights offloaded) to give the training step its GPU memory back, and wakes before the next
+``generate``; vLLM's CPU build has no sleep mode, so there the flag is a no-op.
 
 ``rollout_log_probs`` are vLLM's own log-probs of the sampled tokens (``logprobs=0``: the sampled token
-only), taken after temperature scaling (``logprobs_mode="processed_logprobs"``), so with top_p = 1 and
-top_k = -1 they estimate the same temperature-scaled policy the trainer recomputes; the gap between the
-two is what ``rollout_is`` corrects (chapter §2–§3).
+only), taken after temperature scaling and top-k/top-p filtering (``logprobs_mode="processed_logprobs"``),
+so they are log π_rollout of the distribution the tokens were really drawn from. The trainer recomputes
+the same quantity with its own kernels; the gap between the two is what ``rollout_is`` corrects (chapter
+§2–§3, lab 02).
 
-Not exercised by the CPU test suite: no GPU is available there. Importing this module needs vllm.
+The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as verl's colocated rollout does):
+no second CUDA context, no ``if __name__ == "__main__"`` requirement in a notebook or a script.
 """
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
+from ppolab.engine import pad_right
 from ppolab.rollout.base import RolloutOutput, SamplingParams, eos_token_ids, left_pad, response_mask_from_ids
+
+#: LoRA ranks vLLM can serve; the engine reserves the next one up from the adapter's rank.
+VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest rank vLLM supports that holds an adapter of ``rank``."""
+    for r in VLLM_LORA_RANKS:
+        if rank <= r:
+            return r
+    raise ValueError(f"actor_rollout_ref.model.lora_rank={rank} is above vLLM's largest LoRA rank "
+                     f"{VLLM_LORA_RANKS[-1]}")
+
+
+def vllm_sampling_kwargs(n: int, sampling: SamplingParams, max_tokens: int, stop_token_ids: list[int]) -> dict:
+    """verl's sampling knobs in vLLM's spelling. Greedy is temperature 0; vLLM's "off" for top-k is -1 too."""
+    greedy = not sampling.do_sample
+    return dict(n=n, max_tokens=max_tokens, logprobs=0, stop_token_ids=list(stop_token_ids),
+                temperature=0.0 if greedy else sampling.temperature, top_p=1.0 if greedy else sampling.top_p,
+                top_k=-1 if greedy or sampling.top_k <= 0 else sampling.top_k)
 
 
 class VLLMRollout:
-    """Generation with ``vllm.LLM`` on the base model plus the actor's LoRA adapter."""
+    """Generation with ``vllm.LLM`` on the base model plus the actor's current LoRA adapter."""
 
     def __init__(self, models, rollout_config, seed: int = 0, max_model_len: int | None = None):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
+        from vllm.platforms import current_platform
 
         if not models.lora:
             raise ValueError("actor_rollout_ref.rollout.name=vllm in ppolab pushes the actor as a LoRA adapter; "
                              "set actor_rollout_ref.model.lora_rank > 0 (or use rollout.name=hf for full fine-tuning)")
         self.models = models
         self.tokenizer = models.tokenizer
-        cfg = models.model.peft_config["actor"]
+        self.sleep_enabled = bool(rollout_config.free_cache_engine) and current_platform.is_sleep_mode_available()
         self.llm = LLM(
-            model=str(models.path), dtype=str(models.dtype).replace("torch.", ""), seed=seed,
-            enable_lora=True, max_lora_rank=max(int(cfg.r), 8), max_loras=1,
+            model=str(models.path), tokenizer=str(models.path), dtype=str(models.dtype).replace("torch.", ""),
+            seed=seed, enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(int(models.lora_rank)),
             gpu_memory_utilization=rollout_config.gpu_memory_utilization, enforce_eager=rollout_config.enforce_eager,
-            enable_sleep_mode=True, max_model_len=max_model_len, logprobs_mode="processed_logprobs",
+            enable_sleep_mode=self.sleep_enabled, max_model_len=rollout_config.max_model_len or max_model_len,
+            logprobs_mode="processed_logprobs",
         )
+        self.eos_ids = eos_token_ids(models.model, self.tokenizer)
         self._scratch = tempfile.TemporaryDirectory(prefix="ppolab-vllm-lora-")
-        self._version = 0
+        self.version = 0  # the adapter version vLLM serves; +1 per sync
         self._asleep = False
         self.sync_weights()
-        self.eos_ids = eos_token_ids(models.model, self.tokenizer)
 
     def sync_weights(self) -> None:
         """Save the actor adapter as a new version; the next ``generate`` uses it."""
         from vllm.lora.request import LoRARequest
 
-        self._version += 1
-        folder = Path(self._scratch.name) / f"v{self._version}"
+        self.version += 1
+        folder = Path(self._scratch.name) / f"v{self.version}"
         self.models.model.save_pretrained(str(folder), selected_adapters=["actor"])
         path = folder / "actor" if (folder / "actor").is_dir() else folder  # peft nests non-default adapters
-        self.lora_request = LoRARequest(f"actor-v{self._version}", self._version, str(path))
-        if not self._asleep:
-            self.llm.sleep(level=1)  # free KV cache and offload weights while the trainer runs
+        self.lora_request = LoRARequest(f"actor-v{self.version}", self.version, str(path))
+        old = Path(self._scratch.name) / f"v{self.version - 2}"  # vLLM has loaded v-1 already; keep disk small
+        if old.is_dir():
+            import shutil
+
+            shutil.rmtree(old, ignore_errors=True)
+        self._sleep()
+
+    def close(self) -> None:
+        """Shut the engine down now — its memory, its process groups — instead of at interpreter exit, where
+        vLLM's cleanup would run after the trainer has left its process group. Safe to call twice."""
+        if self.llm is not None:
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+            self._scratch.cleanup()
+
+    def _sleep(self) -> None:
+        if self.sleep_enabled and not self._asleep:
+            self.llm.sleep(level=1)  # free the KV cache, offload weights while the trainer runs
             self._asleep = True
 
     @torch.no_grad()
@@ -69,33 +113,33 @@ class VLLMRollout:
         if self._asleep:
             self.llm.wake_up()
             self._asleep = False
-        params = VSamplingParams(
-            n=n, max_tokens=max_response_length, logprobs=0, stop_token_ids=self.eos_ids,
-            temperature=sampling.temperature if sampling.do_sample else 0.0,
-            top_p=sampling.top_p if sampling.do_sample else 1.0,
-            top_k=sampling.top_k if (sampling.do_sample and sampling.top_k > 0) else -1,
-        )
+        params = VSamplingParams(**vllm_sampling_kwargs(n, sampling, max_response_length, self.eos_ids))
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids], params,
                                     lora_request=self.lora_request, use_tqdm=False)
-        pad = self.tokenizer.pad_token_id
-        responses, log_probs = [], []
-        for out in outputs:  # vLLM keeps the input order; the n samples of a prompt are adjacent
-            for sample in out.outputs:
-                ids = list(sample.token_ids)[:max_response_length]
-                lps = [step[token].logprob for token, step in zip(ids, sample.logprobs or [])]
-                responses.append(ids)
-                log_probs.append(lps + [0.0] * (len(ids) - len(lps)))
-        width = max(1, max(len(r) for r in responses))
-        resp = torch.full((len(responses), width), pad, dtype=torch.long)
-        lp = torch.zeros(len(responses), width)
-        for i, (ids, lps) in enumerate(zip(responses, log_probs)):
-            resp[i, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
-            lp[i, : len(lps)] = torch.as_tensor(lps)
-        prompts, prompt_mask = left_pad([list(p) for p in prompt_ids for _ in range(n)], pad)
-        response_mask = response_mask_from_ids(resp, self.eos_ids)
-        lengths = torch.tensor([len(r) for r in responses])
-        response_mask = response_mask * (torch.arange(width) < lengths[:, None]).float()
-        resp = torch.where(response_mask.bool(), resp, torch.full_like(resp, pad))
-        self.llm.sleep(level=1)
-        self._asleep = True
-        return RolloutOutput(prompts, prompt_mask, resp, response_mask, lp * response_mask)
+        self._sleep()
+        samples = [s for out in outputs for s in out.outputs]  # input order kept; a prompt's n samples adjacent
+        return rollout_output_from_samples(prompt_ids, n, samples, self.tokenizer.pad_token_id, self.eos_ids,
+                                           max_response_length)
+
+
+def rollout_output_from_samples(prompt_ids: Sequence[Sequence[int]], n: int, samples: Sequence, pad_id: int,
+                                eos_ids: Sequence[int], max_response_length: int) -> RolloutOutput:
+    """vLLM ``CompletionOutput``s (``token_ids``, ``logprobs``: one {token_id: Logprob} per step) → the trainer's
+    padded tensors. Everything after the first EOS is padding with mask 0 and log-prob 0."""
+    rows, lps = [], []
+    for s in samples:
+        ids = list(s.token_ids)[:max_response_length]
+        steps = list(s.logprobs or [])
+        if len(steps) < len(ids):
+            raise RuntimeError(f"vLLM returned {len(steps)} log-probs for {len(ids)} sampled tokens; the engine must "
+                               "run with logprobs=0")
+        rows.append(torch.as_tensor(ids, dtype=torch.long))
+        lps.append(torch.as_tensor([step[t].logprob for t, step in zip(ids, steps)], dtype=torch.float32))
+    width = max(1, max(len(r) for r in rows))
+    responses = torch.stack([pad_right(r, width, pad_id) for r in rows]).long()
+    log_probs = torch.stack([pad_right(lp, width) for lp in lps])
+    lengths = torch.tensor([len(r) for r in rows])
+    mask = response_mask_from_ids(responses, eos_ids) * (torch.arange(width) < lengths[:, None]).float()
+    responses = torch.where(mask.bool(), responses, torch.full_like(responses, pad_id))
+    prompts, prompt_mask = left_pad([list(p) for p in prompt_ids for _ in range(n)], pad_id)
+    return RolloutOutput(prompts, prompt_mask, responses, mask, log_probs * mask)

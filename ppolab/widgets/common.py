@@ -17,7 +17,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 #: The demo runs shipped in ``data/runs`` (``python -m ppolab.train ... trainer.run_dir=data/runs/<name>``).
 SHIPPED_RUNS = {"grpo_tiny": REPO_ROOT / "data" / "runs" / "grpo_tiny",
                 "ppo_gae_tiny": REPO_ROOT / "data" / "runs" / "ppo_gae_tiny",
-                "grpo_tool_tiny": REPO_ROOT / "data" / "runs" / "grpo_tool_tiny"}
+                "grpo_tool_tiny": REPO_ROOT / "data" / "runs" / "grpo_tool_tiny",
+                "grpo_tiny_vllm_bf16": REPO_ROOT / "data" / "runs" / "grpo_tiny_vllm_bf16"}
 
 
 def resolve_run(run: Run | str | os.PathLike | None = None, default: str = "grpo_tiny") -> Run:
