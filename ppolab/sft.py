@@ -75,7 +75,10 @@ def make_tool_batch(tokenizer: Any, problems: Sequence[tuple[str, int]], use_too
     → answer, with labels -100 on the observation span (the environment's tokens, as response_mask = 0 in RL)."""
     ids = tokenizer.convert_tokens_to_ids
     call, call_end, resp, resp_end = (ids(t) for t in (TOOL_CALL, TOOL_CALL_END, TOOL_RESPONSE, TOOL_RESPONSE_END))
-    enc = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def enc(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
     seqs, labels = [], []
     for (question, answer), tool in zip(problems, use_tool):
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,

@@ -11,6 +11,8 @@ from safetensors.torch import load_file
 
 import ppolab
 
+from helpers import logged, stable
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -69,11 +71,7 @@ def test_two_rank_resume_continues_exactly(tmp_path):
         "rng_rank0.safetensors", "rng_rank1.safetensors"]  # each rank's own sampling state
     torchrun(2, *args, "trainer.total_training_steps=3", f"trainer.run_dir={tmp_path / 'part'}", "trainer.resume=true")
 
-    def stable(run):
-        return [{k: v for k, v in row.items() if not k.startswith(("timing_s/", "perf/time", "perf/throughput"))}
-                for row in (json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines())]
-
-    full, resumed = stable(tmp_path / "full"), stable(tmp_path / "part")
+    full, resumed = ([stable(row) for row in logged(tmp_path / d)] for d in ("full", "part"))
     assert [r["step"] for r in resumed] == [1, 2, 3]
     for a, b in zip(full, resumed):
         assert a.keys() == b.keys()

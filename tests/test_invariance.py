@@ -149,4 +149,5 @@ def test_ratio_one_gives_minus_advantage_aggregated(advs, mode):
 @given(st.floats(min_value=-20, max_value=20), st.floats(min_value=-20, max_value=0))
 def test_k3_is_non_negative_for_unclipped_inputs(d, ref):
     lp = torch.tensor([ref + d], dtype=DT)
-    assert A.kl_penalty(lp, torch.tensor([ref], dtype=DT), "k3").item() >= 0.0
+    # e^x − x − 1 ≥ 0 exactly, but near x = 0 it is a difference of O(1) numbers: allow a few ulps of 1
+    assert A.kl_penalty(lp, torch.tensor([ref], dtype=DT), "k3").item() >= -4 * torch.finfo(DT).eps

@@ -12,6 +12,8 @@ from ppolab.roles import forward_response
 from ppolab.train import resolve_config
 from ppolab.trainer import PPOTrainer
 
+from helpers import logged, stable
+
 # 4 prompts × 4 answers = 16 rows; one mini-batch of all 16 rows, one epoch, micro-batches of 4.
 SMALL = [
     "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
@@ -32,16 +34,6 @@ def prepared(overrides=(), preset="grpo_tiny"):
         batch = t.compute_values(batch)
     batch, _ = t.compute_advantage(batch)
     return t, batch
-
-
-def logged(run) -> list[dict]:
-    """metrics.jsonl as written (no NaN filling of a DataFrame)."""
-    return [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
-
-
-def stable(metrics: dict) -> dict:
-    """Metrics that must repeat exactly: everything but wall-clock timings and throughput."""
-    return {k: v for k, v in metrics.items() if not k.startswith(("timing_s/", "perf/time", "perf/throughput"))}
 
 
 # ====================================================================== micro-batch invariance

@@ -212,6 +212,10 @@ def test_metric_meanings_cover_verl_names():
 def test_warning_signs_on_shipped_and_doctored_runs():
     assert warning_signs("grpo_tiny") == []
     assert warning_signs("ppo_gae_tiny") == []
+    assert warning_signs("grpo_tiny_vllm_bf16") == []  # a real bf16 vLLM gap (~1e-3) is not a warning sign
+    stale = resolve_run("grpo_tiny_vllm_bf16").metrics.copy()
+    stale.loc[12, "training/rollout_probs_diff_mean"] = 0.05  # as if the engine had kept an old adapter version
+    assert ["training/rollout_probs_diff_mean high (max 0.05 at step 12" in w for w in warning_signs(stale)] == [True]
     m = resolve_run("ppo_gae_tiny").metrics.copy()
     m["actor/pg_clipfrac"] = 0.5
     m["actor/ppo_kl"] = 0.3

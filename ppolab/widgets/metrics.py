@@ -75,6 +75,7 @@ THRESHOLDS = {
     "pg_clipfrac_zero": 0.0,  # late max of pg_clipfrac at or below this: the policy barely moves (§15 table)
     "kl_term_dominates": 1.0,  # late median kl_coef·kl_loss above this many times |pg_loss| (§15 table)
     "vf_loss_large": 0.5,  # late median vf_loss above this fraction of ½·(returns max − min)² (§15 table)
+    "rollout_probs_diff_high": 0.01,  # mean |π_old − π_rollout| above this at any step (a bf16 vLLM run: ~1e-3)
 }
 
 
@@ -106,7 +107,8 @@ def warning_signs(run=None, thresholds: dict | None = None) -> list[str]:
     high; |actor/ppo_kl| large; actor/pg_clipfrac_lower high; actor/entropy collapse; actor/grad_norm and
     critic/grad_norm spikes; response_length/clip_ratio high; critic/vf_clipfrac high; critic/vf_explained_var
     negative late in training; actor/pg_clipfrac stuck at 0; the loss-side KL term kl_coef·kl_loss larger
-    than |pg_loss|; critic/vf_loss persistently large against the spread of the returns.
+    than |pg_loss|; critic/vf_loss persistently large against the spread of the returns; the rollout engine
+    disagreeing with the trainer (training/rollout_probs_diff_mean).
     """
     th = {**THRESHOLDS, **(thresholds or {})}
     unknown = set(thresholds or {}) - set(THRESHOLDS)
@@ -182,6 +184,12 @@ def warning_signs(run=None, thresholds: dict | None = None) -> list[str]:
         if late(s).median() > th["vf_loss_large"] * scale:
             out.append(f"critic/vf_loss persistently large (late median {late(s).median():.3g} > "
                        f"{th['vf_loss_large']:g}×½·(returns span {span:.3g})²): critic and return scale do not match")
+    s = col("training/rollout_probs_diff_mean")
+    if s is not None and len(s) and s.max() > th["rollout_probs_diff_high"]:
+        out.append(f"training/rollout_probs_diff_mean high (max {s.max():.3g} at step {s.idxmax()} > "
+                   f"{th['rollout_probs_diff_high']:g}): the rollout engine samples from another policy than the "
+                   "trainer's — stale weights or an adapter that did not reach the engine, or low precision; fix "
+                   "the weight sync, or correct with algorithm.rollout_correction.rollout_is")
     s = col("critic/vf_explained_var")
     if s is not None and len(s) >= 2 and late(s).mean() < 0:
         out.append(f"critic/vf_explained_var negative late in training (late mean {late(s).mean():.3f}): the critic "
