@@ -333,7 +333,8 @@ def plan_dynamic_micro_batches(seq_lens: IntSeq, max_token_len: int, min_num_mic
     ``seq_lens`` (B,) are effective lengths; ``max_token_len`` = ppo_max_token_len_per_gpu × sp_size.
     num_micro = min(B, ceil(ΣL / max_token_len)), then max(·, min_num_micro_batch), then rounded up to a
     multiple of num_batches_divided_by. (The DP all-reduce MAX of num_micro is left to the caller.) Rows are
-    split by KK (equal_size=False) on workload; 0.9.1's loop then adds micro-batches (one, or num_batches_divided_by, at a time) until every
+    split by KK (equal_size=False) on workload; 0.9.1's loop then adds micro-batches (one, or
+    num_batches_divided_by, at a time) until every
     micro-batch's token sum ≤ max_token_len. Micro-batches are sorted by descending workload sum (ties: first
     index), then reordered evens-reversed + odds so the smallest sit at both ends (pipeline warm-up and
     cool-down). Indices inside a micro-batch are ascending. Undo the order with :func:`restore_order`.

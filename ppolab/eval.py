@@ -51,7 +51,8 @@ def generate(
     """
     device = next(model.parameters()).device
     pad, eos_ids = tokenizer.pad_token_id, eos_token_ids(model, tokenizer)
-    kw: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, pad_token_id=pad, eos_token_id=eos_ids)
+    kw: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, pad_token_id=pad,
+                              eos_token_id=eos_ids)
     if do_sample:
         # transformers fills an unset top_k with 50; 0 switches it off.
         kw.update(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else 0)

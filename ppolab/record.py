@@ -64,7 +64,8 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
     _atomic(Path(path), write)
 
 
-def write_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+def write_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor],
+                  metadata: dict[str, str] | None = None) -> None:
     """Atomically write tensors as safetensors (detached, contiguous, on the CPU).
 
     Each tensor is cloned: a batch often holds the same storage under two names (GRPO's returns are

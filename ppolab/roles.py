@@ -119,14 +119,16 @@ class PolicyModels:
             from peft import LoraConfig, get_peft_model
 
             def lora_config(rank: int, alpha: int) -> LoraConfig:
-                return LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_modules, lora_dropout=0.0, bias="none")
+                return LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_modules, lora_dropout=0.0,
+                                  bias="none")
 
             torch.manual_seed(seed)  # LoRA A matrices are random; B is zero, so actor == base at step 0
             with warnings.catch_warnings():  # peft calls a transformers API deprecated in v5; not ours to fix
                 warnings.simplefilter("ignore", FutureWarning)
                 self.model = get_peft_model(base, lora_config(lora_rank, lora_alpha), adapter_name="actor")
             if use_critic:
-                self.model.add_adapter("critic", lora_config(critic_lora_rank or lora_rank, critic_lora_alpha or lora_alpha))
+                self.model.add_adapter("critic",
+                                       lora_config(critic_lora_rank or lora_rank, critic_lora_alpha or lora_alpha))
             self._lora_params = {name: [p for n, p in self.model.named_parameters() if f".{name}." in n]
                                  for name in (("actor", "critic") if use_critic else ("actor",))}
             self._activate("actor")

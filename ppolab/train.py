@@ -273,7 +273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     after = summary.get("val_after", {}).get("val/accuracy")
     print(f"\nrun dir: {run.path}   ({summary.get('steps')} steps, {time.perf_counter() - start:.0f} s)")
     if before is not None and after is not None:
-        print(f"validation accuracy ({cfg.data.val_max_samples or 'all'} test prompts, greedy): before {before:.3f} → after {after:.3f} "
+        print(f"validation accuracy ({cfg.data.val_max_samples or 'all'} test prompts, greedy): "
+              f"before {before:.3f} → after {after:.3f} "
               f"({100 * (after - before):+.1f} points)")
     return 130 if "interrupted_at_step" in summary else 0
 

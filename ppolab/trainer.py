@@ -64,17 +64,23 @@ class PPOTrainer:
         )
         self.tokenizer = self.models.tokenizer
         self.train_data = load_rl_dataset(cfg.data.train_files, self.tokenizer, cfg.data.max_prompt_length)
-        val = load_rl_dataset(cfg.data.val_files, self.tokenizer, cfg.data.max_prompt_length) if cfg.data.val_files else []
+        val = (load_rl_dataset(cfg.data.val_files, self.tokenizer, cfg.data.max_prompt_length)
+               if cfg.data.val_files else [])
         self.val_data = val[: cfg.data.val_max_samples] if cfg.data.val_max_samples else val
         self.reward_fn = get_reward_fn(cfg.custom_reward_function)
-        vllm_args = dict(seed=cfg.trainer.seed, max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length)
-        self.rollout = make_rollout_engine(arr.rollout, self.models, **(vllm_args if arr.rollout.name == "vllm" else {}))
+        vllm_args = dict(seed=cfg.trainer.seed,
+                         max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length)
+        self.rollout = make_rollout_engine(arr.rollout, self.models,
+                                           **(vllm_args if arr.rollout.name == "vllm" else {}))
         self.actor_optimizer, self.actor_scheduler = make_optimizer(self.models.actor_parameters(), actor.optim)
         if self.use_critic:
-            self.critic_optimizer, self.critic_scheduler = make_optimizer(self.models.critic_parameters(), cfg.critic.optim)
-        self.kl_ctrl_in_reward = algos.get_kl_controller(cfg.algorithm.kl_ctrl) if cfg.algorithm.use_kl_in_reward else None
+            self.critic_optimizer, self.critic_scheduler = make_optimizer(self.models.critic_parameters(),
+                                                                          cfg.critic.optim)
+        self.kl_ctrl_in_reward = (algos.get_kl_controller(cfg.algorithm.kl_ctrl)
+                                  if cfg.algorithm.use_kl_in_reward else None)
         self.plan = plan_batches(cfg.data.train_batch_size, arr.rollout.n, actor.ppo_mini_batch_size, self.dp_size,
-                                 None if actor.use_dynamic_bsz else actor.ppo_micro_batch_size_per_gpu, actor.ppo_epochs)
+                                 None if actor.use_dynamic_bsz else actor.ppo_micro_batch_size_per_gpu,
+                                 actor.ppo_epochs)
         self.global_step = 0
         self.data_epoch, self.data_cursor = 0, 0
         self._order = self._epoch_order(0)
@@ -182,7 +188,8 @@ class PPOTrainer:
             for rows in micro_batches(batch, micro_size, max_tokens):
                 mb = to_device(batch.select(rows), self.device)
                 ids, mask, r_len = trimmed_inputs(mb)
-                out = forward_response(model, ids, mask, r_len, temperature, value_head is None, want_entropy, value_head)
+                out = forward_response(model, ids, mask, r_len, temperature, value_head is None, want_entropy,
+                                       value_head)
                 results["rows"] += rows
                 for key in ("log_probs", "entropy", "values"):
                     value = getattr(out, key)
@@ -213,7 +220,8 @@ class PPOTrainer:
         """π_ref: the same forward with LoRA disabled (or the frozen copy), same temperature (facts §9.1 stage 5)."""
         ref = self.config.actor_rollout_ref.ref
         micro = None if ref.log_prob_use_dynamic_bsz else ref.log_prob_micro_batch_size_per_gpu or len(batch)
-        batch["ref_log_prob"] = self._infer(self.models.reference, batch, micro, ref.log_prob_max_token_len_per_gpu)["log_probs"]
+        batch["ref_log_prob"] = self._infer(self.models.reference, batch, micro,
+                                            ref.log_prob_max_token_len_per_gpu)["log_probs"]
         return batch
 
     def compute_values(self, batch: Batch) -> Batch:
@@ -387,7 +395,8 @@ class PPOTrainer:
             s = score_value(s)
             scores.append(s)
             by_source.setdefault(item["data_source"], []).append(s)
-        metrics = {"val/accuracy": float(np.mean([s == 1.0 for s in scores])), "val/reward_mean": float(np.mean(scores)),
+        metrics = {"val/accuracy": float(np.mean([s == 1.0 for s in scores])),
+                   "val/reward_mean": float(np.mean(scores)),
                    "val/response_length_mean": float(out.response_mask.sum(-1).mean())}
         for source, values in by_source.items():
             metrics[f"val-core/{source}/reward/mean@{vk.n}"] = float(np.mean(values))

@@ -92,7 +92,8 @@ def test_observations_are_the_calculators_answer_attended_but_masked(agent, samp
     n_obs = 0
     for i in range(len(out.responses)):
         length = int(out.response_attention_mask[i].sum())
-        assert out.response_attention_mask[i, :length].eq(1).all() and out.response_attention_mask[i, length:].eq(0).all()
+        assert (out.response_attention_mask[i, :length].eq(1).all()
+                and out.response_attention_mask[i, length:].eq(0).all())
         assert out.response_mask[i, length:].eq(0).all() and out.rollout_log_probs[i, length:].eq(0).all()
         assert out.responses[i, length:].eq(tok.pad_token_id).all()
         row = out.responses[i, :length].tolist()
@@ -215,7 +216,8 @@ def test_the_plain_tokenizer_is_refused(agent):
 
     tok, model = load_tokenizer_and_model(SHIPPED_MODEL)
     with pytest.raises(ValueError, match="tool tokens"):
-        ToolAgentRollout(StandaloneModels(tok, model), SimpleNamespace(max_assistant_turns=2, max_tool_response_length=8))
+        ToolAgentRollout(StandaloneModels(tok, model),
+                         SimpleNamespace(max_assistant_turns=2, max_tool_response_length=8))
 
 
 # ====================================================================== through the trainer

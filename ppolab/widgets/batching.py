@@ -65,7 +65,8 @@ def batch_calculator(run=None, step=None, max_token_len: int | None = None, **si
     table = W.HTML()
     figs = {
         "timeline": go.FigureWidget(layout={"title": "optimizer steps of one training step", "height": 300,
-                                                "xaxis_title": "optimizer step", "yaxis_title": "rows (global mini-batch)"}),
+                                                "xaxis_title": "optimizer step",
+                                                "yaxis_title": "rows (global mini-batch)"}),
         "dynamic": go.FigureWidget(layout={"title": "use_dynamic_bsz micro-batches", "barmode": "stack", "height": 320,
                                                "xaxis_title": "micro-batch (execution order)", "yaxis_title": "tokens",
                                                "showlegend": False}),

@@ -68,8 +68,9 @@ def invariance_explorer(run=None, step: int = 1, *, loss_agg_mode: str | None = 
                                               description="ppo_micro_batch_size_per_gpu", style=style,
                                               continuous_update=False),
         "dynamic": W.Checkbox(value=False, description="use_dynamic_bsz"),
-        "max_token_len": W.IntSlider(value=budget, min=max(lens), max=sum(lens), description="ppo_max_token_len_per_gpu",
-                                     style=style, continuous_update=False, disabled=True),
+        "max_token_len": W.IntSlider(value=budget, min=max(lens), max=sum(lens),
+                                     description="ppo_max_token_len_per_gpu", style=style,
+                                     continuous_update=False, disabled=True),
         "loss_agg_mode": W.Dropdown(options=list(LOSS_AGG_MODES), value=mode, description="loss_agg_mode",
                                     style=style),
         "scale": W.ToggleButtons(options=["fixed", "None"], value=scale, description="loss_scale_factor",
@@ -124,8 +125,9 @@ def invariance_explorer(run=None, step: int = 1, *, loss_agg_mode: str | None = 
         with figs["gap"].batch_update():
             figs["gap"].data[0].update(x=xs, y=[gaps[x] for x in labels],
                                        text=["reference" if x == len(rows) else f"{gaps[x]:.1e}" for x in labels],
-                                       marker={"color": colors, "line": {"color": line, "width": [3 if x == chosen else 0
-                                                                                                  for x in labels]}})
+                                       marker={"color": colors,
+                                               "line": {"color": line,
+                                                        "width": [3 if x == chosen else 0 for x in labels]}})
             figs["gap"].data[1].update(x=[xs[0], xs[-1]], y=[tol, tol])
             figs["gap"].layout.title = (f"{mode}, loss_scale_factor={factor}: gradient gap to one micro-batch of "
                                         f"{len(rows)} rows (max |g_ref| = {g_max:.3g})")
@@ -137,8 +139,8 @@ def invariance_explorer(run=None, step: int = 1, *, loss_agg_mode: str | None = 
                 text=[f"T={w}" for w in current["widths"]], hovertext=[f"padded response width T = {w}"
                                                                         for w in current["widths"]])
             figs["micro_batches"].data[1].update(x=xs_mb, y=[len(p) for p in parts])
-            figs["micro_batches"].layout.title = (f"{len(parts)} micro-batches ({'dynamic, budget ' + str(controls['max_token_len'].value) + ' tokens' if dyn else str(chosen) + ' rows each'}); "
-                                                  f"T = padded response width")
+            how = f"dynamic, budget {controls['max_token_len'].value} tokens" if dyn else f"{chosen} rows each"
+            figs["micro_batches"].layout.title = f"{len(parts)} micro-batches ({how}); T = padded response width"
         gap = gaps[chosen]
         invariant = gap <= tol
         m = current["metrics"]

@@ -11,8 +11,10 @@ from ppolab.widgets.common import resolve_run
 
 #: One line per verl metric name (exact names; ``prefix/*`` entries cover a family, see :func:`meaning`).
 METRIC_MEANINGS = {
-    "actor/pg_loss": "policy-gradient loss after loss_agg_mode; its sign alone says little — read it with the advantage scale",
-    "actor/pg_clipfrac": "share of response tokens where the clipped surrogate was the active branch (micro-batch masked means, averaged)",
+    "actor/pg_loss": "policy-gradient loss after loss_agg_mode; its sign alone says little — read it with the "
+                     "advantage scale",
+    "actor/pg_clipfrac": "share of response tokens where the clipped surrogate was the active branch "
+                         "(micro-batch masked means, averaged)",
     "actor/pg_clipfrac_lower": "share of tokens where the dual clip (clip_ratio_c) bounded a negative-advantage loss",
     "actor/ppo_kl": "approximate KL between the current policy and π_old (the PPO anchor) — not the reference KL",
     "actor/entropy": "mean token entropy of π_old on the response tokens (aggregated with loss_agg_mode)",
@@ -23,11 +25,13 @@ METRIC_MEANINGS = {
     "actor/grad_norm": "global gradient norm of the actor before clipping (optim.clip_grad)",
     "actor/lr": "the actor's learning rate at this step",
     "actor/reward_kl_penalty": "reward-side KL estimate between π_old and π_ref (use_kl_in_reward)",
-    "actor/reward_kl_penalty_coeff": "reward-side β, the coefficient subtracted per token from the reward (adaptive or fixed)",
+    "actor/reward_kl_penalty_coeff": "reward-side β, the coefficient subtracted per token from the reward "
+                                     "(adaptive or fixed)",
     "critic/vf_loss": "clipped value regression loss ½·max((V−G)², (V_clip−G)²)",
     "critic/vf_clipfrac": "share of tokens where the clipped value error was the larger one",
     "critic/vpred_mean": "mean critic prediction during the critic update",
-    "critic/vf_explained_var": "1 − Var(G − V)/Var(G): how much of the return variance the critic explains (1 perfect, ≤0 useless)",
+    "critic/vf_explained_var": "1 − Var(G − V)/Var(G): how much of the return variance the critic explains "
+                               "(1 perfect, ≤0 useless)",
     "critic/grad_norm": "global gradient norm of the critic before clipping",
     "critic/loss": "the total critic loss that was back-propagated",
     "critic/lr": "the critic's learning rate at this step",
@@ -43,14 +47,16 @@ METRIC_MEANINGS = {
     "val/reward_mean": "mean validation reward",
     "val/response_length_mean": "mean validation response length",
     "val-core/*": "verl's per-data-source validation metric (reward mean@k)",
-    "timing_s/*": "wall-clock seconds of one stage of the step (gen, reward, balance, old_log_prob, ref, values, adv, update_*)",
+    "timing_s/*": "wall-clock seconds of one stage of the step "
+                  "(gen, reward, balance, old_log_prob, ref, values, adv, update_*)",
     "perf/total_num_tokens": "prompt + response tokens of the step batch",
     "perf/time_per_step": "wall-clock seconds of the whole step",
     "perf/throughput": "tokens per second per data-parallel rank",
     "perf/*": "performance counters",
     "training/global_step": "the training step counter",
     "training/epoch": "pass over the training prompts",
-    "training/rollout_probs_diff_max": "max |π_old − π_rollout| probability gap on response tokens (rollout/training mismatch)",
+    "training/rollout_probs_diff_max": "max |π_old − π_rollout| probability gap on response tokens "
+                                       "(rollout/training mismatch)",
     "training/rollout_probs_diff_mean": "mean |π_old − π_rollout| probability gap on response tokens",
     "training/rollout_probs_diff_std": "std of |π_old − π_rollout| on response tokens",
     "training/*": "trainer bookkeeping",
@@ -178,7 +184,8 @@ def warning_signs(run=None, thresholds: dict | None = None) -> list[str]:
             out.append(f"KL term dominates: late median kl_coef·kl_loss {kl_term:.3g} > {th['kl_term_dominates']:g}×"
                        f"|pg_loss| {pg:.3g} — the reference KL, not the advantage, drives the update")
     s = col("critic/vf_loss")
-    if s is not None and len(s) >= 2 and col("critic/returns/max") is not None and col("critic/returns/min") is not None:
+    if (s is not None and len(s) >= 2 and col("critic/returns/max") is not None
+            and col("critic/returns/min") is not None):
         span = late((m["critic/returns/max"] - m["critic/returns/min"]).dropna()).mean()
         scale = 0.5 * span ** 2 if span > 0 else 1.0
         if late(s).median() > th["vf_loss_large"] * scale:

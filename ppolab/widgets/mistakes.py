@@ -163,7 +163,8 @@ def _m3_kl_twice(run=None, step=None, opt_step=None) -> Effect:
     reward_shift = float((t["token_level_scores"].float() - rewards).abs().mul(mask).sum(-1).mean())
     off_r, on_r = t["token_level_scores"].float().sum(-1), rewards.sum(-1)
     return Effect(
-        "ConfigNotice 'both KL paths' from validate", float(len(notices[False])), float(len(notices[True])), pair=(off_r[real_rows(rec)], on_r[real_rows(rec)]),
+        "ConfigNotice 'both KL paths' from validate", float(len(notices[False])), float(len(notices[True])),
+        pair=(off_r[real_rows(rec)], on_r[real_rows(rec)]),
         pair_label="trajectory (sequence reward)",
         details={"notice": (notices[True] or [""])[0], "loss_side_term": loss_side,
                  "reward_side_beta": rm["actor/reward_kl_penalty_coeff"],

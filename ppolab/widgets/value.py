@@ -33,7 +33,8 @@ def value_clip_explorer(run=None, step=None, update: int | None = None, cliprang
     """Slide ε_v (``critic.cliprange_value``) over the critic's recorded predictions of one optimizer step.
 
     ``run`` defaults to the shipped ``ppo_gae_tiny``; ``update`` picks the critic optimizer step whose vpreds
-    (``critic_vpreds[update]``, default the last) are used, with V_old = ``values`` and G = ``returns`` of the same rows.
+    (``critic_vpreds[update]``, default the last) are used, with V_old = ``values`` and G = ``returns`` of the same
+    rows.
     Figures: ``tokens`` (½·unclipped vs the ½·max actually used, per token), ``summary`` (vf_loss and
     vf_clipfrac from compute_value_loss), ``sweep`` (both against ε_v, the current ε_v marked).
     """

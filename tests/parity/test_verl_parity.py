@@ -171,7 +171,8 @@ def test_kl_controllers_and_apply_kl_penalty():
             "response_mask": b["mask"], "responses": torch.zeros_like(b["mask"]).long(),
             "attention_mask": torch.ones_like(b["mask"]).long()})
         data, their_metrics = v_apply(data, their_ctrl, kl_penalty="k3")
-        ours, our_metrics = P.apply_kl_penalty(b["rewards"], b["old"] + 0.1 * step, b["ref"], b["mask"], ours_ctrl, "k3")
+        ours, our_metrics = P.apply_kl_penalty(b["rewards"], b["old"] + 0.1 * step, b["ref"], b["mask"], ours_ctrl,
+                                               "k3")
         assert torch.allclose(ours, data.batch["token_level_rewards"], atol=TOL)
         for k, v in our_metrics.items():
             assert v == pytest.approx(float(their_metrics[k]), abs=TOL), k
@@ -200,7 +201,8 @@ def test_karmarkar_karp_and_dynamic_micro_batches(seed):
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(3, 60, (24,), generator=g).tolist()
     for k, equal in ((2, True), (4, True), (3, False), (5, False)):
-        assert batching.get_seqlen_balanced_partitions(lens, k, equal) == SB.get_seqlen_balanced_partitions(lens, k, equal)
+        assert (batching.get_seqlen_balanced_partitions(lens, k, equal)
+                == SB.get_seqlen_balanced_partitions(lens, k, equal))
     width = max(lens)
     mask = (torch.arange(width)[None] < torch.tensor(lens)[:, None]).long()
     td = TensorDict({"input_ids": torch.zeros_like(mask), "attention_mask": mask}, batch_size=[len(lens)])
