@@ -28,28 +28,9 @@ from ppolab.widgets import (
 )
 from ppolab.widgets.common import actor_config, optimizer_step_batch
 
+from helpers import sweep_all
+
 RUNS = ["grpo_tiny", "ppo_gae_tiny"]
-
-
-def sweep(slider, n: int = 4):
-    """min, max and a few values in between (snapped to the slider's step)."""
-    lo, hi = slider.min, slider.max
-    for v in [lo, hi, *np.linspace(lo, hi, n)]:
-        if hasattr(slider, "base"):  # FloatLogSlider: min/max are exponents
-            v = slider.base**v
-        slider.value = type(slider.value)(v)
-
-
-def sweep_all(w):
-    for name, ctl in w.controls.items():
-        if hasattr(ctl, "options"):
-            for opt in ctl.options:
-                ctl.value = opt
-        elif hasattr(ctl, "min"):
-            sweep(ctl)
-        else:  # checkbox
-            ctl.value = not ctl.value
-            ctl.value = not ctl.value
 
 
 @pytest.fixture(scope="module", params=RUNS)
@@ -99,7 +80,7 @@ def test_ratio_explorer_matches_algos(run):
     assert ys[xs < -20].min() == pytest.approx(math.exp(-20.0), rel=1e-6)
     # the drift boxes: one per optimizer step
     assert len(w.figures["drift"].data) == t["actor_log_probs"].shape[0] + 1
-    sweep_all(w)
+    sweep_all(w, n=4)
 
 
 def test_ratio_explorer_rejects_bad_arguments():
@@ -136,7 +117,7 @@ def test_clip_explorer_clipfrac_equals_vanilla_metric(run):
     terms = ppo_clip_terms(torch.zeros_like(x), torch.log(x.clamp(min=1e-12)), torch.ones_like(x), 0.2, 0.3)
     np.testing.assert_allclose(w.figures["surrogate"].data[0].y, (-terms["pg_losses_clip"]).numpy())
     assert max(w.figures["surrogate"].data[0].y) == pytest.approx(1.3)
-    sweep_all(w)
+    sweep_all(w, n=4)
 
 
 def test_clip_explorer_rejects_bad_eps():
@@ -161,7 +142,7 @@ def test_dual_clip_explorer(run):
             assert ys.max() <= c * float(-b["advantages"].min()) + 1e-5
         curve = np.array(w.figures["loss_curve"].data[1].y)
         assert curve.max() == pytest.approx(c)
-    sweep_all(w)
+    sweep_all(w, n=4)
     with pytest.raises(ValueError, match="clip_ratio_c"):
         dual_clip_explorer(run, clip_ratio_c=1.0)
 
@@ -205,7 +186,7 @@ def test_loss_assembly_matches_ppo_loss(run):
                 b["ref_log_prob"],
             )[1]["actor/pg_loss"]
         )
-    sweep_all(w)
+    sweep_all(w, n=4)
     with pytest.raises(ValueError, match="vanilla"):
         loss_assembly(run, loss_mode="nope")
 
@@ -239,7 +220,7 @@ def test_kl_explorer_matches_algos(run):
         betas.append(ctrl.value)
         ctrl.update(kl, w.state["n_steps"])
     np.testing.assert_allclose(w.figures["controller"].data[0].y, betas)
-    sweep_all(w)
+    sweep_all(w, n=4)
 
 
 def test_kl_explorer_rejects_bad_arguments():

@@ -24,24 +24,9 @@ from ppolab.widgets import (
 from ppolab.widgets.aggregation import LOSS_SOURCES
 from ppolab.widgets.metrics import METRIC_MEANINGS, meaning, warning_signs
 
+from helpers import sweep_all, sweep_values
+
 RUNS = ["grpo_tiny", "ppo_gae_tiny"]
-
-
-def sweep_values(ctl, n: int = 5):
-    """min, max and a few values in between of a slider (snapped to its type), or every option of a choice."""
-    if hasattr(ctl, "options"):
-        return list(ctl.options)
-    return [type(ctl.value)(v) for v in [ctl.min, ctl.max, *np.linspace(ctl.min, ctl.max, n)]]
-
-
-def sweep_all(w, skip=()):
-    for name, ctl in w.controls.items():
-        if name in skip or not hasattr(ctl, "value"):
-            continue
-        start = ctl.value
-        for v in sweep_values(ctl):
-            ctl.value = (v,) if isinstance(start, tuple) else v
-        ctl.value = start
 
 
 # ---------------------------------------------------------------------------------------------------- value clip
