@@ -116,15 +116,20 @@ def prompt_ids(models, k):
     return [data[i]["input_ids"] for i in range(k)]
 
 
-def trainer_log_probs(models, out):
-    """log π of the sampled tokens, recomputed by the training model (the actor adapter)."""
-    from ppolab.algos import logprobs_from_logits
+def sequences(out):
+    """(prompt ‖ response ids, attention mask) of a rollout, as the trainer feeds them to the model."""
+    return (torch.cat([out.prompts, out.responses], dim=1),
+            torch.cat([out.prompt_mask, out.response_mask.long()], dim=1))
 
-    ids = torch.cat([out.prompts, out.responses], dim=1)
-    mask = torch.cat([out.prompt_mask, out.response_mask.long()], dim=1)
+
+def trainer_log_probs(models, out):
+    """log π of the sampled tokens as the trainer recomputes them (``forward_response`` with the actor adapter)."""
+    from ppolab.roles import forward_response
+
+    ids, mask = sequences(out)
     with torch.no_grad(), models.actor() as actor:
-        logits = actor(input_ids=ids, attention_mask=mask).logits[:, out.prompts.shape[1] - 1:-1]
-    return logprobs_from_logits(logits.float(), out.responses) * out.response_mask
+        log_probs = forward_response(actor, ids, mask, out.responses.shape[1], temperature=1.0).log_probs
+    return log_probs * out.response_mask
 
 
 @needs_vllm
@@ -156,10 +161,12 @@ def test_vllm_greedy_is_the_argmax_of_the_training_model(engine):
     models, rollout = engine
     prompts = prompt_ids(models, 2)
     out = rollout.generate(prompts, 1, SamplingParams(do_sample=False), 16)
-    ids = torch.cat([out.prompts, out.responses], dim=1)
-    mask = torch.cat([out.prompt_mask, out.response_mask.long()], dim=1)
+    from ppolab.roles import position_ids_from_mask
+
+    ids, mask = sequences(out)
     with torch.no_grad(), models.actor() as actor:
-        logits = actor(input_ids=ids, attention_mask=mask).logits[:, out.prompts.shape[1] - 1:-1]
+        logits = actor(input_ids=ids, attention_mask=mask,
+                       position_ids=position_ids_from_mask(mask)).logits[:, out.prompts.shape[1] - 1:-1]
     m = out.response_mask.bool()
     assert torch.equal(logits.argmax(-1)[m], out.responses[m])
 

@@ -18,6 +18,7 @@ no second CUDA context, no ``if __name__ == "__main__"`` requirement in a notebo
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Sequence
@@ -84,11 +85,9 @@ class VLLMRollout:
         self.models.model.save_pretrained(str(folder), selected_adapters=["actor"])
         path = folder / "actor" if (folder / "actor").is_dir() else folder  # peft nests non-default adapters
         self.lora_request = LoRARequest(f"actor-v{self.version}", self.version, str(path))
-        old = Path(self._scratch.name) / f"v{self.version - 2}"  # vLLM has loaded v-1 already; keep disk small
-        if old.is_dir():
-            import shutil
-
-            shutil.rmtree(old, ignore_errors=True)
+        # v-1 is what vLLM served last; v-2 will never be asked for again, so its files can go
+        old = Path(self._scratch.name) / f"v{self.version - 2}"
+        shutil.rmtree(old, ignore_errors=True)
         self._sleep()
 
     def close(self) -> None:
