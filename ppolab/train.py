@@ -259,9 +259,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_intermixed_args(argv)  # key=value before or after --preset
     from ppolab.config import ConfigError
 
+    from ppolab.rollout import require_engine
+
     try:
         cfg = resolve_config(args.preset, args.overrides, world_size=int(os.environ.get("WORLD_SIZE", "1")))
-    except (ConfigError, FileNotFoundError) as e:
+        require_engine(cfg.actor_rollout_ref.rollout.name)  # a missing vllm: one sentence, not a traceback
+    except (ConfigError, FileNotFoundError, ImportError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     start = time.perf_counter()

@@ -44,3 +44,12 @@ def test_missing_vllm_is_reported_before_any_model_loads():
                                        "actor_rollout_ref.model.path=/nonexistent/model"])
     with pytest.raises(ImportError, match="needs the vllm package"):  # not the missing model directory
         PPOTrainer(cfg)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_cli_reports_missing_vllm_in_one_line_with_exit_code_2(capsys):
+    from ppolab.train import main
+
+    assert main(["actor_rollout_ref.rollout.name=vllm"]) == 2
+    err = capsys.readouterr().err
+    assert "needs the vllm package" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
