@@ -7,6 +7,7 @@ pytest run from anywhere (``cd labs && python -m pytest 04_clipped_objective.ipy
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -16,3 +17,37 @@ def pytest_configure(config):
         candidate = Path(config.rootpath) / opt
         if candidate.exists():
             config.option.nbval_sanitize_with = str(candidate)
+
+
+def machine_lines() -> list[str]:
+    """The machine, so a failure on another CPU can be read: floating-point results of recomputations depend on
+    the CPU's vector unit, the BLAS code path and the thread count."""
+    import platform
+
+    lines = []
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "?")
+    except OSError:
+        model = platform.processor() or "?"
+    lines.append(f"cpu: {model} | {os.cpu_count()} logical cores | {platform.machine()}")
+    try:
+        import torch
+
+        lines.append(f"torch {torch.__version__}: capability {torch.backends.cpu.get_cpu_capability()}, "
+                     f"{torch.get_num_threads()} intra-op / {torch.get_num_interop_threads()} inter-op threads, "
+                     f"mkl {torch.backends.mkl.is_available()}, mkldnn {torch.backends.mkldnn.is_available()}")
+    except Exception as exc:  # noqa: BLE001 — a header must never stop the run
+        lines.append(f"torch: not importable ({exc})")
+    env = {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_CBWR", "ATEN_CPU_CAPABILITY",
+                                      "MKL_ENABLE_INSTRUCTIONS") if k in os.environ}
+    lines.append(f"numeric env: {env or 'defaults'}")
+    return lines
+
+
+def pytest_sessionstart(session):
+    # written even under -q (a report header is not)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        for line in machine_lines():
+            reporter.write_line(line)

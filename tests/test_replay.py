@@ -12,6 +12,8 @@ RUN = Run(SHIPPED_RUNS["grpo_tiny"])
 FACTOR = 16.0  # data.max_response_length of grpo_tiny: Dr. GRPO's fixed loss_scale_factor
 BUDGET = 90  # tokens per dynamic micro-batch: ~16 micro-batches of the 64-row mini-batch
 INVARIANT_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+#: |log-prob recomputed here − log-prob recorded on another CPU| allowed (justified where it is used).
+CROSS_MACHINE_LOGPROB_ATOL = 1e-4
 
 
 def replays(mode: str, factor) -> dict[str, dict]:
@@ -61,9 +63,13 @@ def test_replay_sees_the_recorded_log_probs_and_restores_the_weights(token_mean)
     recorded = rec["actor_log_probs"][0][own["rows"]]
     mask = rec["response_mask"][own["rows"]].bool()
     assert torch.equal(torch.isnan(recorded), torch.isnan(own["log_probs"]))
-    assert float((own["log_probs"][mask] - recorded[mask]).abs().max()) <= 1e-6
+    # Recorded on another machine: its kernels sum in another order. fp32 bound for these log-probs: each logit
+    # (|z| ≲ 30) is a dot product over hidden = 128, |Δz| ≲ √128·u·30 ≈ 2e-5 with u = 6e-8 (measured: 2.4e-6
+    # here, 2.9e-6 on AMD EPYC, 1.3e-5 with MKL_CBWR=COMPATIBLE). Bit-exact only on the recording machine.
+    assert float((own["log_probs"][mask] - recorded[mask]).abs().max()) <= CROSS_MACHINE_LOGPROB_ATOL
     one = token_mean["micro=1"]["log_probs"]  # 64 separate forwards: same numbers on the real tokens
-    assert float((one[mask] - recorded[mask]).abs().max()) <= 1e-5
+    assert float((one[mask] - recorded[mask]).abs().max()) <= CROSS_MACHINE_LOGPROB_ATOL
+    assert float((one[mask] - own["log_probs"][mask]).abs().max()) <= 1e-5  # same process: other shapes only
     after = cached_trainer(RUN).models.actor_parameters()
     assert all(torch.equal(a, b) for a, b in zip(after, before))
 
