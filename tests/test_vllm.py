@@ -200,7 +200,9 @@ def test_shipped_vllm_run_is_a_real_bf16_vllm_run_with_the_weights_it_trained_wi
         step = run.step(k)
         t, m = step.tensors, step.tensors["response_mask"]
         w = algos.rollout_is_weights(t["old_log_probs"], t["rollout_log_probs"], m, "token", 2.0)
-        assert torch.equal(w, t["rollout_is_weights"])
+        # recorded on another CPU: subtraction/clamp/min are exact in IEEE fp32, exp is within ~1 ulp (2^-23 ≈
+        # 1.2e-7 relative) in every vectorised kernel, so the weights agree to that, not bit for bit
+        torch.testing.assert_close(w, t["rollout_is_weights"], rtol=1e-6, atol=0)
         gap = algos.masked_mean((t["old_log_probs"].exp() - t["rollout_log_probs"].exp()).abs(), m).item()
         assert gap == pytest.approx(step.info["metrics"]["training/rollout_probs_diff_mean"], abs=1e-7)
         assert 1e-5 < gap < 1e-2  # a real bf16 engine gap: far above fp32 rounding, far below a stale policy
