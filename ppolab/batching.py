@@ -1,15 +1,17 @@
-"""Batch arithmetic of the PPO update: batch → mini-batch → micro-batch (chapter §11–§12, facts sheet §9).
+"""Batch arithmetic of the PPO update: batch → mini-batch → micro-batch (chapter §11–§12, verl V1 `trainer_base.py`).
 
 Everything here is pure index bookkeeping (no model, no transformers), so the trainer and the lab widgets can
 share it:
 
 * :func:`plan_batches` / :class:`BatchPlan` — the derived sizes of chapter §11.4 as one readable table.
 * :func:`karmarkar_karp`, :func:`get_seqlen_balanced_partitions`, :func:`calculate_workload` — verl's
-  largest-differencing partitioner (facts §9.6), tie-breaks included, so partitions match verl's.
-* :func:`balance_partitions`, :func:`balance_metrics` — the trainer's DP balance stage (facts §9.1 stage 3).
-* :func:`plan_dynamic_micro_batches`, :func:`restore_order` — ``use_dynamic_bsz`` micro-batches (facts §9.5, 0.9.1).
-* :func:`mini_batch_indices`, :func:`fixed_micro_batches` — the worker's mini-batch iterator (facts §9.2) and the
-  fixed micro-batch split (facts §9.4).
+  largest-differencing partitioner (verl `karmarkar_karp`), tie-breaks included, so partitions match verl's.
+* :func:`balance_partitions`, :func:`balance_metrics` — the trainer's DP balance stage (verl V1
+  `trainer_base.py`, stage 3).
+* :func:`plan_dynamic_micro_batches`, :func:`restore_order` — ``use_dynamic_bsz`` micro-batches (verl
+  `rearrange_micro_batches`, 0.9.1).
+* :func:`mini_batch_indices`, :func:`fixed_micro_batches` — the worker's mini-batch iterator (verl
+  `TrainingWorker.train_mini_batch`) and the fixed micro-batch split (verl `forward_backward_batch`).
 """
 from __future__ import annotations
 
@@ -42,7 +44,8 @@ def _check_divides(num_label: str, num: int, den_label: str, den: int) -> None:
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """Every size derived from the batching config of one training step (chapter §11.4; facts §9.2, §9.4).
+    """Every size derived from the batching config of one training step (chapter §11.4; verl
+    `TrainingWorker.train_mini_batch`, `forward_backward_batch`).
 
     Counts are trajectories (rows) unless the name says prompts. Micro fields are ``None`` under dynamic
     batching (``ppo_micro_batch_size_per_gpu=None``), where the token budget decides the micro-batches (§11.5).
@@ -61,7 +64,8 @@ class BatchPlan:
     micro_batches_per_mini: int | None  # local_mini / micro: gradient-accumulation waves per step
     optimizer_steps_per_epoch: int  # n_trajectories / global_mini_batch
     optimizer_steps: int  # per training step = steps_per_epoch × ppo_epochs
-    rows_per_rank: int  # n_trajectories / dp_size: rows each rank holds after the balance stage
+    rows_per_rank: int  # (n_trajectories + padding_rows) / dp_size: rows each rank holds after the balance stage
+    padding_rows: int = 0  # synthetic rows the balance stage adds so the step divides (verl `padding_utils.py`)
 
     @property
     def dynamic(self) -> bool:
@@ -83,8 +87,13 @@ class BatchPlan:
             ("global mini-batch", f"ppo_mini_batch_size × n = {m} × {n}", str(self.global_mini_batch)),
             ("local mini-batch (per rank)", f"global mini-batch / dp_size = {self.global_mini_batch} / {d}",
              str(self.local_mini_batch)),
-            ("rows per rank", f"trajectories / dp_size = {self.n_trajectories} / {d}", str(self.rows_per_rank)),
         ]
+        rows = self.n_trajectories + self.padding_rows
+        if self.padding_rows:
+            out.append(("synthetic padding rows", f"up to a multiple of lcm(dp_size, global mini-batch): "
+                        f"{self.n_trajectories} → {rows}", str(self.padding_rows)))
+        rows_text = f"({self.n_trajectories} + {self.padding_rows})" if self.padding_rows else str(rows)
+        out.append(("rows per rank", f"trajectories / dp_size = {rows_text} / {d}", str(self.rows_per_rank)))
         if b is None:
             out += [
                 ("global micro-batch wave", "dynamic: ppo_max_token_len_per_gpu decides", "—"),
@@ -100,7 +109,7 @@ class BatchPlan:
             ]
         out += [
             ("optimizer steps per epoch",
-             f"trajectories / global mini-batch = {self.n_trajectories} / {self.global_mini_batch}",
+             f"trajectories / global mini-batch = {rows_text} / {self.global_mini_batch}",
              str(self.optimizer_steps_per_epoch)),
             ("optimizer steps per training step",
              f"steps per epoch × ppo_epochs = {self.optimizer_steps_per_epoch} × {e}", str(self.optimizer_steps)),
@@ -124,8 +133,9 @@ class BatchPlan:
 
 
 def plan_batches(train_batch_size: int, rollout_n: int, ppo_mini_batch_size: int, dp_size: int,
-                 ppo_micro_batch_size_per_gpu: int | None, ppo_epochs: int) -> BatchPlan:
-    """Derive every batch size of one training step (chapter §11.1–§11.4, §12.2; facts §9.2, §9.4).
+                 ppo_micro_batch_size_per_gpu: int | None, ppo_epochs: int, *, pad_to: int | None = None) -> BatchPlan:
+    """Derive every batch size of one training step (chapter §11.1–§11.4, §12.2; verl `TrainingWorker.train_mini_batch`,
+    `forward_backward_batch`).
 
     N = train_batch_size·n trajectories; global mini = ppo_mini_batch_size·n (the trainer multiplies by n,
     §11.2); local mini = global mini / dp; micro wave = micro·dp; accumulation waves = local mini / micro;
@@ -134,8 +144,10 @@ def plan_batches(train_batch_size: int, rollout_n: int, ppo_mini_batch_size: int
     1024 / 256 / 32 / 16 / 16 / 4 / 8.
 
     Raises ``ValueError`` naming the field for non-positive values, and naming both quantities and their
-    numbers when a division is not exact. (verl's V1 trainer instead pads a non-divisible batch with synthetic
-    rows, facts §9.3; this planner reports the mismatch so a lab or config check can show it.)
+    numbers when a division is not exact. ``pad_to`` (the trainer passes :func:`padding_multiple`) plans what
+    verl's V1 trainer does instead: N is padded with ``padding_rows`` = (−N) mod pad_to synthetic rows (verl
+    `padding_utils.py::upsample_batch_to_divisible_size`) and the padded batch is split; without it the planner
+    reports the mismatch so a lab or config check can show it.
     """
     for name, value in (("train_batch_size", train_batch_size), ("rollout.n", rollout_n),
                         ("ppo_mini_batch_size", ppo_mini_batch_size), ("dp_size", dp_size),
@@ -145,8 +157,15 @@ def plan_batches(train_batch_size: int, rollout_n: int, ppo_mini_batch_size: int
         _check_positive("ppo_micro_batch_size_per_gpu", ppo_micro_batch_size_per_gpu)
     n_traj = train_batch_size * rollout_n
     global_mini = ppo_mini_batch_size * rollout_n
-    _check_divides("train_batch_size × rollout.n", n_traj, "ppo_mini_batch_size × rollout.n", global_mini)
-    # TrainingWorker asserts this one (facts §9.2): every rank must get the same local mini-batch.
+    padding = 0
+    if pad_to is None:
+        _check_divides("train_batch_size × rollout.n", n_traj, "ppo_mini_batch_size × rollout.n", global_mini)
+    else:
+        _check_positive("pad_to", pad_to)
+        _check_divides("pad_to", pad_to, "ppo_mini_batch_size × rollout.n", global_mini)
+        padding = (-n_traj) % pad_to
+    # TrainingWorker asserts this one (verl `TrainingWorker.train_mini_batch`): every rank must get the same local
+    # mini-batch.
     _check_divides("ppo_mini_batch_size × rollout.n", global_mini, "dp_size", dp_size)
     local_mini = global_mini // dp_size
     wave = per_mini = None
@@ -155,17 +174,24 @@ def plan_batches(train_batch_size: int, rollout_n: int, ppo_mini_batch_size: int
                        "ppo_micro_batch_size_per_gpu", ppo_micro_batch_size_per_gpu)
         wave = ppo_micro_batch_size_per_gpu * dp_size
         per_mini = local_mini // ppo_micro_batch_size_per_gpu
-    steps_per_epoch = n_traj // global_mini
+    steps_per_epoch = (n_traj + padding) // global_mini
     return BatchPlan(
         train_batch_size=train_batch_size, rollout_n=rollout_n, ppo_mini_batch_size=ppo_mini_batch_size,
         dp_size=dp_size, ppo_micro_batch_size_per_gpu=ppo_micro_batch_size_per_gpu, ppo_epochs=ppo_epochs,
         n_trajectories=n_traj, global_mini_batch=global_mini, local_mini_batch=local_mini,
         micro_batch_wave=wave, micro_batches_per_mini=per_mini, optimizer_steps_per_epoch=steps_per_epoch,
-        optimizer_steps=steps_per_epoch * ppo_epochs, rows_per_rank=n_traj // dp_size)
+        optimizer_steps=steps_per_epoch * ppo_epochs, rows_per_rank=(n_traj + padding) // dp_size,
+        padding_rows=padding)
+
+
+def padding_multiple(dp_size: int, *global_mini_batches: int) -> int:
+    """What the balance stage pads a step's rows to: lcm(dp_size, actor mini×n, critic mini×n when there is a
+    critic) (verl V1 `trainer_base.py::_balance_batch`, chapter §9)."""
+    return math.lcm(dp_size, *global_mini_batches)
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 2. Karmarkar–Karp (facts §9.6)
+# 2. Karmarkar–Karp (verl `karmarkar_karp`)
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -174,7 +200,8 @@ def _as_list(values: IntSeq) -> list:
 
 
 def calculate_workload(seq_lens: IntSeq) -> torch.Tensor:
-    """Relative compute cost of each sequence: ``24576·L + L²`` as int64, shape (B,) (facts §9.1, §9.5).
+    """Relative compute cost of each sequence: ``24576·L + L²`` as int64, shape (B,) (verl V1 `trainer_base.py`,
+    `rearrange_micro_batches`).
 
     The linear term is the dense-layer FLOPs of a 7B model (12·4096²·L scaled), the quadratic one attention;
     int64 because L² overflows int32 for long contexts.
@@ -230,7 +257,7 @@ class _State:
 
 
 def karmarkar_karp(seqlen_list: IntSeq, k_partitions: int, equal_size: bool) -> list[list[int]]:
-    """Largest-differencing (Karmarkar–Karp) k-way partition of item indices (facts §9.6).
+    """Largest-differencing (Karmarkar–Karp) k-way partition of item indices (verl `karmarkar_karp`).
 
     Items are sorted ascending by (value, index). With ``equal_size`` each consecutive block of k sorted items
     seeds one state (one item per bin), so every partition ends with len/k items; otherwise every item seeds
@@ -261,7 +288,7 @@ def karmarkar_karp(seqlen_list: IntSeq, k_partitions: int, equal_size: bool) -> 
 
 
 def get_seqlen_balanced_partitions(seqlen_list: IntSeq, k_partitions: int, equal_size: bool) -> list[list[int]]:
-    """Karmarkar–Karp partitions with each partition's indices sorted ascending (facts §9.6).
+    """Karmarkar–Karp partitions with each partition's indices sorted ascending (verl `karmarkar_karp`).
 
     Needs ``len(seqlen_list) ≥ k_partitions``; asserts (as verl does) that no partition is empty and that every
     index 0..len-1 appears exactly once.
@@ -279,16 +306,18 @@ def get_seqlen_balanced_partitions(seqlen_list: IntSeq, k_partitions: int, equal
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 3. DP balance stage of the trainer (facts §9.1 stage 3)
+# 3. DP balance stage of the trainer (verl V1 `trainer_base.py` stage 3)
 # ----------------------------------------------------------------------------------------------------------------
 
 
 def balance_partitions(seq_lens: IntSeq, dp_size: int) -> list[list[int]]:
-    """Split a step batch of B rows into ``dp_size`` equal-count partitions balanced on workload (facts §9.1).
+    """Split a step batch of B rows into ``dp_size`` equal-count partitions balanced on workload (verl V1
+    `trainer_base.py`).
 
     KK with ``equal_size=True`` on ``calculate_workload(L)`` (L = prompt+response length, shape (B,)); each
     partition is index-sorted. The trainer reorders the batch as ``partition0 ‖ partition1 ‖ …`` and rank k gets
-    the k-th contiguous chunk. B must be a multiple of dp_size (V1 pads with synthetic rows first, §9.3).
+    the k-th contiguous chunk. B must be a multiple of dp_size (V1 pads with synthetic rows first, chapter §9; verl
+    `padding_utils.py`).
     """
     _check_positive("dp_size", dp_size)
     lens = _as_list(seq_lens)
@@ -297,7 +326,8 @@ def balance_partitions(seq_lens: IntSeq, dp_size: int) -> list[list[int]]:
 
 
 def balance_metrics(seq_lens: IntSeq, partitions: list[list[int]], prefix: str = "global_seqlen") -> dict:
-    """verl's ``global_seqlen/{min,max,minmax_diff,balanced_min,balanced_max,mean}`` (facts §9.1 stage 3).
+    """verl's ``global_seqlen/{min,max,minmax_diff,balanced_min,balanced_max,mean}`` (verl V1 `trainer_base.py` stage
+    3).
 
     Interpretation (verl's ``log_seqlen_unbalance``, as the V1 trainer calls it): the metrics use TOKEN counts
     L, not workloads, although the partitions were balanced on workload. ``min``/``max``/``minmax_diff`` are
@@ -322,13 +352,14 @@ def balance_metrics(seq_lens: IntSeq, partitions: list[list[int]], prefix: str =
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 4. Dynamic micro-batches (chapter §11.5; facts §9.5, verl 0.9.1)
+# 4. Dynamic micro-batches (chapter §11.5; verl `rearrange_micro_batches`, verl 0.9.1)
 # ----------------------------------------------------------------------------------------------------------------
 
 
 def plan_dynamic_micro_batches(seq_lens: IntSeq, max_token_len: int, min_num_micro_batch: int | None = None,
                                num_batches_divided_by: int | None = None) -> list[list[int]]:
-    """Index lists of the ``use_dynamic_bsz`` micro-batches of one local mini-batch (facts §9.5, 0.9.1).
+    """Index lists of the ``use_dynamic_bsz`` micro-batches of one local mini-batch (verl `rearrange_micro_batches`,
+    0.9.1).
 
     ``seq_lens`` (B,) are effective lengths; ``max_token_len`` = ppo_max_token_len_per_gpu × sp_size.
     num_micro = min(B, ceil(ΣL / max_token_len)), then max(·, min_num_micro_batch), then rounded up to a
@@ -372,7 +403,8 @@ def plan_dynamic_micro_batches(seq_lens: IntSeq, max_token_len: int, min_num_mic
 
 
 def restore_order(micro_indices: list[list[int]]) -> list[int]:
-    """Inverse permutation of the concatenated micro-batch indices (facts §9.5, verl ``restore_dynamic_batch``).
+    """Inverse permutation of the concatenated micro-batch indices (verl `rearrange_micro_batches`, verl
+    ``restore_dynamic_batch``).
 
     If ``y = cat([x[idx] for idx in micro_indices])`` then ``y[restore_order(micro_indices)] == x``.
     """
@@ -384,13 +416,15 @@ def restore_order(micro_indices: list[list[int]]) -> list[int]:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 5. Mini-batches and fixed micro-batches inside a worker (chapter §12.2–§12.3; facts §9.2, §9.4)
+# 5. Mini-batches and fixed micro-batches inside a worker (chapter §12.2–§12.3; verl `TrainingWorker.train_mini_batch`,
+# `forward_backward_batch`)
 # ----------------------------------------------------------------------------------------------------------------
 
 
 def mini_batch_indices(n_rows: int, mini_batch_size: int, epochs: int, shuffle: bool = False,
                        seed: int | None = None) -> list[list[list[int]]]:
-    """Row indices of every mini-batch, per epoch: result[e][j] is mini-batch j of epoch e (facts §9.2).
+    """Row indices of every mini-batch, per epoch: result[e][j] is mini-batch j of epoch e (verl
+    `TrainingWorker.train_mini_batch`).
 
     ``n_rows`` = rows on this rank, ``mini_batch_size`` = local mini-batch (global mini / dp). Without shuffle:
     contiguous slices in order, the same every epoch. With shuffle: the same torch ``DataLoader`` over
@@ -414,7 +448,8 @@ def mini_batch_indices(n_rows: int, mini_batch_size: int, epochs: int, shuffle: 
 
 
 def fixed_micro_batches(n_rows: int, micro_batch_size: int) -> list[list[int]]:
-    """Contiguous micro-batches of ``micro_batch_size`` rows, in order (facts §9.4, ``use_dynamic_bsz=False``).
+    """Contiguous micro-batches of ``micro_batch_size`` rows, in order (verl `forward_backward_batch`,
+    ``use_dynamic_bsz=False``).
 
     ``n_rows`` = local mini-batch rows. If it is not a multiple, the last micro-batch is shorter
     (:func:`plan_batches` rejects such configs up front).

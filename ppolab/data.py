@@ -18,6 +18,11 @@ multi-turn agent rollout (``ppolab.rollout.agent``). Its rows have ``data_source
 
     python -m ppolab.data arith --out data/arith
     python -m ppolab.data arith_tool --out data/arith_tool
+
+``gsm8k`` converts a local copy of GSM8K (its parquet or jsonl files with ``question``/``answer``, as on a GPU box
+without hub access) into the same format, as verl's ``examples/data_preprocess/gsm8k.py`` does::
+
+    python -m ppolab.data gsm8k --input ~/gsm8k --out data/gsm8k
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -192,6 +198,50 @@ def _check_row(row: dict[str, Any]) -> tuple[str | None, str]:
     return None, ""
 
 
+def _paths(path_or_paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
+    return [Path(p) for p in ([path_or_paths] if isinstance(path_or_paths, (str, os.PathLike)) else path_or_paths)]
+
+
+def parquet_rows(path: str | os.PathLike, key: str = "data file") -> int:
+    """Rows of a parquet file from its footer (no data read); the errors name ``key`` and the file."""
+    from ppolab.errors import DataError, MissingFileError
+
+    path = Path(path)
+    if not path.is_file():
+        raise MissingFileError(f"{key}: {path} does not exist; give a verl-format parquet file "
+                               "(python -m ppolab.data arith --out <dir> writes one)")
+    try:
+        return pq.read_metadata(path).num_rows
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{key}: {path} is not a parquet file ({e}); give verl-format parquet (python -m "
+                        "ppolab.data arith --out <dir> writes one)") from None
+
+
+def check_data_files(data: Any, need_val: bool = True) -> dict[str, int]:
+    """Refuse, before any model loads, data files a run cannot use: missing or not parquet, an empty train
+    file, fewer train rows than ``data.train_batch_size``, an empty val file when validation is asked for
+    (``need_val``). ``data`` is the ``data`` config group; returns rows per file."""
+    from ppolab.errors import DataError
+
+    rows = {str(f): parquet_rows(f, "data.train_files") for f in _paths(data.train_files)}
+    for f, n in rows.items():
+        if n == 0:
+            raise DataError(f"data.train_files: {f} has no rows; give a parquet with prompts (or drop it from "
+                            "data.train_files)")
+    total, size = sum(rows.values()), data.train_batch_size
+    if total < size:
+        raise DataError(f"data.train_files hold {total} prompts ({', '.join(rows)}), fewer than "
+                        f"data.train_batch_size={size} that one step needs; lower data.train_batch_size (and "
+                        "ppo_mini_batch_size to divide it) or add prompts")
+    for f in _paths(data.val_files):
+        n = rows[str(f)] = parquet_rows(f, "data.val_files")
+        if n == 0 and need_val:
+            raise DataError(f"data.val_files: {f} has no rows but validation was asked for (trainer.test_freq / "
+                            "trainer.val_before_train); give prompts, or set trainer.test_freq=-1 and "
+                            "trainer.val_before_train=false")
+    return rows
+
+
 def load_rl_dataset(
     path_or_paths: str | os.PathLike | Sequence[str | os.PathLike], tokenizer: Any, max_prompt_length: int
 ) -> RLDataset:
@@ -200,11 +250,9 @@ def load_rl_dataset(
     Raises ``ValueError`` naming the file, row and column for a missing column, a wrong type, or a
     prompt longer than ``max_prompt_length`` tokens.
     """
-    paths = [path_or_paths] if isinstance(path_or_paths, (str, os.PathLike)) else list(path_or_paths)
     rows: list[dict[str, Any]] = []
-    for path in map(Path, paths):
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no such parquet file")
+    for path in _paths(path_or_paths):
+        parquet_rows(path)  # a missing or non-parquet file: an error naming it
         table = pq.read_table(path)
         missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
         if missing:
@@ -243,6 +291,88 @@ def load_rl_dataset(
 # ----------------------------------------------------------------------------- CLI
 
 
+# ----------------------------------------------------------------------------- GSM8K from a local copy
+
+GSM8K_DATA_SOURCE = "openai/gsm8k"
+GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+GSM8K_ANSWER = re.compile(r"#### (\-?[0-9\.\,]+)")
+GSM8K_SUFFIXES = (".parquet", ".jsonl", ".json")
+
+
+def gsm8k_ground_truth(answer: str) -> str | None:
+    """The number after ``#### `` in a GSM8K answer, commas removed (verl's ``extract_solution``); None if absent."""
+    match = GSM8K_ANSWER.search(answer)
+    return match.group(0).split("#### ")[1].replace(",", "") if match else None
+
+
+def _gsm8k_files(input_dir: Path, split: str) -> list[Path]:
+    """The ``split`` files under ``input_dir`` (``train.jsonl``, ``main/train-00000-of-00001.parquet``, ...), shards
+    in name order; verl reads the ``main`` config, so ``socratic`` copies are skipped when others exist."""
+    found = sorted(p for p in input_dir.rglob(f"{split}*") if p.is_file() and p.suffix in GSM8K_SUFFIXES)
+    plain = [p for p in found if "socratic" not in p.relative_to(input_dir).parts]
+    return plain or found
+
+
+def _gsm8k_records(path: Path) -> list[dict[str, Any]]:
+    if path.suffix == ".parquet":
+        return pq.read_table(path).to_pylist()
+    import json
+
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json" and text.lstrip().startswith("["):
+        return json.loads(text)
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def gsm8k_rows(paths: Sequence[Path], split: str) -> list[dict[str, Any]]:
+    """verl RL rows from GSM8K records (verl's ``examples/data_preprocess/gsm8k.py``): the question plus the
+    instruction suffix as one user message, ``data_source`` ``openai/gsm8k``, ability ``math``, the number after
+    ``####`` as rule ground truth, and ``extra_info`` {split, index, answer, question}; index counts over the split.
+    Raises ``ValueError`` naming the file and row for a missing column or an answer without ``#### <number>``."""
+    rows: list[dict[str, Any]] = []
+    for path in paths:
+        for i, rec in enumerate(_gsm8k_records(path)):
+            missing = [c for c in ("question", "answer") if not isinstance(rec.get(c), str)]
+            if missing:
+                raise ValueError(f"{path}: row {i} has no text column {missing[0]!r} (GSM8K rows need 'question' "
+                                 f"and 'answer'; columns: {sorted(rec)})")
+            solution = gsm8k_ground_truth(rec["answer"])
+            if solution is None:
+                raise ValueError(f"{path}: row {i} has no final answer '#### <number>' in its 'answer' column: "
+                                 f"{rec['answer'][-80:]!r}")
+            rows.append({
+                "data_source": GSM8K_DATA_SOURCE,
+                "prompt": [{"role": "user", "content": rec["question"] + " " + GSM8K_INSTRUCTION}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": solution},
+                "extra_info": {"split": split, "index": len(rows), "answer": rec["answer"],
+                               "question": rec["question"]},
+            })
+    return rows
+
+
+def write_gsm8k(input_dir: str | os.PathLike, out: str | os.PathLike) -> tuple[Path, Path]:
+    """Convert a local GSM8K copy (parquet or jsonl with ``question``/``answer``) into verl's ``train.parquet`` and
+    ``test.parquet`` under ``out``; returns their paths. Raises ``FileNotFoundError`` for a missing directory or
+    split, ``ValueError`` for a bad row (both name the path)."""
+    input_dir = Path(input_dir)
+    if not input_dir.is_dir():
+        raise FileNotFoundError(f"GSM8K input directory {input_dir} does not exist (or is not a directory)")
+    splits = {split: _gsm8k_files(input_dir, split) for split in ("train", "test")}
+    for split, paths in splits.items():
+        if not paths:
+            raise FileNotFoundError(f"no GSM8K {split} file under {input_dir}: expected {split}*.parquet or "
+                                    f"{split}*.jsonl (e.g. main/{split}-00000-of-00001.parquet or {split}.jsonl)")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for split, paths in splits.items():
+        path = out / f"{split}.parquet"
+        pq.write_table(pa.Table.from_pylist(gsm8k_rows(paths, split)), path)
+        written.append(path)
+    return written[0], written[1]
+
+
 def _digits(s: str) -> int | list[int]:
     ds = [int(x) for x in s.split(",")]
     if any(d < 1 or d > 6 for d in ds):
@@ -267,9 +397,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         t.add_argument("--digits", type=_digits, default=2, help="digits per operand (difficulty tier), or a mix '1,2'")
         t.add_argument("--ops", default=ops, help=ops_help)
         t.add_argument("--seed", type=int, default=0)
+    g = sub.add_parser("gsm8k", help="a local GSM8K copy (parquet/jsonl with question, answer) in verl's format")
+    g.add_argument("--input", required=True, help="directory holding the train/test parquet or jsonl files")
+    g.add_argument("--out", default="data/gsm8k", help="output directory")
     args = p.parse_args(argv)
-    write = write_arith_tool if args.task == "arith_tool" else write_arith
-    train, test = write(args.out, args.n_train, args.n_test, args.seed, args.digits, args.ops)
+    if args.task == "gsm8k":
+        try:
+            train, test = write_gsm8k(args.input, args.out)
+        except (FileNotFoundError, ValueError) as e:
+            p.exit(2, f"python -m ppolab.data gsm8k: error: {e}\n")
+    else:
+        write = write_arith_tool if args.task == "arith_tool" else write_arith
+        train, test = write(args.out, args.n_train, args.n_test, args.seed, args.digits, args.ops)
     for path in (train, test):
         print(f"wrote {path} ({pq.read_metadata(path).num_rows} rows, {path.stat().st_size / 1024:.0f} KiB)")
 

@@ -1,5 +1,6 @@
 """The worker side of an update: a batch of padded tensors, its micro-batches, and the
-zero-grad → forward/backward per micro-batch → clip → step loop (chapter §11–§13; facts §9.2–§9.5).
+zero-grad → forward/backward per micro-batch → clip → step loop (chapter §11–§13; verl
+`TrainingWorker.train_mini_batch`, `rearrange_micro_batches`).
 
 No formula lives here: losses come from ``ppolab.algos``; this module only decides which rows go
 through the model together and with which global counts.
@@ -54,7 +55,8 @@ class Batch:
         return self.tensors.get("response_attention_mask", self["response_mask"])
 
     def seq_lens(self) -> list[int]:
-        """Effective prompt + response lengths (no padding), the workload unit of balancing (facts §9.3)."""
+        """Effective prompt + response lengths (no padding), the workload unit of balancing (verl
+        `padding_utils.py`)."""
         return (self["prompt_mask"].sum(-1) + self.response_attention().sum(-1)).long().tolist()
 
 

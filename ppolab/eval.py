@@ -97,7 +97,7 @@ def evaluate(
         text = tokenizer.decode(resp, skip_special_tokens=True)
         flexible.append(rewards.gsm8k_compute_score(text, str(it["ground_truth"]), "flexible") == 1.0)
         marked.append("####" in text)
-        s = rewards.score_value(reward_fn(it["data_source"], text, it["ground_truth"], it["extra_info"]))
+        s = rewards.call_reward(reward_fn, it["data_source"], text, it["ground_truth"], it["extra_info"])
         scores.append(s)
         if len(examples) < n_examples:
             examples.append((it["raw_prompt"][-1]["content"], text, it["ground_truth"], s))

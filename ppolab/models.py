@@ -38,6 +38,47 @@ def _model_dir(path: str | os.PathLike) -> Path:
     return p
 
 
+#: Files one of which a directory needs to hold a tokenizer (fast tokenizer, BPE, sentencepiece, WordPiece).
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "spiece.model", "vocab.txt")
+_REBUILD = ("re-run python -m ppolab.sft to rebuild the shipped tiny model, or copy the complete model "
+            "directory there again")
+
+
+def _check_tokenizer_files(p: Path) -> None:
+    from ppolab.errors import MissingFileError
+
+    if not any((p / name).is_file() for name in TOKENIZER_FILES):
+        raise MissingFileError(f"the model directory {p} has no tokenizer files (none of "
+                               f"{', '.join(TOKENIZER_FILES)}); {_REBUILD}")
+
+
+def _check_weight_files(p: Path) -> None:
+    """A missing or truncated ``model.safetensors`` (or shard) is named before transformers reads it."""
+    from safetensors import safe_open
+
+    from ppolab.errors import FileFormatError, MissingFileError
+
+    index = p / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError) as e:
+            raise FileFormatError(f"{index} does not parse ({e}); {_REBUILD}") from None
+        files = [p / s for s in shards]
+    elif (p / "model.safetensors").is_file() or not list(p.glob("pytorch_model*.bin")):
+        files = [p / "model.safetensors"]
+    else:
+        return  # a PyTorch .bin checkpoint: transformers reads it (and names it) itself
+    for f in files:
+        if not f.is_file():
+            raise MissingFileError(f"{f} is missing: the model directory has no weights; {_REBUILD}")
+        try:
+            with safe_open(str(f), framework="pt"):
+                pass
+        except Exception as e:  # safetensors raises its own error type for a truncated or foreign file
+            raise FileFormatError(f"{f} is not a complete safetensors file ({e}); {_REBUILD}") from None
+
+
 def load_tokenizer(path: str | os.PathLike) -> Any:
     """The tokenizer of a local model dir, left-padded for generation, with a pad token.
 
@@ -45,6 +86,7 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
     would swap in ``Qwen2Tokenizer`` for a Qwen2 config); anything else goes through ``AutoTokenizer``.
     """
     p = _model_dir(path)
+    _check_tokenizer_files(p)
     cfg_file = p / "tokenizer_config.json"
     cls = json.loads(cfg_file.read_text()).get("tokenizer_class") if cfg_file.is_file() else None
     loader = PreTrainedTokenizerFast if cls == "PreTrainedTokenizerFast" else AutoTokenizer
@@ -69,6 +111,7 @@ def load_tokenizer_and_model(
     """``(tokenizer, model)`` from a local directory; the model is in eval mode on ``device``."""
     p = _model_dir(path)
     tok = load_tokenizer(p)
+    _check_weight_files(p)
     # transformers >= 4.56 calls it dtype; older versions torch_dtype.
     key = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
     model = AutoModelForCausalLM.from_pretrained(p, local_files_only=True, **{key: _dtype(dtype)})

@@ -10,6 +10,8 @@ Layout of a run dir::
 
 Every file is written to a temporary name in the same folder and renamed into place, so a run stopped
 at any moment (a learner interrupting a cell) stays loadable. Only JSON and safetensors — never pickle.
+A directory that already holds a run is never written into again except to resume it
+(:func:`resume_checkpoint`); a file that does not parse is reported with its path, never skipped.
 """
 from __future__ import annotations
 
@@ -25,6 +27,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 STEP_FILE = "step_{:06d}"
+#: What makes a directory a run directory: training into one of these without resuming would mix two runs.
+#: (A ``config.json`` alone, metrics of step 0 only or a summary of 0 steps is a start stopped before step 1.)
+RUN_ENTRIES = ("metrics.jsonl", "summary.json", "steps", "checkpoints")
+#: The files every checkpoint folder holds (``optim_critic`` too when the run has a critic).
+CHECKPOINT_FILES = ("trainable.safetensors", "optim_actor.safetensors", "rng_rank0.safetensors")
 
 
 def _atomic(path: Path, write) -> None:
@@ -75,20 +82,69 @@ def write_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor],
     _atomic(Path(path), lambda tmp: save_file(clean, tmp, metadata=metadata))
 
 
+def _run_entries(run_dir: str | os.PathLike) -> list[str]:
+    """The entries of ``run_dir`` that show a training step happened there (see :data:`RUN_ENTRIES`)."""
+    d = Path(run_dir)
+    found = []
+    if (d / "metrics.jsonl").is_file() and any(row.get("step", 0) for row in _read_jsonl(d / "metrics.jsonl")):
+        found.append("metrics.jsonl")  # step 0 alone is the validation before training
+    if (d / "summary.json").is_file():
+        try:
+            steps = json.loads((d / "summary.json").read_text()).get("steps", 1)
+        except (ValueError, AttributeError):  # unreadable: count it, a run may be behind it
+            steps = 1
+        if steps:
+            found.append("summary.json")
+    found += [n for n in ("steps", "checkpoints") if (d / n).is_dir() and any((d / n).iterdir())]
+    return found
+
+
+def holds_run(run_dir: str | os.PathLike) -> bool:
+    """Whether ``run_dir`` already holds (part of) a run: logged training steps, a summary, recorded steps or
+    checkpoints. A directory holding only the ``config.json`` of a start that failed before step 1 does not."""
+    return bool(_run_entries(run_dir))
+
+
+def refuse_existing_run(run_dir: str | os.PathLike) -> None:
+    """:class:`ppolab.errors.RunDirError` when ``run_dir`` holds a run: a new run never mixes with an old one."""
+    from ppolab.errors import RunDirError
+
+    found = ", ".join(_run_entries(run_dir))
+    if found:
+        raise RunDirError(f"trainer.run_dir={str(run_dir)!r} already holds a run ({found}); set trainer.resume=true "
+                          "to continue it, or give a new trainer.run_dir — nothing in it was changed")
+
+
+def fresh_run_dir(base: str | os.PathLike) -> Path:
+    """``base``, or ``base-2``, ``base-3``, ... — the first name that does not exist yet (default run names)."""
+    base, k = Path(base), 1
+    path = base
+    while path.exists():
+        k += 1
+        path = base.with_name(f"{base.name}-{k}")
+    return path
+
+
 class Recorder:
     """Writes one run directory. The trainer hands it plain dicts and tensors; it decides the layout."""
 
-    def __init__(self, run_dir: str | os.PathLike, config: dict[str, Any], info: dict[str, Any], write: bool = True):
-        """``write=False`` (data-parallel ranks other than 0): keep metrics in memory, write nothing."""
+    def __init__(self, run_dir: str | os.PathLike, config: dict[str, Any], info: dict[str, Any], write: bool = True,
+                 resume: bool = False):
+        """``write=False`` (data-parallel ranks other than 0): keep metrics in memory, write nothing.
+        ``resume=False`` refuses a directory that already holds a run (:func:`refuse_existing_run`);
+        ``resume=True`` keeps its metrics (the trainer truncates them to the checkpoint's step). Create the
+        recorder of a resumed run only after its checkpoint loaded: this writes ``config.json``."""
         self.run_dir = Path(run_dir)
         self.write = write
         self.metrics: list[dict[str, Any]] = []
         if not write:
             return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         existing = self.run_dir / "metrics.jsonl"
-        if existing.exists():  # resuming: keep what was logged
+        if not resume:
+            refuse_existing_run(self.run_dir)
+        elif existing.exists():  # resuming: keep what was logged
             self.metrics = _read_jsonl(existing)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         write_json(self.run_dir / "config.json", {"config": config, **info})
 
     def log_metrics(self, step: int, metrics: dict[str, Any]) -> None:
@@ -112,6 +168,15 @@ class Recorder:
         write_json(base.with_suffix(".json"), {"step": step, **info})
         return base
 
+    def discard_step(self, step: int) -> None:
+        """Remove what :meth:`record_step` wrote for ``step`` (a step interrupted before its metrics were
+        logged is not part of the run)."""
+        if not self.write:
+            return
+        base = self.run_dir / "steps" / STEP_FILE.format(step)
+        for suffix in (".safetensors", ".json"):
+            base.with_suffix(suffix).unlink(missing_ok=True)
+
     def write_json(self, name: str, obj: Any) -> None:
         if self.write:
             write_json(self.run_dir / name, obj)
@@ -120,21 +185,116 @@ class Recorder:
         return self.run_dir / "checkpoints" / STEP_FILE.format(step)
 
 
+_REDO = "re-record the run (python -m ppolab.train with a new trainer.run_dir)"
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file; a line that does not parse is an error naming the file and line."""
+    from ppolab.errors import FileFormatError
+
     rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a torn last line cannot happen with atomic writes, but be lenient
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
             continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise FileFormatError(f"{path}, line {number}: not valid JSON ({e.msg}), a torn or edited line; fix or "
+                                  "delete that line (its step's metrics are lost), or " + _REDO) from None
+        if not isinstance(row, dict):
+            raise FileFormatError(f"{path}, line {number}: expected a JSON object of metrics, got "
+                                  f"{type(row).__name__}; fix or delete that line")
+        rows.append(row)
     return rows
 
 
+def read_json(path: str | os.PathLike, todo: str = _REDO) -> Any:
+    """A JSON file, or :class:`ppolab.errors.FileFormatError` naming it and ``todo``."""
+    from ppolab.errors import FileFormatError
+
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise FileFormatError(f"{path} does not parse as JSON ({e}); {todo}") from None
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    from safetensors import safe_open
+
+    if not path.is_file():
+        return f"{path.name} is missing"
+    try:
+        with safe_open(str(path), framework="pt"):
+            return None
+    except Exception as e:  # safetensors' own error type: truncated, not safetensors at all, ...
+        return f"{path.name} is not a complete safetensors file ({e})"
+
+
+def checkpoint_problem(directory: str | os.PathLike) -> str | None:
+    """Why a checkpoint folder cannot be resumed from (no ``state.json``: the save was interrupted; a file
+    that is missing or does not parse), or None when it is complete."""
+    directory = Path(directory)
+    state_file = directory / "state.json"
+    if not state_file.is_file():
+        return "incomplete (no state.json: the save was interrupted)"
+    try:
+        state = json.loads(state_file.read_text())
+        optimizers = state["optimizers"]
+        int(state["global_step"])
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as e:
+        return f"state.json does not parse ({type(e).__name__}: {e})"
+    names = CHECKPOINT_FILES + (("optim_critic.safetensors",) if "critic" in optimizers else ())
+    for name in names:
+        problem = _safetensors_problem(directory / name)
+        if problem:
+            return problem
+    return None
+
+
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
-    """The newest complete checkpoint folder (one whose ``state.json`` exists), or None."""
+    """The newest complete checkpoint folder (see :func:`checkpoint_problem`), or None."""
     root = Path(run_dir) / "checkpoints"
-    done = sorted(p for p in root.glob("step_*") if (p / "state.json").exists()) if root.exists() else []
-    return done[-1] if done else None
+    folders = sorted(root.glob("step_*"), reverse=True) if root.exists() else []
+    return next((p for p in folders if checkpoint_problem(p) is None), None)
+
+
+def resume_checkpoint(run_dir: str | os.PathLike, resume: bool) -> tuple[Path | None, list[str]]:
+    """Decide, before any model loads, how a run may start in ``run_dir``: ``(checkpoint, notes)``.
+
+    Not resuming: a directory holding a run is refused (:func:`refuse_existing_run`); returns ``(None, [])``.
+    Resuming: ``(None, [])`` when the directory holds no run yet (a fresh start, as verl's ``resume_mode=auto``);
+    else the newest complete checkpoint and one note per newer checkpoint skipped (incomplete or corrupt,
+    with its path). No complete checkpoint, or a metrics/summary file that does not parse, is a
+    :class:`ppolab.errors.RunDirError` / :class:`ppolab.errors.FileFormatError`. Reads only; writes nothing.
+    """
+    from ppolab.errors import RunDirError
+
+    run_dir = Path(run_dir)
+    if not resume:
+        refuse_existing_run(run_dir)
+        return None, []
+    if not holds_run(run_dir):
+        return None, []
+    root = run_dir / "checkpoints"
+    skipped, found = [], None
+    for folder in sorted(root.glob("step_*"), reverse=True) if root.exists() else []:
+        problem = checkpoint_problem(folder)
+        if problem is None:
+            found = folder
+            break
+        skipped.append(f"checkpoint {folder} is {problem}" if problem.startswith("incomplete")
+                       else f"checkpoint {folder} is corrupt: {problem}")
+    if found is None:
+        why = "; ".join(skipped) if skipped else "it has no checkpoints: trainer.save_freq=-1 saves none"
+        raise RunDirError(f"trainer.resume=true but {run_dir} holds no complete checkpoint to resume from ({why}); "
+                          "give a new trainer.run_dir to start over — nothing in it was changed")
+    if (run_dir / "metrics.jsonl").exists():
+        _read_jsonl(run_dir / "metrics.jsonl")  # a torn line is reported now, not after the model loaded
+    if (run_dir / "summary.json").exists():
+        read_json(run_dir / "summary.json", "fix or delete it (it is rewritten at the end of the run)")
+    notes = [f"{note}; resuming from the previous complete checkpoint {found} instead" for note in skipped]
+    return found, notes
 
 
 @dataclass
@@ -165,10 +325,16 @@ class Run:
                 f"{self.path} is not a ppolab run directory (no config.json). Shipped runs live in data/runs/; "
                 "make one with python -m ppolab.train trainer.run_dir=<dir>"
             )
-        meta = json.loads(config_file.read_text())
+        meta = read_json(config_file)
+        if not isinstance(meta, dict) or "config" not in meta:
+            from ppolab.errors import FileFormatError
+
+            raise FileFormatError(f"{config_file} has no 'config' entry: not written by ppolab's recorder; {_REDO}")
         self.config: dict[str, Any] = meta.pop("config")
         self.info: dict[str, Any] = meta
         self._cache: dict[int, StepRecord] = {}
+        if (self.path / "metrics.jsonl").exists():
+            _read_jsonl(self.path / "metrics.jsonl")  # a torn line is reported when the run is opened
 
     @property
     def metrics(self):
@@ -182,15 +348,22 @@ class Run:
 
     @property
     def steps(self) -> list[int]:
-        """Training steps with recorded tensors (both files present)."""
+        """Training steps with recorded tensors (``step_<k>.safetensors`` and/or ``.json``; :meth:`step` names a
+        missing half)."""
         folder = self.path / "steps"
         if not folder.exists():
             return []
-        return sorted(int(p.stem.split("_")[1]) for p in folder.glob("step_*.safetensors")
-                      if p.with_suffix(".json").exists())
+        found = set()
+        for p in folder.glob("step_*"):
+            number = p.stem.split("_")[1]
+            if p.suffix in (".safetensors", ".json") and number.isdigit():
+                found.add(int(number))
+        return sorted(found)
 
     def step(self, k: int | None = None) -> StepRecord:
-        """The recorded step ``k`` (default: the last one)."""
+        """The recorded step ``k`` (default: the last one); a missing or unreadable file is an error naming it."""
+        from ppolab.errors import FileFormatError, MissingFileError
+
         steps = self.steps
         if not steps:
             raise FileNotFoundError(f"{self.path} has no recorded steps (trainer.record_freq)")
@@ -199,14 +372,23 @@ class Run:
             raise KeyError(f"step {k} was not recorded in {self.path}; recorded steps: {steps}")
         if k not in self._cache:
             base = self.path / "steps" / STEP_FILE.format(k)
-            self._cache[k] = StepRecord(k, load_file(str(base.with_suffix(".safetensors"))),
-                                        json.loads(base.with_suffix(".json").read_text()))
+            tensors_file, info_file = base.with_suffix(".safetensors"), base.with_suffix(".json")
+            for f in (tensors_file, info_file):
+                if not f.is_file():
+                    raise MissingFileError(f"{f} is missing, so step {k} is only half recorded; open another step "
+                                           f"(recorded: {steps}) or {_REDO}")
+            try:
+                tensors = load_file(str(tensors_file))
+            except Exception as e:  # safetensors' own error type for a truncated or foreign file
+                raise FileFormatError(f"{tensors_file} is not a complete safetensors file ({e}); open another step "
+                                      f"(recorded: {steps}) or {_REDO}") from None
+            self._cache[k] = StepRecord(k, tensors, read_json(info_file))
         return self._cache[k]
 
     @property
     def summary(self) -> dict[str, Any]:
         path = self.path / "summary.json"
-        return json.loads(path.read_text()) if path.exists() else {}
+        return read_json(path) if path.exists() else {}
 
     def ppo_config(self):
         """The run's config as a :class:`ppolab.config.PPOConfig` (to re-run or compare)."""

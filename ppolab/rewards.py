@@ -11,12 +11,16 @@ function is loaded the way verl reads ``custom_reward_function.path`` / ``.name`
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
+import inspect
+import math
+import numbers
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -79,14 +83,27 @@ def arith_tool_compute_score(
     return arith_compute_score(final, ground_truth, format_score, score)
 
 
+def arith_score_components(
+    solution_str: str, ground_truth: str, format_score: float = 0.0, score: float = 1.0, tool: bool = False
+) -> dict[str, float]:
+    """The ``arith`` rule as verl's dict return: ``score`` (what the trainer optimises) plus two components a
+    multi-reward estimator (``gdpo``) can use — ``acc`` (1 if the ``####`` answer is right) and ``format`` (1 if
+    there is a ``#### <number>`` answer at all)."""
+    text = solution_str.rsplit(_TOOL_RESPONSE_END, 1)[-1] if tool else solution_str
+    value = arith_compute_score(text, ground_truth, format_score, score)
+    has_answer = gsm8k_extract_solution(text, "strict") is not None
+    correct = has_answer and arith_compute_score(text, ground_truth, 0.0, 1.0) == 1.0
+    return {"score": value, "acc": float(correct), "format": float(has_answer)}
+
+
 # Namespaces so callers can write ``rewards.gsm8k.compute_score`` like verl's module layout.
 gsm8k = SimpleNamespace(extract_solution=gsm8k_extract_solution, compute_score=gsm8k_compute_score)
 arith = SimpleNamespace(compute_score=arith_compute_score)
 arith_tool = SimpleNamespace(compute_score=arith_tool_compute_score)
 
-_BY_SOURCE: dict[str, Callable[..., float]] = {
-    "arith": arith_compute_score,
-    "arith_tool": arith_tool_compute_score,
+_BY_SOURCE: dict[str, Callable[..., float | dict[str, float]]] = {
+    "arith": arith_score_components,
+    "arith_tool": functools.partial(arith_score_components, tool=True),
     "openai/gsm8k": gsm8k_compute_score,
     "gsm8k": gsm8k_compute_score,
 }
@@ -94,8 +111,9 @@ _BY_SOURCE: dict[str, Callable[..., float]] = {
 
 def compute_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None, **kwargs: Any
-) -> float:
-    """The default reward: picks the rule by ``data_source``; ``kwargs`` go to the rule."""
+) -> float | dict[str, float]:
+    """The default reward: picks the rule by ``data_source``; ``kwargs`` go to the rule. The arithmetic tasks
+    return verl's dict form (``score`` plus the components ``acc`` and ``format``), GSM8K a float, as verl."""
     fn = _BY_SOURCE.get(data_source)
     if fn is None:
         raise NotImplementedError(
@@ -150,7 +168,151 @@ def get_reward_fn(custom_reward_function: Any = None) -> RewardFn:
     if not reward_kwargs:
         return fn
 
+    @functools.wraps(fn)  # __wrapped__: errors name the user's function, not this wrapper
     def with_kwargs(*args: Any, **kwargs: Any) -> float | dict[str, Any]:
         return fn(*args, **kwargs, **reward_kwargs)
 
     return with_kwargs
+
+
+# ----------------------------------------------------------------------------- checked calls and warning signs
+def describe_reward_fn(fn: Any) -> str:
+    """``'compute_score' in /path/to/file.py``: the function a reward error is about (wrappers unwrapped)."""
+    fn = inspect.unwrap(fn)
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    try:
+        where = inspect.getsourcefile(fn) or inspect.getfile(fn)
+    except TypeError:  # a builtin or a callable object without source
+        where = getattr(type(fn), "__module__", "?")
+    return f"{name!r} in {where}"
+
+
+def _short(text: Any, limit: int = 120) -> str:
+    r = repr(text)
+    return r if len(r) <= limit else r[: limit - 5] + "…" + r[-4:]
+
+
+def checked_score(result: Any) -> float:
+    """The score of one reward call, or ValueError saying what is wrong with ``result``: a finite number, or a
+    dict whose ``"score"`` is one (verl's two return types); NaN/inf, None, strings and other dicts are refused."""
+    value = result
+    if isinstance(result, Mapping):
+        if "score" not in result:
+            raise ValueError(f"returned a dict without a 'score' key ({_short(dict(result))})")
+        value = result["score"]
+    as_score = " as 'score'" if value is not result else ""
+    if not isinstance(value, numbers.Real) and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        value = value.item()  # a 0-d numpy array or torch tensor
+    if not isinstance(value, numbers.Real):
+        what = "None" if value is None else f"a {type(value).__name__} ({_short(value)})"
+        raise ValueError(f"returned {what}{as_score}, not a number")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"returned {value}{as_score}, not a finite number")
+    return value
+
+
+def call_reward(fn: RewardFn, data_source: str, solution_str: str, ground_truth: str,
+                extra_info: dict | None = None) -> float:
+    """The checked score of one reward call (see :func:`call_reward_with_info`)."""
+    return call_reward_with_info(fn, data_source, solution_str, ground_truth, extra_info)[0]
+
+
+def call_reward_with_info(fn: RewardFn, data_source: str, solution_str: str, ground_truth: str,
+                          extra_info: dict | None = None) -> tuple[float, dict[str, Any]]:
+    """``fn(data_source, solution_str, ground_truth, extra_info)`` as (checked float score, extra info): an
+    exception inside the function or a bad return value becomes a :class:`ppolab.errors.RewardError` naming
+    the function (file and name), the offending value and the response it scored."""
+    from ppolab.errors import RewardError
+
+    context = f"on the response {_short(solution_str)} (data_source {data_source!r}, ground_truth {ground_truth!r})"
+    try:
+        result = fn(data_source, solution_str, ground_truth, extra_info)
+    except Exception as e:
+        todo = "" if inspect.unwrap(fn) is compute_score else "; fix the function (custom_reward_function.path)"
+        raise RewardError(f"reward function {describe_reward_fn(fn)} raised {type(e).__name__} {context}: "
+                          f"{e}{todo}") from e
+    try:
+        score = checked_score(result)
+    except ValueError as e:
+        raise RewardError(f"reward function {describe_reward_fn(fn)} {e}, {context}; it must return a finite "
+                          "float or a dict with a finite 'score'") from None
+    # verl's reward_extra_info: every other key of a dict return (the components gdpo combines)
+    extras = {k: v for k, v in result.items() if k != "score"} if isinstance(result, Mapping) else {}
+    return score, extras
+
+
+#: data sources whose built-in rule compares numbers: a ground truth that is not one can never be matched.
+NUMERIC_SOURCES = ("arith", "arith_tool", "gsm8k", "openai/gsm8k")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(str(text).replace(",", ""))
+    except ValueError:
+        return False
+    return True
+
+
+class ConstantRewardWatch:
+    """Watches the scores of the first ``steps`` training steps; :meth:`see` returns one warning sentence
+    (naming the likely cause) when every response of those steps got the same score, else None."""
+
+    def __init__(self, reward_fn: RewardFn, steps: int = 3):
+        self.reward_fn, self.steps = reward_fn, steps
+        self.values: set[float] = set()
+        self.seen, self.count = 0, 0
+        self.bad_truths: list[tuple[str, str]] = []
+
+    def see(self, scores: Sequence[float], data_sources: Sequence[str], ground_truths: Sequence[str]) -> str | None:
+        if self.seen >= self.steps:
+            return None
+        self.seen += 1
+        self.count += len(scores)
+        self.values.update(float(s) for s in scores)
+        builtin = inspect.unwrap(self.reward_fn) is compute_score
+        self.bad_truths += [(d, g) for d, g in zip(data_sources, ground_truths)
+                            if builtin and d in NUMERIC_SOURCES and not _is_number(g)]
+        if self.seen < self.steps or len(self.values) != 1:
+            return None
+        value = next(iter(self.values))
+        head = (f"every one of the {self.count} responses of the first {self.steps} step(s) got reward {value:g}, "
+                "so the advantages are 0 and nothing is learned")
+        if self.bad_truths:
+            source, truth = self.bad_truths[0]
+            cause = (f"the likely cause: ground_truth {truth!r} (data_source {source!r}) is not a number, so the "
+                     f"built-in rule can never match it; fix reward_model.ground_truth in data.train_files")
+        elif not builtin:
+            cause = (f"the likely cause: the reward function {describe_reward_fn(self.reward_fn)} returns "
+                     f"{value:g} whatever the response; check it on a few responses of this run")
+        elif value == 0:
+            cause = ("the likely cause: the model never writes a correct '#### <number>' answer (check "
+                     "actor_rollout_ref.model.path and data.max_response_length) or the data_source/ground_truth "
+                     "do not fit the built-in rule")
+        else:
+            cause = "the likely cause: the task is already solved by every sample; use harder prompts"
+        return f"{head}; {cause}"
+
+
+def reward_warning_signs(metrics: Any) -> list[str]:
+    """Warning signs of the score columns of a run's metrics (a DataFrame indexed by step, training steps only):
+    non-finite scores (logged as null) and scores that were the same for every response at every step.
+    A pure function for :func:`ppolab.widgets.metrics.warning_signs`."""
+    out: list[str] = []
+    cols = ("critic/score/mean", "critic/score/min", "critic/score/max")
+    if any(c not in metrics for c in cols) or len(metrics) == 0:
+        return out
+    mean = metrics["critic/score/mean"].astype(float)
+    bad = mean[~mean.apply(math.isfinite)]
+    if len(bad):
+        out.append(f"critic/score is not finite (NaN/inf) at {len(bad)} step(s), first at step {bad.index[0]}: the "
+                   "reward function returned NaN/inf and poisoned those batches")
+    lo, hi = metrics["critic/score/min"].astype(float), metrics["critic/score/max"].astype(float)
+    good = lo.apply(math.isfinite) & hi.apply(math.isfinite)
+    if good.any() and (lo[good] == hi[good]).all():
+        values = sorted(set(lo[good]))
+        said = f"always {values[0]:g}" if len(values) == 1 else "the same for every response of each step"
+        out.append(f"critic/score is {said} at all {int(good.sum())} step(s): no response scored differently "
+                   "from the others, so there is no learning signal — check the reward function and the ground "
+                   "truths")
+    return out

@@ -21,7 +21,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from ppolab.algos import entropy_from_logits, logprobs_from_logits, scale_logits
+from ppolab.algos import calculate_sum_pi_squared_from_logits, entropy_from_logits, logprobs_from_logits, scale_logits
 from ppolab.models import load_tokenizer_and_model
 
 
@@ -32,6 +32,7 @@ class ResponseOutputs:
     log_probs: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
     values: torch.Tensor | None = None
+    sum_pi_squared: torch.Tensor | None = None
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -48,13 +49,15 @@ def forward_response(
     want_log_probs: bool = True,
     want_entropy: bool = False,
     value_head: nn.Module | None = None,
+    want_sum_pi_squared: bool = False,
 ) -> ResponseOutputs:
     """Run ``model`` on prompt ‖ response and read the response positions.
 
     Shapes: input_ids, attention_mask (bs, P + R) with prompts left-padded and responses right-padded;
     R = ``response_length``. The logits at position t predict token t+1, so the response tokens are
     predicted by the last R+1 positions minus the final one (the one-token shift, chapter §9). Logits
-    are divided by the temperature before log-probs and entropy (facts §6). Values are the value head
+    are divided by the temperature before log-probs and entropy (verl `prepare_model_outputs`). Values are the value
+    head
     on the hidden state at the same shifted positions (the value of the state *before* each token).
     """
     out = model(
@@ -66,13 +69,15 @@ def forward_response(
         use_cache=False,
     )
     result = ResponseOutputs()
-    if want_log_probs or want_entropy:
+    if want_log_probs or want_entropy or want_sum_pi_squared:
         logits = scale_logits(out.logits[:, :-1, :].float(), temperature)
         responses = input_ids[:, -response_length:]
         if want_log_probs:
             result.log_probs = logprobs_from_logits(logits, responses)
         if want_entropy:
             result.entropy = entropy_from_logits(logits)
+        if want_sum_pi_squared:  # logits are already temperature-scaled
+            result.sum_pi_squared = calculate_sum_pi_squared_from_logits(logits)
     if value_head is not None:
         hidden = out.hidden_states[-1][:, -response_length - 1 : -1, :]
         result.values = value_head(hidden.to(value_head.weight.dtype)).squeeze(-1)
@@ -140,7 +145,14 @@ class PolicyModels:
             self.ref_model = copy.deepcopy(base).requires_grad_(False) if use_reference else None
             self.critic_model = None
             if use_critic:
-                _, critic = load_tokenizer_and_model(critic_path or path, dtype, device)
+                critic_tok, critic = load_tokenizer_and_model(critic_path or path, dtype, device)
+                if critic_tok.get_vocab() != self.tokenizer.get_vocab():  # values of other tokens: meaningless
+                    from ppolab.config import ConfigError
+
+                    raise ConfigError(
+                        f"critic.model.path={critic_path!r} has a different vocabulary ({len(critic_tok)} tokens) "
+                        f"from the actor's {path!r} ({len(self.tokenizer)} tokens): the critic reads the actor's "
+                        "token ids; give a critic built on the same tokenizer, or leave critic.model.path unset")
                 self.critic_model = critic.requires_grad_(True)
         if use_critic:
             hidden = self.critic_model.config.hidden_size if not self.lora else base.config.hidden_size

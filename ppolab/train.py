@@ -15,6 +15,7 @@ import os
 import random
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -23,7 +24,8 @@ import torch
 
 from ppolab import distributed
 from ppolab.config import PPOConfig, load_config, to_dict
-from ppolab.record import Recorder, Run, StepRecord, latest_checkpoint, write_json, write_tensors
+from ppolab.record import (Recorder, Run, StepRecord, fresh_run_dir, read_json, resume_checkpoint, write_json,
+                           write_tensors)
 
 #: Tensors of the final step batch that go into a recorded step (chapter §1: what exists after each stage).
 RECORDED_TENSORS = ("prompts", "prompt_mask", "responses", "response_mask", "response_attention_mask", "loss_mask",
@@ -82,6 +84,8 @@ def save_checkpoint(trainer, directory: Path) -> None:
     each saves its own torch RNG state (ranks sample different rollouts); rank 0 saves the rest, which is
     identical on all ranks (gradients are averaged)."""
     directory.mkdir(parents=True, exist_ok=True)
+    if trainer.dist.is_main:  # re-saving a step (after a resume): never leave an old state.json over new files
+        (directory / "state.json").unlink(missing_ok=True)
     write_tensors(directory / f"rng_rank{trainer.dp_rank}.safetensors", {"torch": torch.get_rng_state()})
     if trainer.dist.enabled:
         torch.distributed.barrier()
@@ -108,7 +112,21 @@ def save_checkpoint(trainer, directory: Path) -> None:
 
 
 def load_checkpoint(trainer, directory: Path) -> None:
-    """Inverse of :func:`save_checkpoint`: the trainer continues exactly where the checkpoint was taken."""
+    """Inverse of :func:`save_checkpoint`: the trainer continues exactly where the checkpoint was taken. A
+    checkpoint that does not load (another config, a damaged file) is a RunDirError naming it."""
+    from ppolab.errors import RunDirError
+
+    try:
+        _load_checkpoint(trainer, Path(directory))
+    except Exception as e:
+        run_dir = Path(directory).parent.parent
+        raise RunDirError(f"cannot resume from {directory} ({type(e).__name__}: {e}); resume with the config the "
+                          f"run was trained with ({run_dir / 'config.json'}), move that checkpoint folder away to "
+                          "resume from an earlier one, or give a new trainer.run_dir — nothing in the run was "
+                          "changed") from e
+
+
+def _load_checkpoint(trainer, directory: Path) -> None:
     from safetensors.torch import load_file
 
     state = json.loads((directory / "state.json").read_text())
@@ -169,49 +187,77 @@ def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequen
     ``config``: a :class:`PPOConfig`, a preset name (``grpo_tiny`` default, ``ppo_gae_tiny``, …) or a YAML path;
     ``overrides``: verl-style ``["actor_rollout_ref.actor.clip_ratio=0.1", ...]`` or a dict.
     ``on_step(step, metrics, record)`` is called after every step (``record`` is the recorded step or None)
-    — a notebook can live-plot with it. A KeyboardInterrupt stops cleanly: the run dir stays loadable.
+    — a notebook can live-plot with it. A KeyboardInterrupt stops cleanly: the run dir stays loadable, at
+    the last step whose metrics were logged. A ``trainer.run_dir`` that already holds a run is refused
+    unless ``trainer.resume=true`` (before any model loads; nothing in it changes).
     """
     from tqdm.auto import tqdm
 
+    from ppolab.errors import RewardWarning, RunWarning
+    from ppolab.rewards import ConstantRewardWatch
     from ppolab.trainer import PPOTrainer
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))  # set by torchrun / accelerate launch
     cfg = resolve_config(config, overrides, world_size=world_size)
     info = distributed.init_from_env(cfg.trainer.device)
-    stamp = distributed.all_gather_object(time.strftime("%Y%m%d-%H%M%S"), info)[0]  # one name for all ranks
-    run_dir = Path(cfg.trainer.run_dir or f"runs/{cfg.trainer.experiment_name}-{stamp}")
+    t, summary = cfg.trainer, {}
+    if t.run_dir:
+        run_dir = Path(t.run_dir)
+    else:  # a new name, one for all ranks; never an existing directory
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        run_dir = Path(distributed.all_gather_object(str(fresh_run_dir(f"runs/{t.experiment_name}-{stamp}")),
+                                                     info)[0])
+    # Before any model loads: a directory holding a run is resumed (trainer.resume=true) or refused, never mixed.
+    checkpoint, notes = resume_checkpoint(run_dir, t.resume)
+    for note in notes if info.is_main else ():
+        warnings.warn(note, RunWarning, stacklevel=2)
+    if checkpoint is not None and (run_dir / "summary.json").exists():
+        summary = read_json(run_dir / "summary.json")
+        for key in ("interrupted_at_step", "val_after"):  # facts of the earlier session, re-derived below
+            summary.pop(key, None)
     trainer = PPOTrainer(cfg, info)
+    if checkpoint is not None:
+        load_checkpoint(trainer, checkpoint)  # a failure leaves the run dir (config.json too) as it was
     # Only rank 0 writes the run directory; the other ranks compute and log nothing.
     recorder = Recorder(run_dir, to_dict(cfg), {"batch_plan": trainer.plan.as_dict(), "versions": _versions(),
-                                                "world_size": trainer.dp_size}, write=info.is_main)
+                                                "world_size": trainer.dp_size}, write=info.is_main,
+                        resume=checkpoint is not None)
+    if checkpoint is not None:
+        recorder.truncate_metrics(trainer.global_step)
     progress = progress and info.is_main
     writer = _tensorboard(cfg, run_dir) if info.is_main else None
-    t, summary = cfg.trainer, {}
-    checkpoint = latest_checkpoint(run_dir) if t.resume else None
-    if checkpoint is not None:
-        load_checkpoint(trainer, checkpoint)
-        recorder.truncate_metrics(trainer.global_step)
-        summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
-    elif t.val_before_train and trainer.val_data and info.is_main:
-        summary["val_before"] = trainer.validate()
-        recorder.log_metrics(0, summary["val_before"])
+    watch = ConstantRewardWatch(trainer.reward_fn, min(3, t.total_training_steps)) \
+        if checkpoint is None and info.is_main else None
+    done = trainer.global_step  # the last step whose metrics are logged: what the run holds
+    recording = None  # a step whose tensors are being written but whose metrics are not logged yet
     bar = tqdm(total=t.total_training_steps, initial=trainer.global_step, disable=not progress, desc="ppolab",
                dynamic_ncols=True)
     try:
+        if checkpoint is None and t.val_before_train and trainer.val_data and info.is_main:
+            summary["val_before"] = trainer.validate()
+            recorder.log_metrics(0, summary["val_before"])
         while trainer.global_step < t.total_training_steps:
             metrics, batch, histories = trainer.step()
             step = trainer.global_step
+            if watch is not None:
+                note = watch.see(*_real_scores(batch))
+                if note:
+                    bar.clear()  # the warning on its own lines, not glued to the progress bar
+                    warnings.warn(note, RewardWarning, stacklevel=2)
+                    bar.refresh()
             if info.is_main and t.test_freq > 0 and (step % t.test_freq == 0 or step == t.total_training_steps):
                 start = time.perf_counter()
                 metrics.update(trainer.validate())
                 metrics["timing_s/testing"] = time.perf_counter() - start
-            recorder.log_metrics(step, metrics)
             record = None
             if info.is_main and t.record_freq > 0 and (step % t.record_freq == 0 or step == 1
                                                        or step == t.total_training_steps):
+                recording = step
                 tensors, step_info = step_record(trainer, batch, histories, metrics)
                 recorder.record_step(step, tensors, step_info)
                 record = StepRecord(step, tensors, step_info)
+            recorder.log_metrics(step, metrics)  # from here on the step is part of the run
+            done, recording = step, None
             if t.save_freq > 0 and step % t.save_freq == 0:
                 save_checkpoint(trainer, recorder.checkpoint_dir(step))
             if writer is not None:
@@ -223,19 +269,29 @@ def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequen
             if on_step is not None:
                 on_step(step, metrics, record)
     except KeyboardInterrupt:
-        summary["interrupted_at_step"] = trainer.global_step
-        bar.write(f"interrupted after step {trainer.global_step}; {run_dir} is complete up to there and loadable")
+        summary["interrupted_at_step"] = done
+        bar.write(f"interrupted after step {done}; {run_dir} is complete up to there and loadable")
     finally:
+        if recording is not None:  # its tensors without its metrics (interrupted, or an error): not in the run
+            recorder.discard_step(recording)
         bar.close()
         if writer is not None:
             writer.close()
         distributed.finish(info, close=trainer.close)  # the rollout engine goes before the process group
     val = recorder.metrics[-1] if recorder.metrics and "val/accuracy" in recorder.metrics[-1] else None
-    summary.update({"steps": trainer.global_step, "run_dir": str(run_dir)})
+    summary.update({"steps": done, "run_dir": str(run_dir)})
     if val is not None:
         summary["val_after"] = {k: v for k, v in val.items() if k.startswith("val")}
     recorder.write_json("summary.json", summary)
     return Run(run_dir) if info.is_main else None
+
+
+def _real_scores(batch) -> tuple[list[float], list[str], list[str]]:
+    """Scores, data sources and ground truths of the batch's real rows (padding samples left out)."""
+    real = (~batch["is_pad"].bool()).tolist()
+    scores = batch["token_level_scores"].sum(-1).tolist()
+    pick = lambda values: [v for v, keep in zip(values, real) if keep]  # noqa: E731
+    return pick(scores), pick(batch.lists["data_source"]), pick(batch.lists["ground_truth"])
 
 
 def _tensorboard(cfg: PPOConfig, run_dir: Path):
@@ -267,8 +323,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError, ImportError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    from ppolab.errors import PpolabError
+
     start = time.perf_counter()
-    run = train(cfg)
+    try:
+        run = train(cfg)
+    except (ConfigError, PpolabError) as e:  # a run dir, data file, model file or reward mistake: one line
+        print(f"{'config error' if isinstance(e, ConfigError) else 'error'}: {e}", file=sys.stderr)
+        return 2 if isinstance(e, ConfigError) else 1
     if run is None:  # not rank 0: rank 0 reports
         return 0
     summary = run.summary

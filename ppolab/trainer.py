@@ -1,4 +1,5 @@
-"""PPOTrainer: verl's V1 training step as nine stages, one method each, same names (chapter §1; facts §9.1).
+"""PPOTrainer: verl's V1 training step as nine stages, one method each, same names (chapter §1; verl V1
+`trainer_base.py`).
 
     batch = generate_sequences(prompts)       1 sample (ppolab generates here; verl reads a replay buffer)
     batch = compute_reward(batch)             2 scores on the last response token
@@ -15,7 +16,6 @@ machinery from ``ppolab.engine``; only ``ppolab.record.Recorder`` writes the run
 """
 from __future__ import annotations
 
-import math
 import random
 import time
 from contextlib import contextmanager
@@ -25,11 +25,11 @@ import numpy as np
 import torch
 
 from ppolab import algos
-from ppolab.batching import balance_metrics, balance_partitions, plan_batches
+from ppolab.batching import balance_metrics, balance_partitions, padding_multiple, plan_batches
 from ppolab import distributed
 from ppolab.config import PPOConfig
 from ppolab.distributed import DistInfo
-from ppolab.rewards import score_value
+from ppolab.rewards import call_reward, call_reward_with_info
 from ppolab.engine import Batch, micro_batches, pad_right, reduce_metrics, to_device, train_mini_batches, trimmed_inputs
 from ppolab.roles import PolicyModels, forward_response
 from ppolab.rollout import SamplingParams, make_rollout_engine, require_engine
@@ -39,10 +39,13 @@ class PPOTrainer:
     """Builds models, data and optimizers from a validated :class:`PPOConfig` and runs training steps."""
 
     def __init__(self, config: PPOConfig, dist_info: DistInfo | None = None):
-        from ppolab.data import load_rl_dataset
+        from ppolab.data import check_data_files, load_rl_dataset
         from ppolab.rewards import get_reward_fn
 
         self.config = cfg = config
+        # Files and the reward function are checked before the model loads: a mistake costs no waiting.
+        check_data_files(cfg.data, need_val=cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train)
+        self.reward_fn = get_reward_fn(cfg.custom_reward_function)
         self.dist = dist_info or DistInfo()
         self.dp_rank, self.dp_size = self.dist.rank, self.dist.world_size
         self.all_reduce_sum = distributed.all_reduce_sum if self.dist.enabled else None
@@ -67,7 +70,6 @@ class PPOTrainer:
         val = (load_rl_dataset(cfg.data.val_files, self.tokenizer, cfg.data.max_prompt_length)
                if cfg.data.val_files else [])
         self.val_data = val[: cfg.data.val_max_samples] if cfg.data.val_max_samples else val
-        self.reward_fn = get_reward_fn(cfg.custom_reward_function)
         vllm_args = dict(seed=cfg.trainer.seed,
                          max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length)
         self.rollout = make_rollout_engine(arr.rollout, self.models,
@@ -80,7 +82,7 @@ class PPOTrainer:
                                   if cfg.algorithm.use_kl_in_reward else None)
         self.plan = plan_batches(cfg.data.train_batch_size, arr.rollout.n, actor.ppo_mini_batch_size, self.dp_size,
                                  None if actor.use_dynamic_bsz else actor.ppo_micro_batch_size_per_gpu,
-                                 actor.ppo_epochs)
+                                 actor.ppo_epochs, pad_to=self.padding_multiple())
         self.global_step = 0
         self.data_epoch, self.data_cursor = 0, 0
         self._order = self._epoch_order(0)
@@ -122,20 +124,37 @@ class PPOTrainer:
         )
         if out.response_attention_mask is not None:
             batch["response_attention_mask"] = out.response_attention_mask
+        if self.config.algorithm.adv_estimator == "remax":  # ReMax's baseline: one greedy answer per prompt
+            batch["reward_baselines"] = self.greedy_baselines(mine).repeat_interleave(n)
         if self.dist.enabled:
             batch = concat_padded(distributed.all_gather_object(batch, self.dist), self.tokenizer.pad_token_id)
-        batch["loss_mask"] = batch["response_mask"].clone()  # a copy, counted by the engine (facts §9.4)
+        batch["loss_mask"] = batch["response_mask"].clone()  # a copy, counted by the engine (verl
+        # `forward_backward_batch`)
         return batch
+
+    def greedy_baselines(self, prompts: list[dict[str, Any]]) -> torch.Tensor:
+        """The score of one greedy (``do_sample=False``) response per prompt, (P,): ReMax's ``reward_baselines``,
+        generated and scored the way verl's trainer does for ``adv_estimator=remax``."""
+        r = self.config.actor_rollout_ref.rollout
+        out = self.rollout.generate([p["input_ids"] for p in prompts], 1,
+                                    SamplingParams(r.temperature, r.top_p, r.top_k, False),
+                                    self.config.data.max_response_length)
+        texts = self.tokenizer.batch_decode(out.responses, skip_special_tokens=True)
+        return torch.tensor([call_reward(self.reward_fn, p["data_source"], text, p["ground_truth"], p["extra_info"])
+                             for p, text in zip(prompts, texts)], dtype=out.response_mask.dtype)
 
     # ================================================================== stage 2: reward
     def compute_reward(self, batch: Batch) -> Batch:
-        """verl's reward signature per trajectory; the score sits on the last valid response token."""
+        """verl's reward signature per trajectory; the score sits on the last valid response token. The other
+        keys of a dict return are kept per row as ``reward_extra_info`` (the components ``gdpo`` combines)."""
         texts = self.tokenizer.batch_decode(batch["responses"], skip_special_tokens=True)
         scores = torch.zeros(len(batch), dtype=batch["response_mask"].dtype)
-        for i, text in enumerate(texts):
-            s = self.reward_fn(batch.lists["data_source"][i], text, batch.lists["ground_truth"][i],
-                               batch.lists["extra_info"][i])
-            scores[i] = score_value(s)
+        extras = []
+        for i, text in enumerate(texts):  # a NaN, None or crash stops here, naming the function and response
+            scores[i], extra = call_reward_with_info(self.reward_fn, batch.lists["data_source"][i], text,
+                                                     batch.lists["ground_truth"][i], batch.lists["extra_info"][i])
+            extras.append(extra)
+        batch.lists["reward_extra_info"] = extras
         # The last position with response_mask = 1: the end of the policy's own text (tool observations,
         # spliced in with mask 0, may sit before it; padding after it).
         width = batch["response_mask"].shape[1]
@@ -150,12 +169,9 @@ class PPOTrainer:
     # ================================================================== stage 3: balance
     def balance_batch(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """Pad with synthetic samples to a multiple of lcm(dp, mini×n) and split rows across DP ranks by
-        Karmarkar–Karp on the attention workload (facts §9.1 stage 3, §9.3)."""
-        cfg, n = self.config, self.config.actor_rollout_ref.rollout.n
-        multiple = math.lcm(self.dp_size, cfg.actor_rollout_ref.actor.ppo_mini_batch_size * n)
-        if self.use_critic:
-            multiple = math.lcm(multiple, cfg.critic.ppo_mini_batch_size * n)
-        batch = add_padding_samples(batch, (-len(batch)) % multiple, self.tokenizer)
+        Karmarkar–Karp on the attention workload (verl V1 `trainer_base.py` stage 3,
+        `padding_utils.py`)."""
+        batch = add_padding_samples(batch, (-len(batch)) % self.padding_multiple(), self.tokenizer)
         partitions = balance_partitions(batch.seq_lens(), self.dp_size)
         metrics = balance_metrics(batch.seq_lens(), partitions)
         batch = batch.select([i for part in partitions for i in part])
@@ -165,23 +181,31 @@ class PPOTrainer:
         self.local_rows = list(range(self.dp_rank * chunk, (self.dp_rank + 1) * chunk))
         return batch, metrics
 
+    def padding_multiple(self) -> int:
+        """lcm(dp, actor mini×n, critic mini×n when there is a critic): the row count balance_batch pads to."""
+        cfg, n = self.config, self.config.actor_rollout_ref.rollout.n
+        minis = [cfg.actor_rollout_ref.actor.ppo_mini_batch_size * n]
+        if self.use_critic:
+            minis.append(cfg.critic.ppo_mini_batch_size * n)
+        return padding_multiple(self.dp_size, *minis)
+
     # ================================================================== stages 4–6: forward passes
     def _infer(self, role, batch: Batch, micro_size: int | None, max_tokens: int, want_entropy=False,
-               value_head=None) -> dict[str, torch.Tensor]:
+               value_head=None, want_sum_pi_squared=False) -> dict[str, torch.Tensor]:
         """Forward-only pass over micro-batches of this rank's chunk, gathered over ranks; outputs in row
         order, padded to R."""
         if self.dist.enabled:
             local = self._infer_rows(role, batch.select(self.local_rows), micro_size, max_tokens, want_entropy,
-                                     value_head)
+                                     value_head, want_sum_pi_squared)
             gathered = distributed.all_gather_object(local, self.dist)
             return {k: torch.cat([g[k] for g in gathered]) for k in local}
-        return self._infer_rows(role, batch, micro_size, max_tokens, want_entropy, value_head)
+        return self._infer_rows(role, batch, micro_size, max_tokens, want_entropy, value_head, want_sum_pi_squared)
 
     def _infer_rows(self, role, batch: Batch, micro_size: int | None, max_tokens: int, want_entropy=False,
-                    value_head=None) -> dict[str, torch.Tensor]:
+                    value_head=None, want_sum_pi_squared=False) -> dict[str, torch.Tensor]:
         temperature = self.config.actor_rollout_ref.rollout.temperature
         width = batch["responses"].shape[1]
-        results: dict[str, list] = {"rows": [], "log_probs": [], "entropy": [], "values": []}
+        results: dict[str, list] = {"rows": [], "log_probs": [], "entropy": [], "values": [], "sum_pi_squared": []}
         with torch.no_grad(), role() as model:
             was_training = model.training
             model.eval()
@@ -189,9 +213,9 @@ class PPOTrainer:
                 mb = to_device(batch.select(rows), self.device)
                 ids, mask, r_len = trimmed_inputs(mb)
                 out = forward_response(model, ids, mask, r_len, temperature, value_head is None, want_entropy,
-                                       value_head)
+                                       value_head, want_sum_pi_squared)
                 results["rows"] += rows
-                for key in ("log_probs", "entropy", "values"):
+                for key in ("log_probs", "entropy", "values", "sum_pi_squared"):
                     value = getattr(out, key)
                     if value is not None:
                         results[key].append(pad_right(value.float().cpu(), width))
@@ -207,8 +231,11 @@ class PPOTrainer:
             batch["old_log_probs"] = batch["rollout_log_probs"].clone()
             return batch, {}
         micro = None if rollout.log_prob_use_dynamic_bsz else rollout.log_prob_micro_batch_size_per_gpu or len(batch)
-        out = self._infer(self.models.actor, batch, micro, rollout.log_prob_max_token_len_per_gpu, want_entropy=True)
+        out = self._infer(self.models.actor, batch, micro, rollout.log_prob_max_token_len_per_gpu, want_entropy=True,
+                          want_sum_pi_squared=actor.calculate_sum_pi_squared)
         batch["old_log_probs"], batch["entropy"] = out["log_probs"], out["entropy"]
+        if actor.calculate_sum_pi_squared:  # Σ_v π(v)² per position, for the optimal-token-baseline estimators
+            batch["sum_pi_squared"] = out["sum_pi_squared"]
         mask = batch["response_mask"]
         metrics = {"actor/entropy": float(algos.agg_loss(out["entropy"], mask, actor.loss_agg_mode,
                                                          loss_scale_factor=actor.loss_scale_factor))}
@@ -217,7 +244,8 @@ class PPOTrainer:
         return batch, metrics
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
-        """π_ref: the same forward with LoRA disabled (or the frozen copy), same temperature (facts §9.1 stage 5)."""
+        """π_ref: the same forward with LoRA disabled (or the frozen copy), same temperature (verl V1 `trainer_base.py`
+        stage 5)."""
         ref = self.config.actor_rollout_ref.ref
         micro = None if ref.log_prob_use_dynamic_bsz else ref.log_prob_micro_batch_size_per_gpu or len(batch)
         batch["ref_log_prob"] = self._infer(self.models.reference, batch, micro,
@@ -235,7 +263,9 @@ class PPOTrainer:
 
     # ================================================================== stage 7: advantage
     def compute_advantage(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
-        """Reward-side KL (if on), rollout IS weights (if configured, not in bypass), then the estimator."""
+        """Reward-side KL (if on), rollout IS weights and rejection (if configured, not in bypass), then the
+        estimator. Rejection (``rollout_rs``) rewrites ``response_mask`` — not ``loss_mask`` — before the advantage,
+        as verl V1 does."""
         alg, metrics = self.config.algorithm, {}
         mask = batch["response_mask"]
         if alg.use_kl_in_reward:
@@ -245,15 +275,26 @@ class PPOTrainer:
         else:
             batch["token_level_rewards"] = batch["token_level_scores"]
         corr = alg.rollout_correction
-        if corr.rollout_is and not corr.bypass_mode and mask.any():
-            batch["rollout_is_weights"] = algos.rollout_is_weights(
-                batch["old_log_probs"], batch["rollout_log_probs"], mask, corr.rollout_is, corr.rollout_is_threshold)
-            metrics.update(algos.rollout_corr_metrics(batch["old_log_probs"], batch["rollout_log_probs"], mask,
-                                                      batch["rollout_is_weights"]))
+        if (corr.rollout_is or corr.rollout_rs) and not corr.bypass_mode and mask.any():
+            old, rollout = batch["old_log_probs"], batch["rollout_log_probs"]
+            if corr.rollout_is:
+                batch["rollout_is_weights"] = algos.rollout_is_weights(old, rollout, mask, corr.rollout_is,
+                                                                       corr.rollout_is_threshold)
+            metrics.update(algos.rollout_corr_metrics(old, rollout, mask, batch.tensors.get("rollout_is_weights")))
+            if corr.rollout_rs:
+                batch["response_mask"], rs_metrics = algos.rollout_rejection_mask(
+                    old, rollout, mask, corr.rollout_rs, corr.rollout_rs_threshold)
+                metrics.update(rs_metrics)
+                mask = batch["response_mask"]
+        extras = batch.lists.get("reward_extra_info") or []
+        shared = set.intersection(*(set(e) for e in extras)) if extras else set()
+        components = {k: [e[k] for e in extras] for k in sorted(shared)}  # verl's non_tensor_batch reward keys
         batch["advantages"], batch["returns"] = algos.compute_advantage(
             alg.adv_estimator, batch["token_level_rewards"], mask, index=batch["uid"].tolist(),
-            values=batch.tensors.get("values"), gamma=alg.gamma, lam=alg.lam,
-            norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo, config=alg)
+            values=batch.tensors.get("values"), reward_baselines=batch.tensors.get("reward_baselines"),
+            gamma=alg.gamma, lam=alg.lam, norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo, config=alg,
+            reward_components=components, sum_pi_squared=batch.tensors.get("sum_pi_squared"),
+            old_log_probs=batch["old_log_probs"], rollout_is_weights=batch.tensors.get("rollout_is_weights"))
         return batch, metrics
 
     # ================================================================== stage 8: critic
@@ -391,8 +432,7 @@ class PPOTrainer:
         items = [p for p in self.val_data for _ in range(vk.n)]
         scores, by_source = [], {}
         for item, text in zip(items, texts):
-            s = self.reward_fn(item["data_source"], text, item["ground_truth"], item["extra_info"])
-            s = score_value(s)
+            s = call_reward(self.reward_fn, item["data_source"], text, item["ground_truth"], item["extra_info"])
             scores.append(s)
             by_source.setdefault(item["data_source"], []).append(s)
         metrics = {"val/accuracy": float(np.mean([s == 1.0 for s in scores])),
@@ -467,7 +507,7 @@ def concat_padded(batches: list[Batch], pad_id: int) -> Batch:
 
 
 def add_padding_samples(batch: Batch, count: int, tokenizer) -> Batch:
-    """Synthetic rows so the batch divides (facts §9.3): a 1-token prompt, a 1-token EOS response with
+    """Synthetic rows so the batch divides (verl `padding_utils.py`): a 1-token prompt, a 1-token EOS response with
     response_mask = 0, score 0, rollout log-prob 0, all in one fresh group of their own."""
     if count == 0:
         return batch
@@ -506,7 +546,9 @@ def data_metrics(batch: Batch, use_critic: bool, max_response_length: int) -> di
         if mask.sum() > 1:
             out["critic/vf_explained_var"] = float(algos.explained_variance(
                 batch["returns"][real], batch["values"][real], batch["response_mask"][real]))
-    lengths = batch["response_mask"][real].sum(-1)
+    # Lengths from loss_mask, the mask as generated: rejection sampling (rollout_rs) zeroes tokens of response_mask
+    # but does not shorten a response (verl counts lengths from the attention mask).
+    lengths = batch.tensors.get("loss_mask", batch["response_mask"])[real].sum(-1)
     stats("response_length", lengths)
     out["response_length/clip_ratio"] = float((lengths >= max_response_length).float().mean())
     stats("prompt_length", batch["prompt_mask"][real].sum(-1).float())

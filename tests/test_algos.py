@@ -112,8 +112,13 @@ def test_nan_at_masked_positions_follows_verl():
 def test_registry_lists_names_on_unknown():
     with pytest.raises(ValueError) as err:
         A.get_policy_loss_fn("ppo")
-    for name in ("vanilla", "reinforce", "gspo", "cispo", "gpg", "sapo"):
+    for name in ("vanilla", "gspo", "cispo", "gpg", "sapo"):
         assert name in str(err.value)
+
+
+def test_reinforce_is_not_a_loss_mode_as_in_verl():
+    # verl 0.9.1 has no "reinforce" loss mode: REINFORCE-style updates are bypass_mode with its loss_type
+    assert "reinforce" not in A.POLICY_LOSS_REGISTRY
 
 
 def test_vanilla_asymmetric_clip_uses_low_and_high():
@@ -163,10 +168,10 @@ def test_global_batch_info_reaches_agg_loss():
     assert loss.item() == pytest.approx(-2 / 8 * 2)
 
 
-def test_reinforce_and_gpg_are_minus_a_log_pi():
+def test_gpg_is_minus_a_log_pi():
     lp = torch.tensor([[-0.5, -2.0]], requires_grad=True)
     adv, m, cfg = torch.tensor([[1.0, -2.0]]), torch.ones(1, 2), ActorConfig()
-    for name in ("reinforce", "gpg"):
+    for name in ("gpg",):
         loss, _ = A.get_policy_loss_fn(name)(torch.zeros(1, 2), lp, adv, m, config=cfg)
         assert loss.item() == pytest.approx(((0.5 * 1) + (-2.0 * 2)) / 2)
         (grad,) = torch.autograd.grad(loss, lp)

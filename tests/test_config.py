@@ -62,6 +62,7 @@ def test_defaults_match_verl_facts_sheet_section_14():
         "fixed", 0.001, 10000, 0.1)
     assert (alg.rollout_correction.rollout_is, alg.rollout_correction.rollout_is_threshold,
             alg.rollout_correction.bypass_mode) == (None, 2.0, False)
+    assert (alg.rollout_correction.rollout_rs, alg.rollout_correction.rollout_rs_threshold) == (None, None)
     assert (ro.temperature, ro.top_p, ro.top_k, ro.n, ro.calculate_log_probs) == (1.0, 1.0, -1, 1, True)
     assert (ro.val_kwargs.temperature, ro.val_kwargs.n, ro.val_kwargs.do_sample) == (0.0, 1, False)
     assert (c.data.train_batch_size, c.data.max_response_length, c.data.max_prompt_length) == (1024, 512, 512)
@@ -240,12 +241,12 @@ VALIDATION_CASES = [  # (preset, overrides, world_size, substring the error must
     (G, ["algorithm.rollout_correction.rollout_is=tokens"], 1, "rollout_is='tokens' is not valid"),
     (G, ["trainer.device=tpu"], 1, "trainer.device='tpu' is not valid"),
     # batch arithmetic (grpo_tiny: 16 prompts × 8, mini 8 × 8 = 64 rows, micro 32)
-    (G, ["data.train_batch_size=12"], 1,
-     f"data.train_batch_size=12 is not divisible by {A}.ppo_mini_batch_size=8"),
+    # (a step that does not fill whole mini-batches is padded, as verl V1 does: a notice, below)
+    (G, ["data.train_batch_size=4"], 1, f"data.train_batch_size=4 must be ≥ {A}.ppo_mini_batch_size=8"),
     (G, [], 3, f"{A}.ppo_mini_batch_size × {R}.n = 8×8 is not divisible by world_size=3"),
     (G, [f"{A}.ppo_micro_batch_size_per_gpu=24"], 1, f"{A}.ppo_micro_batch_size_per_gpu=24 does not divide"),
     (G, [], 4, f"{A}.ppo_micro_batch_size_per_gpu=32 does not divide the local mini-batch"),
-    (P, ["critic.ppo_mini_batch_size=24"], 1, "is not divisible by critic.ppo_mini_batch_size=24"),
+    (P, ["critic.ppo_mini_batch_size=128"], 1, "data.train_batch_size=64 must be ≥ critic.ppo_mini_batch_size=128"),
     (P, ["critic.ppo_micro_batch_size_per_gpu=5"], 1,
      "critic.ppo_micro_batch_size_per_gpu=5 does not divide"),
     (G, [f"{A}.ppo_micro_batch_size_per_gpu=null"], 1, f"{A}.ppo_micro_batch_size_per_gpu is unset"),
@@ -365,6 +366,29 @@ def test_sum_norm_without_scale_factor_is_a_notice():
     with pytest.warns(ConfigNotice, match=f"{A}.loss_scale_factor=null"):
         load_config(G, [f"{A}.loss_agg_mode=seq-mean-token-sum-norm"])
     load_quiet(G, [f"{A}.loss_agg_mode=seq-mean-token-sum-norm", f"{A}.loss_scale_factor=16"])
+
+
+def test_a_batch_that_does_not_divide_is_padded_with_a_notice():
+    # grpo_tiny: 12 prompts × 8 = 96 rows, mini 8 × 8 = 64: verl V1 pads to 128 (padding_utils, chapter §9).
+    with pytest.warns(ConfigNotice, match=r"12×8 = 96 rows is not a multiple of .* = 64: every step adds 32 "):
+        cfg = load_config(G, ["data.train_batch_size=12"])
+    from ppolab.batching import plan_batches
+    plan = plan_batches(12, 8, 8, 1, 32, 2, pad_to=64)
+    assert (plan.padding_rows, plan.optimizer_steps_per_epoch, plan.rows_per_rank) == (32, 2, 128)
+    # ppo_gae_tiny with a critic mini-batch of 24: lcm(16, 24) = 48, so 64 rows get 32 padding rows
+    with pytest.warns(ConfigNotice, match="= 48: every step adds 32 synthetic padding rows"):
+        load_config(P, ["critic.ppo_mini_batch_size=24", "critic.ppo_micro_batch_size_per_gpu=8"])
+    assert cfg.data.train_batch_size == 12
+
+
+def test_ppo_fire_tiny_emits_exactly_its_two_deliberate_notices():
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always", ConfigNotice)
+        cfg = load_config("ppo_fire_tiny", world_size=2)
+    notices = sorted(str(w.message)[:20] for w in record if issubclass(w.category, ConfigNotice))
+    assert notices == ["both KL paths are on", "data.train_batch_siz"]
+    assert "every step adds 4 synthetic padding rows" in " ".join(str(w.message) for w in record)
+    assert cfg.actor_rollout_ref.actor.entropy_coeff > 0 and cfg.algorithm.kl_ctrl.type == "adaptive"
 
 
 def test_grpo_with_vanilla_loss_is_not_a_notice():

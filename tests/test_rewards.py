@@ -73,10 +73,10 @@ def test_only_last_300_chars_are_searched_like_verl():
 
 
 def test_dispatch_by_data_source():
-    assert compute_score("arith", "#### 085", "85") == 1.0
+    assert compute_score("arith", "#### 085", "85")["score"] == 1.0
     assert compute_score("openai/gsm8k", "#### 085", "85") == 0.0  # gsm8k compares strings
     assert compute_score("openai/gsm8k", "#### 85", "85", {"split": "test"}) == 1.0
-    assert compute_score("arith", "#### 84", "85", format_score=0.2) == 0.2
+    assert compute_score("arith", "#### 84", "85", format_score=0.2)["score"] == 0.2
     with pytest.raises(NotImplementedError, match="custom_reward_function.path"):
         compute_score("lighteval/MATH", "#### 1", "1")
     with pytest.raises(ValueError):
@@ -114,3 +114,13 @@ def test_custom_reward_from_omegaconf(tmp_path):
     f.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None, k=1):\n    return k\n")
     cfg = omegaconf.OmegaConf.create({"path": str(f), "name": "compute_score", "reward_kwargs": {"k": 7}})
     assert get_reward_fn(cfg)("arith", "", "") == 7
+
+
+def test_arith_returns_verl_dict_with_two_components_for_gdpo():
+    from ppolab.rewards import compute_score
+
+    assert compute_score("arith", "12 + 3 = 15\n#### 15", "15") == {"score": 1.0, "acc": 1.0, "format": 1.0}
+    assert compute_score("arith", "#### 14", "15", format_score=0.1) == {"score": 0.1, "acc": 0.0, "format": 1.0}
+    assert compute_score("arith", "15", "15") == {"score": 0.0, "acc": 0.0, "format": 0.0}
+    tool = "#### 3<|/tool_response|>so #### 15"
+    assert compute_score("arith_tool", tool, "15") == {"score": 1.0, "acc": 1.0, "format": 1.0}

@@ -6,8 +6,10 @@ the tests all call these same functions; names and signatures follow verl's ``co
 from ppolab.algos.advantages import (
     ADV_ESTIMATOR_REGISTRY,
     GRPO_EPS,
+    OTB_ESTIMATORS,
     compute_advantage,
     compute_gae_advantage_return,
+    compute_gdpo_outcome_advantage,
     compute_gpg_outcome_advantage,
     compute_grpo_outcome_advantage,
     compute_grpo_passk_outcome_advantage,
@@ -19,9 +21,33 @@ from ppolab.algos.advantages import (
     get_adv_estimator_fn,
     register_adv_est,
 )
+from ppolab.algos.advantages_otb import (
+    compute_multi_turn_optimal_token_baseline_advantage,
+    compute_optimal_token_baseline_advantage,
+)
+from ppolab.algos.advantages_vectorized import (
+    compute_grpo_vectorized_outcome_advantage,
+    compute_rloo_vectorized_outcome_advantage,
+    group_mean_std,
+)
 from ppolab.algos.actor_loss import SUM_METRICS, ppo_loss, value_loss
 from ppolab.algos.aggregation import agg_loss
-from ppolab.algos.correction import ROLLOUT_IS_LEVELS, rollout_corr_metrics, rollout_is_weights, rollout_probs_diff
+from ppolab.algos.correction import (
+    ROLLOUT_IS_LEVELS,
+    ROLLOUT_RS_OPTIONS,
+    parse_rollout_rs,
+    rollout_corr_metrics,
+    rollout_is_weights,
+    rollout_probs_diff,
+    rollout_rejection_mask,
+)
+from ppolab.algos.correction_metrics import (
+    batch_normalize_is_weights,
+    offpolicy_metrics,
+    parse_is_threshold,
+    rollout_correction_and_rejection_mask,
+    rollout_is_weight_metrics,
+)
 from ppolab.algos.kl import (
     KL_ESTIMATORS,
     KL_PENALTY_TYPES,
@@ -32,19 +58,31 @@ from ppolab.algos.kl import (
     kl_penalty,
     kl_penalty_forward,
 )
-from ppolab.algos.logprob import entropy_from_logits, logprobs_from_logits, scale_logits
+from ppolab.algos.logprob import (
+    calculate_sum_pi_squared_from_logits,
+    entropy_from_logits,
+    logprobs_from_logits,
+    scale_logits,
+)
 from ppolab.algos.masked import MASKED_EPS, masked_mean, masked_sum, masked_var, masked_whiten
 from ppolab.algos.policy_loss import (
     POLICY_LOSS_REGISTRY,
     compute_policy_loss_cispo,
     compute_policy_loss_gpg,
     compute_policy_loss_gspo,
-    compute_policy_loss_reinforce,
     compute_policy_loss_sapo,
     compute_policy_loss_vanilla,
     get_policy_loss_fn,
     ppo_clip_terms,
     register_policy_loss,
+)
+from ppolab.algos.policy_loss_bypass import compute_policy_loss_bypass_mode, compute_policy_loss_reinforce
+from ppolab.algos.policy_loss_cov import compute_policy_loss_clip_cov, compute_policy_loss_kl_cov
+from ppolab.algos.policy_loss_trust import (
+    compute_policy_loss_dppo_kl,
+    compute_policy_loss_dppo_tv,
+    compute_policy_loss_dro,
+    compute_policy_loss_geo_mean,
 )
 from ppolab.algos.value_loss import clip_by_value, compute_value_loss, explained_variance, value_clip_terms
 from ppolab.config.actor import LOSS_AGG_MODES

@@ -1,4 +1,5 @@
-"""The actor's and critic's per-micro-batch loss assembly (chapter §5, §8; facts §10, verl ``workers/utils/losses``).
+"""The actor's and critic's per-micro-batch loss assembly (chapter §5, §8; verl
+``workers/utils/losses.ppo_loss``).
 
 L_actor = L_PG − c_H·H + c_KL·K̂_ref (chapter §5), each term aggregated by ``agg_loss`` with the
 *global* mini-batch counts found in ``config.global_batch_info``, so the micro-batch losses of one
@@ -15,7 +16,7 @@ from ppolab.algos.policy_loss import get_policy_loss_fn
 from ppolab.algos.value_loss import compute_value_loss
 
 #: Metrics that are SUM-aggregated over micro-batches (each already divided by the global count);
-#: every other actor/critic metric is a plain MEAN over micro-batches (facts §10.6, chapter §15).
+#: every other actor/critic metric is a plain MEAN over micro-batches (verl `losses.ppo_loss`, chapter §15).
 SUM_METRICS = ("actor/pg_loss", "actor/entropy_loss", "actor/kl_loss", "critic/vf_loss")
 
 

@@ -1,4 +1,4 @@
-"""Advantage estimators, found by ``algorithm.adv_estimator`` (chapter §1, §5.1; facts §7).
+"""Advantage estimators, found by ``algorithm.adv_estimator`` (chapter §1, §5.1; verl `core_algos` advantages).
 
 Each returns ``(advantages, returns)`` shaped (bs, T) and runs without gradient. The score of a
 trajectory is s_i = Σ_t token_level_rewards[i, t] (the reward sits on the last response token).
@@ -9,8 +9,9 @@ separately by ``actor.policy_loss.loss_mode`` (chapter §5.1).
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from ppolab.algos.masked import masked_whiten
@@ -23,9 +24,15 @@ ADV_ESTIMATOR_REGISTRY: dict[str, AdvEstimatorFn] = {}
 
 
 def register_adv_est(name: str) -> Callable[[AdvEstimatorFn], AdvEstimatorFn]:
-    """Decorator adding an estimator to :data:`ADV_ESTIMATOR_REGISTRY` under its config name."""
+    """Decorator adding an estimator to :data:`ADV_ESTIMATOR_REGISTRY` under its config name.
+
+    As verl's ``register_adv_est``: the same function again is a no-op, a different function under a taken name
+    raises ``ValueError``.
+    """
 
     def add(fn: AdvEstimatorFn) -> AdvEstimatorFn:
+        if name in ADV_ESTIMATOR_REGISTRY and ADV_ESTIMATOR_REGISTRY[name] is not fn:
+            raise ValueError(f"adv estimator {name!r} is already registered: {ADV_ESTIMATOR_REGISTRY[name]} vs {fn}")
         ADV_ESTIMATOR_REGISTRY[name] = fn
         return fn
 
@@ -67,7 +74,7 @@ def compute_gae_advantage_return(
     lam: float,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalised advantage estimation, backwards over t (facts §7).
+    """Generalised advantage estimation, backwards over t (verl `core_algos` advantages).
 
     δ_t = r_t + γ·V_next − V_t;  gae_t = δ_t + γλ·gae_{t+1}. Masked tokens (padding, tool
     observations) are skipped: V_next and gae keep their values across them. returns = adv + V
@@ -100,7 +107,7 @@ def compute_grpo_outcome_advantage(
     config=None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GRPO: a_i = (s_i − mean_g)/(std_g + ε), or s_i − mean_g without std (Dr. GRPO) (facts §7).
+    """GRPO: a_i = (s_i − mean_g)/(std_g + ε), or s_i − mean_g without std (Dr. GRPO) (verl `core_algos` advantages).
 
     std is unbiased (``torch.std``); a singleton group uses mean 0, std 1 (so a = s/(1+1e-6)); a group
     whose scores are all equal gets 0 — no signal (chapter §16, mistake 9). One scalar per
@@ -112,6 +119,58 @@ def compute_grpo_outcome_advantage(
         mean, std = _group_stats(scores, rows)
         out[rows] = (scores[rows] - mean) / (std + epsilon) if norm_adv_by_std_in_grpo else scores[rows] - mean
     advantages = out.unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
+@register_adv_est("gdpo")
+@torch.no_grad()
+def compute_gdpo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Any],
+    epsilon: float = GRPO_EPS,
+    norm_adv_by_std_in_grpo: bool = True,
+    config=None,
+    reward_components: Mapping[str, Any] | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GDPO: GRPO-normalise each reward component on its own, weight, sum, whiten over the batch (chapter §5.1;
+    verl `core_algos.py::compute_gdpo_outcome_advantage`).
+
+    Shapes: token_level_rewards, response_mask (bs, T); ``reward_components`` maps a key to bs per-row scores
+    (verl's ``non_tensor_batch``). With a config and components, the keys are ``config.gdpo_reward_keys``
+    (required, each must be present) and the weights ``config.gdpo_reward_weights`` (default all 1):
+
+        A_k = grpo(score_k, index, ε, norm_adv_by_std_in_grpo)      (scores cast to float32, as verl)
+        A   = masked_whiten(Σ_k w_k·A_k, mask) × mask               (weights cast to float32)
+
+    Without them it falls back to one component, ``token_level_rewards`` (= GRPO then a batch whitening).
+    The dispatcher passes no ``norm_adv_by_std_in_grpo``, so it stays True there, as in verl.
+    returns = advantages.
+    """
+    components, weights = [token_level_rewards], None
+    if config is not None and reward_components is not None:
+        keys = getattr(config, "gdpo_reward_keys", None)
+        if not keys:
+            raise ValueError("GDPO requires 'algorithm.gdpo_reward_keys' listing the individual reward component keys "
+                             "returned by compute_score (e.g. ['format_reward', 'accuracy_reward']).")
+        missing = [k for k in keys if k not in reward_components]
+        if missing:
+            raise ValueError(f"GDPO reward key {missing[0]!r} not found in the reward components; available: "
+                             f"{list(reward_components)}. Make sure compute_score returns a dict containing it.")
+        # one score per row; where verl puts it (the last valid token) does not change the row sum GRPO reads
+        components = [torch.as_tensor(np.asarray(reward_components[k], dtype=np.float32),
+                                      device=token_level_rewards.device).unsqueeze(-1) for k in keys]
+        gdpo_weights = getattr(config, "gdpo_reward_weights", None)
+        weights = list(gdpo_weights) if gdpo_weights is not None else None
+    w = torch.tensor(weights if weights is not None else [1.0] * len(components), dtype=torch.float32,
+                     device=token_level_rewards.device)
+    total = None
+    for k, scores in enumerate(components):
+        a_k, _ = compute_grpo_outcome_advantage(scores, response_mask, index, epsilon=epsilon,
+                                                norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, config=config)
+        total = w[k] * a_k if total is None else total + w[k] * a_k
+    advantages = masked_whiten(total, response_mask) * response_mask
     return advantages, advantages
 
 
@@ -252,6 +311,10 @@ def compute_remax_outcome_advantage(
     return advantages, returns
 
 
+#: Estimators that need the actor's Σπ² and old log-probs (``actor.calculate_sum_pi_squared=True``).
+OTB_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
+
+
 def compute_advantage(
     adv_estimator: str,
     token_level_rewards: torch.Tensor,
@@ -263,10 +326,23 @@ def compute_advantage(
     lam: float = 1.0,
     norm_adv_by_std_in_grpo: bool = True,
     config=None,
+    reward_components: Mapping[str, Any] | None = None,
+    sum_pi_squared: torch.Tensor | None = None,
+    old_log_probs: torch.Tensor | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatch as verl's ``compute_advantage`` does (facts §7): ``gae`` gets (values, γ, λ), ``grpo`` gets
-    ``norm_adv_by_std_in_grpo`` with ε left at 1e-6, every other estimator gets the registry kwargs
-    (token_level_rewards, response_mask, config, plus index / reward_baselines when present)."""
+    """Dispatch as verl's ``compute_advantage`` does (chapter §5.1; verl `ray_trainer.py::compute_advantage`).
+
+    * ``gae`` gets (values, γ, λ);
+    * ``grpo`` gets ``norm_adv_by_std_in_grpo``, with ε left at 1e-6 and no config;
+    * every other estimator gets the registry kwargs token_level_rewards, response_mask, config, plus index and
+      reward_baselines when present — and *not* ``norm_adv_by_std_in_grpo``, so grpo_vectorized and gdpo keep
+      their default True (grpo_passk reads it from the config);
+    * ``gdpo`` also gets ``reward_components`` (verl's non_tensor_batch: key → per-row scores; ``{}`` when not
+      given, so a config without ``gdpo_reward_keys`` raises as in verl);
+    * the OTB estimators also get ``sum_pi_squared`` and ``old_log_probs`` (both required, (bs, T)) and
+      ``rollout_is_weights`` (None when rollout IS is off).
+    """
     if adv_estimator == "gae":
         if values is None:
             raise ValueError("adv_estimator=gae needs critic values; enable the critic")
@@ -275,10 +351,19 @@ def compute_advantage(
         return compute_grpo_outcome_advantage(
             token_level_rewards, response_mask, index, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo
         )
+    fn = get_adv_estimator_fn(adv_estimator)
     kwargs: dict[str, Any] = {"token_level_rewards": token_level_rewards, "response_mask": response_mask,
                               "config": config}
     if index is not None:
         kwargs["index"] = index
     if reward_baselines is not None:
         kwargs["reward_baselines"] = reward_baselines
-    return get_adv_estimator_fn(adv_estimator)(**kwargs)
+    if adv_estimator == "gdpo":
+        kwargs["reward_components"] = reward_components if reward_components is not None else {}
+    if adv_estimator in OTB_ESTIMATORS:
+        if sum_pi_squared is None or old_log_probs is None:
+            raise ValueError(f"adv_estimator={adv_estimator} needs sum_pi_squared and old_log_probs from the actor; "
+                             "set actor_rollout_ref.actor.calculate_sum_pi_squared=true")
+        kwargs.update(sum_pi_squared=sum_pi_squared, old_log_probs=old_log_probs,
+                      rollout_is_weights=rollout_is_weights)
+    return fn(**kwargs)

@@ -1,4 +1,4 @@
-"""``agg_loss``: how a (bs, T) matrix of token losses becomes one scalar (chapter §10, §13; facts §3).
+"""``agg_loss``: how a (bs, T) matrix of token losses becomes one scalar (chapter §10, §13; verl `core_algos.agg_loss`).
 
 The five modes weight trajectories differently (chapter §10.6: with token-mean a 2-token and a
 6-token trajectory weigh 2/8 and 6/8; with seq-mean-token-mean they weigh 1:1).
@@ -48,7 +48,7 @@ def agg_loss(
     =========================  ===============================================================
 
     The seq-mean modes multiply by the mask (not masked_sum), so a NaN at a masked position propagates
-    there, as in verl (facts §3). Unknown mode → ``ValueError`` naming the five valid modes.
+    there, as in verl (verl `core_algos.agg_loss`). Unknown mode → ``ValueError`` naming the five valid modes.
     """
     check_loss_agg_mode(loss_agg_mode)
     if loss_agg_mode == "token-mean":

@@ -1,4 +1,5 @@
-"""Reference-KL estimators, the KL controllers and the reward-side penalty (chapter §7; facts §4, §11).
+"""Reference-KL estimators, the KL controllers and the reward-side penalty (chapter §7; verl `core_algos.kl_penalty`,
+`core_algos` KL controllers).
 
 Two paths use the same estimators on different pairs of policies (chapter §7, table):
 * reward-side (``algorithm.use_kl_in_reward``): old_log_probs vs ref_log_prob, subtracted from the
@@ -16,7 +17,7 @@ from ppolab.algos.masked import masked_mean
 KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 #: Every name ``kl_penalty`` accepts; ``full`` is recognised but raises NotImplementedError.
 KL_PENALTY_TYPES = KL_ESTIMATORS + tuple(name + "+" for name in KL_ESTIMATORS)
-#: k3 clamps its inner log-ratio to ±20 and its output to ±10 (facts §4).
+#: k3 clamps its inner log-ratio to ±20 and its output to ±10 (verl `core_algos.kl_penalty`).
 K3_LOG_RATIO_CLAMP = 20.0
 K3_VALUE_CLAMP = 10.0
 
@@ -50,7 +51,7 @@ def kl_penalty_forward(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_pena
 
 
 def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
-    """Per-token KL estimate; a trailing '+' makes it straight-through (chapter §7.3; facts §4).
+    """Per-token KL estimate; a trailing '+' makes it straight-through (chapter §7.3; verl `core_algos.kl_penalty`).
 
     Without '+': the forward value of :func:`kl_penalty_forward`. With '+' (``k3+``, ``k1+`` …): the
     value of the estimator but the gradient of k2 = ½(logprob − ref)², i.e. ∂/∂logprob = logprob − ref —
@@ -112,7 +113,7 @@ def apply_kl_penalty(
 
     Shapes: all (bs, T). kld = kl_penalty(old, ref)·mask — it uses the *old* log-probs, not the
     rollout ones. β is read before the update. current_kl is the batch mean of per-sequence token
-    means (padding rows count as 0, which biases it down, facts §9.3). Returns
+    means (padding rows count as 0, which biases it down, verl `padding_utils.py`). Returns
     (token_level_rewards, {actor/reward_kl_penalty, actor/reward_kl_penalty_coeff}).
     """
     kld = kl_penalty_fn(old_log_probs, ref_log_prob, kl_penalty) * response_mask

@@ -1,4 +1,5 @@
-"""Per-token log-probabilities and entropy from logits (facts sheet §1, §6; chapter §3, §6).
+"""Per-token log-probabilities and entropy from logits (verl `torch_functional.py`, `prepare_model_outputs`; chapter §3,
+§6).
 
 The trainer divides logits by the rollout temperature (clamped at 1e-8) *before* calling either
 function, so the ratio, the reference KL and the entropy all see the temperature-scaled policy.
@@ -42,3 +43,19 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """
     probs = torch.softmax(logits, dim=-1)
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(-1)
+
+
+def calculate_sum_pi_squared_from_logits(logits: torch.Tensor,
+                                         temperature: float | torch.Tensor | None = None) -> torch.Tensor:
+    """Σ_v π(v)² per position, the "collision probability" the optimal-token-baseline estimators need (chapter
+    §6; verl `torch_functional.py::calculate_sum_pi_squared_from_logits`).
+
+        Σ_v π(v)² = exp(logsumexp(2z) − 2·logsumexp(z))
+
+    exact and overflow-free. Shapes: (..., V) → (...). verl computes it on the temperature-scaled logits of the
+    old-log-prob forward (and the trainer then stores it as float32); pass ``temperature`` to scale here, or
+    scaled logits with ``temperature=None``. No dtype cast.
+    """
+    if temperature is not None:
+        logits = scale_logits(logits, temperature)
+    return torch.exp(torch.logsumexp(2.0 * logits, dim=-1) - 2.0 * torch.logsumexp(logits, dim=-1))

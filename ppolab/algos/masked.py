@@ -1,4 +1,4 @@
-"""Masked reductions over (bs, T) token tensors — verl's ``torch_functional`` helpers (facts sheet §1).
+"""Masked reductions over (bs, T) token tensors — verl's ``torch_functional`` helpers (verl `torch_functional.py`).
 
 Every loss in ppolab reduces over ``response_mask``; these four functions are the only place a mask
 turns into a denominator. Chapter §9: "the numerator of every key loss obeys masked_loss = loss × mask".
@@ -16,14 +16,14 @@ def masked_sum(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None
 
     Shapes: ``values`` and ``mask`` broadcastable, typically (bs, T). Returns a scalar, or the tensor
     reduced over ``axis``. Positions where ``mask`` is 0 are replaced by 0 *before* multiplying, so a
-    NaN at a padded position cannot poison the sum (facts §1).
+    NaN at a padded position cannot poison the sum (verl `torch_functional.py`).
     """
     masked = torch.where(mask.bool(), values, torch.zeros_like(values)) * mask
     return masked.sum() if axis is None else masked.sum(axis)
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None) -> torch.Tensor:
-    """masked_sum / (Σ mask + 1e-8). An all-zero mask gives 0, not NaN (facts §1)."""
+    """masked_sum / (Σ mask + 1e-8). An all-zero mask gives 0, not NaN (verl `torch_functional.py`)."""
     count = mask.sum() if axis is None else mask.sum(axis)
     return masked_sum(values, mask, axis) / (count + MASKED_EPS)
 

@@ -1,4 +1,5 @@
-"""Policy losses, found by name through a registry (chapter §3–§5; facts sheet §2, §8).
+"""Policy losses, found by name through a registry (chapter §3–§5; verl `core_algos.compute_policy_loss_vanilla`;
+`core_algos` policy losses).
 
 Every loss has verl's signature ``fn(old_log_prob, log_prob, advantages, response_mask,
 loss_agg_mode="token-mean", config=None, rollout_is_weights=None) -> (pg_loss, metrics)``, with all
@@ -28,9 +29,16 @@ POLICY_LOSS_REGISTRY: dict[str, PolicyLossFn] = {}
 
 
 def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator adding a loss to :data:`POLICY_LOSS_REGISTRY` under its config name."""
+    """Decorator adding a loss to :data:`POLICY_LOSS_REGISTRY` under its config name.
+
+    Registering the same function again is a no-op; a *different* function under a taken name raises
+    ``ValueError`` (verl's advantage registry does this; its policy-loss registry silently overwrites, which
+    would let a typo'd plug-in replace ``vanilla`` unnoticed).
+    """
 
     def add(fn: PolicyLossFn) -> PolicyLossFn:
+        if name in POLICY_LOSS_REGISTRY and POLICY_LOSS_REGISTRY[name] is not fn:
+            raise ValueError(f"policy loss {name!r} is already registered: {POLICY_LOSS_REGISTRY[name]} vs {fn}")
         POLICY_LOSS_REGISTRY[name] = fn
         return fn
 
@@ -55,7 +63,8 @@ def clip_bounds(config) -> tuple[float, float]:
 
 
 def _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights):
-    """Multiply the (detached) rollout IS weights in after clipping, then aggregate (facts §2 step 7–8)."""
+    """Multiply the (detached) rollout IS weights in after clipping, then aggregate (verl
+    `core_algos.compute_policy_loss_vanilla` step 7–8)."""
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights
     return agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
@@ -73,7 +82,8 @@ def ppo_clip_terms(
     clip_ratio_high: float,
     clip_ratio_c: float = 3.0,
 ) -> dict[str, torch.Tensor]:
-    """Every intermediate of the vanilla PPO loss, token by token (chapter §3, §4; facts §2 steps 1–6).
+    """Every intermediate of the vanilla PPO loss, token by token (chapter §3, §4; verl
+    `core_algos.compute_policy_loss_vanilla` steps 1–6).
 
     Shapes: all (bs, T) (or any common shape) → a dict of tensors of that shape:
     ``log_ratio`` d = clamp(lp − old, ±20), ``ratio`` r = e^d, ``pg_losses1`` −A·r,
@@ -112,7 +122,8 @@ def compute_policy_loss_vanilla(
     config=None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO clipped surrogate with asymmetric and dual clip (chapter §3, §4.1–4.4; facts §2).
+    """PPO clipped surrogate with asymmetric and dual clip (chapter §3, §4.1–4.4; verl
+    `core_algos.compute_policy_loss_vanilla`).
 
     d = clamp(lp − old, −20, 20),  r = e^d
     L_clip = max(−A·r, −A·clip(r, 1−ε_low, 1+ε_high))       (min of objectives = max of losses)
@@ -135,28 +146,6 @@ def compute_policy_loss_vanilla(
     }
 
 
-@register_policy_loss("reinforce")
-def compute_policy_loss_reinforce(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config=None,
-    rollout_is_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Unclipped REINFORCE: L = −A·log π_θ·w (chapter §5.1).
-
-    verl reaches this function through ``bypass_mode`` with ``loss_type=reinforce`` (chapter §2.2);
-    ppolab also registers it directly so a lab can compare it with ``vanilla`` on the same advantages.
-    ``old_log_prob`` only feeds the ``actor/ppo_kl`` metric (masked mean of old − lp).
-    """
-    assert config is not None, "compute_policy_loss_reinforce needs an ActorConfig"
-    pg_losses = -advantages * log_prob
-    pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
-    return pg_loss, {"actor/ppo_kl": _float(masked_mean(old_log_prob - log_prob, response_mask))}
-
-
 @register_policy_loss("gspo")
 def compute_policy_loss_gspo(
     old_log_prob: torch.Tensor,
@@ -167,7 +156,8 @@ def compute_policy_loss_gspo(
     config=None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """GSPO: one sequence-level ratio s_i = exp(Σ_t (lp−old)·m / max(T_i, 1)) per trajectory (facts §8).
+    """GSPO: one sequence-level ratio s_i = exp(Σ_t (lp−old)·m / max(T_i, 1)) per trajectory (verl `core_algos` policy
+    losses).
 
     Per token: log r = lp − sg(lp) + sg(log s_i), clamped at max 10; then the PPO clip (no dual clip).
     The value of r is s_i on every token of the row; the gradient flows through each token's lp.
@@ -202,7 +192,7 @@ def compute_policy_loss_cispo(
     config=None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """CISPO: L = −sg(clip(r, 1−ε_low, 1+ε_high))·A·log π_θ (facts §8).
+    """CISPO: L = −sg(clip(r, 1−ε_low, 1+ε_high))·A·log π_θ (verl `core_algos` policy losses).
 
     The clip bounds the *weight*, never the gradient path: unlike vanilla, a clipped token still
     pushes its log-prob. ``pg_clipfrac`` = share of tokens whose ratio was changed by the clip.
@@ -231,7 +221,7 @@ def compute_policy_loss_gpg(
     config=None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """GPG: L = −log π_θ·A, no ratio and no clip; returns no metrics (facts §8)."""
+    """GPG: L = −log π_θ·A, no ratio and no clip; returns no metrics (verl `core_algos` policy losses)."""
     assert config is not None, "compute_policy_loss_gpg needs an ActorConfig"
     pg_losses = -log_prob * advantages
     return _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights), {}
@@ -247,7 +237,7 @@ def compute_policy_loss_sapo(
     config=None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """SAPO: a smooth sigmoid gate replaces the hard clip (facts §8).
+    """SAPO: a smooth sigmoid gate replaces the hard clip (verl `core_algos` policy losses).
 
     r = exp(clamp(lp − old, ±20)), τ = tau_pos if A > 0 else tau_neg,
     gate = σ(τ·(r − 1))·4/τ, L = −gate·A. Always aggregated with ``seq-mean-token-mean``,

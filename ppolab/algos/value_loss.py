@@ -1,4 +1,4 @@
-"""The critic's clipped value loss (chapter §8; facts §5)."""
+"""The critic's clipped value loss (chapter §8; verl `core_algos.compute_value_loss`)."""
 from __future__ import annotations
 
 import torch

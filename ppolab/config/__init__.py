@@ -7,8 +7,10 @@ functions (and OmegaConf behind them) are imported on first use, so ``ppolab.alg
 from typing import Any
 
 from ppolab.config.actor import (
+    BYPASS_LOSS_TYPES,
     LOSS_AGG_MODES,
     ActorConfig,
+    LossRolloutCorrectionConfig,
     OptimConfig,
     PolicyLossConfig,
     check_loss_agg_mode,
@@ -51,6 +53,7 @@ __all__ = [
     "LOSS_AGG_MODES",
     "ActorConfig",
     "ActorRolloutRefConfig",
+    "BYPASS_LOSS_TYPES",
     "AgentConfig",
     "AlgorithmConfig",
     "ConfigError",
@@ -60,6 +63,7 @@ __all__ = [
     "CustomRewardFunctionConfig",
     "DataConfig",
     "KLCtrlConfig",
+    "LossRolloutCorrectionConfig",
     "ModelConfig",
     "MultiTurnConfig",
     "OptimConfig",

@@ -1,8 +1,8 @@
 """The actor's config (verl's ``actor_rollout_ref.actor``): the one config object the policy losses read.
 
-Field names and defaults follow verl's resolved ``ppo_trainer.yaml`` (facts sheet §14). The formula core
-reads only the clip ratios, ``clip_ratio_c``, ``tau_pos/tau_neg``, ``loss_agg_mode`` and
-``global_batch_info``; the trainer reads the rest.
+Field names and defaults follow verl's resolved ``ppo_trainer.yaml`` (verl `ppo_trainer.yaml`). The formula core
+reads only the clip ratios, ``clip_ratio_c``, ``tau_pos/tau_neg``, ``loss_agg_mode``, the mode-specific knobs of
+``policy_loss`` and ``global_batch_info``; the trainer reads the rest.
 """
 from __future__ import annotations
 
@@ -41,12 +41,62 @@ class OptimConfig:
     """Linear warm-up length in training steps (the scheduler steps once per training step)."""
 
 
+#: ``policy_loss.rollout_correction.loss_type`` values of ``loss_mode=bypass_mode`` (verl
+#: `core_algos.compute_policy_loss_bypass_mode`).
+BYPASS_LOSS_TYPES = ("ppo_clip", "reinforce")
+
+
+@dataclass
+class LossRolloutCorrectionConfig:
+    """verl's ``actor.policy_loss.rollout_correction`` (a ``RolloutCorrectionConfig``), read only by
+    ``loss_mode=bypass_mode``. Same keys as ``algorithm.rollout_correction``, but verl's *dataclass* defaults
+    apply here (actor.yaml sets none), so ``rollout_is`` defaults to ``"sequence"``."""
+
+    rollout_is: Optional[str] = "sequence"
+    """IS weights π_θ/π_rollout computed inside bypass_mode: None (off), token or sequence."""
+    rollout_is_threshold: Any = 2.0
+    """TIS upper bound (a number) or IcePop ``"lower_upper"`` (a string)."""
+    rollout_is_batch_normalize: bool = False
+    """Divide the IS weights by their batch mean (token or sequence level) when it is > 1e-8."""
+    rollout_rs: Optional[str] = None
+    """Rejection sampling options (comma list, see algorithm.rollout_correction.rollout_rs); None = off."""
+    rollout_rs_threshold: Any = None
+    """Thresholds of rollout_rs; required when rollout_rs is set."""
+    bypass_mode: bool = False
+    """Carried for parity with verl's class; the loss does not read it."""
+    loss_type: str = "ppo_clip"
+    """ppo_clip: vanilla PPO on the rejection-modified mask, no IS weights; reinforce: −A·log π·w."""
+
+
 @dataclass
 class PolicyLossConfig:
-    """Which policy loss the actor uses (verl ``actor.policy_loss``)."""
+    """Which policy loss the actor uses and its mode-specific knobs (verl ``actor.policy_loss``)."""
 
     loss_mode: str = "vanilla"
-    """Registry name of the policy loss: vanilla, reinforce, gspo, cispo, gpg, sapo."""
+    """Registry name of the policy loss (verl's ``policy_loss.loss_mode``): vanilla, dppo_tv, dppo_kl, gspo, sapo,
+    gpg, clip_cov, kl_cov, geo_mean, dro, cispo, bypass_mode."""
+    clip_cov_ratio: float = 0.0002
+    """clip_cov: share of valid tokens (at least one) whose loss is zeroed."""
+    clip_cov_lb: float = 1.0
+    """clip_cov: lower bound (exclusive) of the covariance of a token that may be zeroed."""
+    clip_cov_ub: float = 5.0
+    """clip_cov: upper bound (exclusive) of that covariance."""
+    kl_cov_ratio: float = 0.0002
+    """kl_cov: share of valid tokens (at least one), the top by covariance, that get the |log-ratio| penalty."""
+    ppo_kl_coef: float = 0.1
+    """kl_cov: weight of the |lp − old| penalty on the selected tokens."""
+    dro_beta: Optional[float] = None
+    """dro: β of the quadratic log-ratio penalty; required (> 0) when loss_mode=dro."""
+    rollout_correction: LossRolloutCorrectionConfig = field(default_factory=LossRolloutCorrectionConfig)
+    """bypass_mode: IS weights, rejection sampling and loss_type computed inside the loss."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rollout_correction, dict):
+            self.rollout_correction = LossRolloutCorrectionConfig(**self.rollout_correction)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """Dict-style read, as verl's config objects allow."""
+        return getattr(self, key, default)
 
 
 @dataclass
@@ -69,6 +119,9 @@ class ActorConfig:
     """c_H: weight of the entropy bonus subtracted from the loss (chapter §6)."""
     calculate_entropy: bool = False
     """Compute entropy in the update forward even when entropy_coeff is 0 (for the metric)."""
+    calculate_sum_pi_squared: bool = False
+    """Compute Σ_v π(v)² per position in the old-log-prob forward (needed by the optimal-token-baseline
+    estimators)."""
     use_kl_loss: bool = False
     """Loss-side KL to the reference policy (chapter §7.2)."""
     kl_loss_coef: float = 0.001

@@ -160,7 +160,28 @@ def _insert(tree: dict, key: str, value: Any, source: str) -> None:
         raise ConfigError(f"{source}: unknown config key {key}{_suggest(key)}")
     if typing.get_origin(leaves[key]) is list and isinstance(value, str):
         value = [value]  # data.train_files=a.parquet means a one-element list, as in verl
+    if not _shape_fits(leaves[key], value):  # OmegaConf would raise a bare TypeError or accept it silently
+        raise ConfigError(f"{source}: {key}={value!r} is not valid: expected {_type_name(leaves[key])}")
     _set(tree, key, value)
+
+
+def _shape_fits(tp: Any, value: Any) -> bool:
+    """Whether ``value``'s container shape fits the type hint ``tp``: no mapping for a list or scalar, no
+    nested list or mapping inside a list of scalars (the types of scalars are OmegaConf's to check)."""
+    if tp is Any or value is None or isinstance(value, str) and value.startswith("${"):
+        return True
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Union:
+        return any(_shape_fits(a, value) for a in args if a is not type(None))
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            return False
+        inner = [a for a in args if a is not Ellipsis]
+        return all(_shape_fits(inner[0] if origin is list or len(inner) == 1 else inner[min(i, len(inner) - 1)], v)
+                   for i, v in enumerate(value)) if inner else True
+    if origin in (dict, Mapping) or tp in (dict,):
+        return isinstance(value, Mapping)
+    return not isinstance(value, (Mapping, list, tuple))
 
 
 def _to_tree(source: str, data: Union[Mapping, Iterable[str]]) -> dict:
@@ -194,7 +215,7 @@ def _merges(base: Any, key: str, value: Any) -> bool:
     """Whether setting the single leaf ``key`` to ``value`` merges cleanly into ``base``."""
     try:
         OmegaConf.merge(base, OmegaConf.create(_set({}, key, value)))
-    except OmegaConfBaseException:
+    except (OmegaConfBaseException, TypeError):
         return False
     return True
 
@@ -206,13 +227,18 @@ def _compose(sources: list[tuple[str, dict]]) -> PPOConfig:
     for source, tree in sources:
         try:
             merged = OmegaConf.merge(merged, OmegaConf.create(tree))
-        except OmegaConfBaseException as e:
+        except (OmegaConfBaseException, TypeError) as e:  # TypeError: incompatible container types
             key = re.sub(r"\[\d+\]$", "", str(getattr(e, "full_key", "") or ""))
             if key not in leaves:  # some errors (tuple length) carry no key: find the leaf that fails alone
                 key = next((k for k in _flat(tree) if not _merges(merged, k, _lookup(tree, k))), key)
             if key in leaves:
+                expected = _type_name(leaves[key])
+                if leaves[key] is Any:  # a free-form field: say what kind of value it holds now
+                    now = OmegaConf.select(merged, key)
+                    now = OmegaConf.to_container(now) if OmegaConf.is_config(now) else now
+                    expected = f"a value like its current {now!r}"
                 raise ConfigError(f"{source}: {key}={_lookup(tree, key)!r} is not valid: expected "
-                                  f"{_type_name(leaves[key])}") from None
+                                  f"{expected}") from None
             raise ConfigError(f"{source}: {e}") from None
     try:
         # ActorConfig checks loss_agg_mode in __post_init__; check first so the message has the full key.

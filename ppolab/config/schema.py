@@ -1,4 +1,4 @@
-"""The whole typed config tree of a PPO/GRPO run, with verl's key names and defaults (facts sheet §14).
+"""The whole typed config tree of a PPO/GRPO run, with verl's key names and defaults (verl `ppo_trainer.yaml`).
 
 Only plain dataclasses live here (no torch, no OmegaConf), so building, copying and checking a config
 takes microseconds. ``ppolab.config.loader`` merges YAML presets and ``key=value`` overrides into this tree
@@ -17,8 +17,9 @@ from ppolab.config.actor import ActorConfig, OptimConfig
 DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 #: Advantage estimators that normalise within a group of rollouts of one prompt (need rollout.n ≥ 2).
-GROUP_ADV_ESTIMATORS = ("grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "grpo_passk",
-                        "reinforce_plus_plus_baseline", "opo", "gpg")
+GROUP_ADV_ESTIMATORS = ("grpo", "grpo_vectorized", "gdpo", "rloo", "rloo_vectorized", "grpo_passk",
+                        "reinforce_plus_plus_baseline", "opo", "gpg", "optimal_token_baseline",
+                        "tir_optimal_token_baseline")
 
 
 class ConfigError(ValueError):
@@ -122,11 +123,15 @@ class RolloutConfig:
     n: int = 1
     """Trajectories sampled per prompt (the group size of GRPO-like estimators)."""
     temperature: float = 1.0
-    """Sampling temperature; the update divides logits by the same value (facts §6)."""
+    """Sampling temperature; the update divides logits by the same value (verl `prepare_model_outputs`)."""
     top_p: float = 1.0
     """Nucleus sampling threshold in (0, 1]."""
     top_k: int = -1
     """Top-k sampling; -1 = off."""
+    dtype: Optional[str] = None
+    """Compute dtype of generation; None = actor_rollout_ref.model.dtype. hf engine on float32 weights:
+    bfloat16/float16 generate under torch.autocast, a real rollout/trainer numerics gap (verl's default pairs a
+    bf16 vLLM rollout with an fp32 trainer)."""
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
     """Rows per forward when recomputing old log-probs; required unless log_prob_use_dynamic_bsz."""
     log_prob_use_dynamic_bsz: bool = False
@@ -231,7 +236,8 @@ class CriticConfig:
 
 @dataclass
 class KLCtrlConfig:
-    """verl's ``algorithm.kl_ctrl``: the coefficient of the reward-side KL penalty (facts §11)."""
+    """verl's ``algorithm.kl_ctrl``: the coefficient of the reward-side KL penalty (verl `core_algos` KL
+    controllers)."""
 
     type: str = "fixed"
     """fixed (β constant) or adaptive (β moves toward target_kl)."""
@@ -251,6 +257,12 @@ class RolloutCorrectionConfig:
     """Importance weights old/rollout: None (off), token or sequence."""
     rollout_is_threshold: float = 2.0
     """Truncation of the IS weights (TIS): w = min(w, threshold)."""
+    rollout_rs: Optional[str] = None
+    """Rejection sampling: None (off) or a comma list of token_k1/k2/k3, seq_sum_k1/k2/k3, seq_mean_k1/k2/k3,
+    seq_max_k2/k3; a token or row failing any option is zeroed in response_mask (loss_mask is kept)."""
+    rollout_rs_threshold: Any = None
+    """Thresholds of rollout_rs: one shared, or one per option comma separated; *_k1 take "lower_upper" ratio
+    bounds or u (= [1/u, u]), the others an upper bound. Required when rollout_rs is set."""
     bypass_mode: bool = False
     """Use the rollout log-probs as old log-probs and skip the old-log-prob forward."""
 
@@ -275,6 +287,10 @@ class AlgorithmConfig:
     """Reward-KL coefficient controller."""
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     """Rollout/old policy mismatch correction."""
+    gdpo_reward_keys: Optional[list[str]] = None
+    """gdpo: the reward components (keys of the dict compute_score returns) normalised one by one; required."""
+    gdpo_reward_weights: Optional[list[float]] = None
+    """gdpo: weight of each component in gdpo_reward_keys order; None = all 1."""
 
 
 @dataclass

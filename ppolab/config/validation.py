@@ -6,6 +6,8 @@ one :class:`ConfigError` and returns the notices (legal combinations that are us
 from __future__ import annotations
 
 import difflib
+import math
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -17,9 +19,11 @@ _A, _R, _REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_ro
 # verl's names, used only while ppolab.algos does not export its registries (tests compare them when it does).
 _KL_BASE = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 _FALLBACK_NAMES = {
-    "loss_mode": ("vanilla", "reinforce", "gspo", "cispo", "gpg", "sapo"),
-    "adv_estimator": ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo",
-                      "gpg", "grpo_passk", "remax"),
+    "loss_mode": ("vanilla", "dppo_tv", "dppo_kl", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "dro",
+                  "cispo", "bypass_mode"),
+    "adv_estimator": ("gae", "grpo", "grpo_vectorized", "gdpo", "grpo_passk", "reinforce_plus_plus_baseline",
+                      "rloo", "opo", "reinforce_plus_plus", "remax", "gpg", "rloo_vectorized",
+                      "optimal_token_baseline", "tir_optimal_token_baseline"),
     "kl": _KL_BASE + tuple(k + "+" for k in _KL_BASE),
 }
 
@@ -102,9 +106,9 @@ def _batch_errors(c: _Checks, p: str) -> list[str]:
     tb, n, ws = c.cfg.data.train_batch_size, c.cfg.actor_rollout_ref.rollout.n, c.world_size
     mini, micro = c.get(f"{p}.ppo_mini_batch_size"), c.get(f"{p}.ppo_micro_batch_size_per_gpu")
     out = []
-    if tb % mini:
-        out.append(f"data.train_batch_size={tb} is not divisible by {p}.ppo_mini_batch_size={mini}: the "
-                   f"{tb}×{n} trajectories of a step do not split into whole mini-batches of {mini}×{n}")
+    if tb < mini and not c.get(f"{p}.use_dynamic_bsz"):
+        out.append(f"data.train_batch_size={tb} must be ≥ {p}.ppo_mini_batch_size={mini} (verl's check): a "
+                   "step would be one mini-batch made mostly of synthetic padding rows")
     if (mini * n) % ws:
         out.append(f"{p}.ppo_mini_batch_size × {_R}.n = {mini}×{n} is not divisible by world_size={ws}: "
                    "every rank needs the same local mini-batch")
@@ -133,11 +137,25 @@ def _check_batches(c: _Checks, p: str) -> None:
     except ImportError:  # the planner is not importable (yet): the same arithmetic, checked here
         c.errors.extend(_batch_errors(c, p))
         return
+    if tb < c.get(f"{p}.ppo_mini_batch_size") and not dyn:
+        c.errors.extend(_batch_errors(c, p))
+        return
+    # A step whose tb×n rows do not fill whole mini-batches is padded with synthetic rows (verl V1 padding_utils,
+    # chapter §9): the planner checks the padded batch; _notices says how many rows are added.
     try:
         plan_batches(tb, n, c.get(f"{p}.ppo_mini_batch_size"), c.world_size,
-                     None if dyn else c.get(f"{p}.ppo_micro_batch_size_per_gpu"), c.get(f"{p}.ppo_epochs"))
+                     None if dyn else c.get(f"{p}.ppo_micro_batch_size_per_gpu"), c.get(f"{p}.ppo_epochs"),
+                     pad_to=_padding_multiple(c))
     except ValueError as e:  # say it with dotted keys; keep the planner's words if ours find nothing
         c.errors.extend(_batch_errors(c, p) or [f"{p} batch sizes: {e}"])
+
+
+def _padding_multiple(c: _Checks) -> int:
+    """lcm(world_size, actor mini×n, critic mini×n when there is a critic): what balance_batch pads a step to
+    (``ppolab.batching.padding_multiple``, written out here so validation stays torch-free)."""
+    n = c.cfg.actor_rollout_ref.rollout.n
+    minis = [c.get(f"{p}.ppo_mini_batch_size") * n for p in ((_A, "critic") if c.cfg.use_critic else (_A,))]
+    return math.lcm(c.world_size, *minis)
 
 
 def _check_names(c: _Checks) -> None:
@@ -150,6 +168,7 @@ def _check_names(c: _Checks) -> None:
     c.choice("algorithm.adv_estimator", names["adv_estimator"])
     c.choice("algorithm.kl_ctrl.type", ("fixed", "adaptive"))
     c.choice("algorithm.rollout_correction.rollout_is", (None, "token", "sequence"))
+    c.choice(f"{_R}.dtype", (None, "float32", "bfloat16", "float16"))
     c.choice(f"{_R}.name", ("hf", "vllm"))
     c.choice("actor_rollout_ref.model.dtype", ("float32", "bfloat16", "float16"))
     c.choice("trainer.device", ("auto", "cpu", "cuda"))
@@ -167,6 +186,12 @@ def _check_data_model(c: _Checks) -> None:
         c.positive(f"data.{key}")
     c.positive("data.val_max_samples", optional=True)
     c.ok(cfg.actor_rollout_ref.model.path, "actor_rollout_ref.model.path is empty: give a model directory")
+    actor_path, critic_path = cfg.actor_rollout_ref.model.path, cfg.critic.model.path
+    c.ok(not (cfg.use_critic and cfg.actor_rollout_ref.model.lora_rank > 0 and critic_path and actor_path
+              and os.path.realpath(critic_path) != os.path.realpath(actor_path)),
+         f"critic.model.path={critic_path!r} would be ignored: with actor_rollout_ref.model.lora_rank > 0 the "
+         "critic is a LoRA adapter on the actor's base model; unset critic.model.path, or set "
+         "actor_rollout_ref.model.lora_rank=0 for a separate critic model")
     for m in ("actor_rollout_ref.model", "critic.model") if cfg.use_critic else ("actor_rollout_ref.model",):
         rank, targets = c.get(f"{m}.lora_rank"), c.get(f"{m}.target_modules")
         if c.ok(isinstance(rank, int) and rank >= 0, f"{m}.lora_rank={rank!r} must be ≥ 0 (0 = no LoRA)") \
@@ -199,6 +224,15 @@ def _check_rollout(c: _Checks) -> None:
     c.ok(ro.name != "vllm" or cfg.actor_rollout_ref.model.lora_rank > 0,
          f"{_R}.name=vllm pushes the actor to vLLM as a LoRA adapter; set actor_rollout_ref.model.lora_rank > 0 "
          f"or use {_R}.name=hf for full fine-tuning")
+    model_dtype = cfg.actor_rollout_ref.model.dtype
+    if ro.dtype is not None and ro.dtype != model_dtype:
+        tool_agent = ro.multi_turn.enable and ro.agent.default_agent_loop == "tool_agent"
+        c.ok(ro.name == "hf" and not tool_agent,
+             f"{_R}.dtype={ro.dtype!r} differs from actor_rollout_ref.model.dtype={model_dtype!r}: a separate "
+             f"rollout dtype is implemented for the single-turn hf engine only; leave {_R}.dtype=null")
+        c.ok(model_dtype == "float32", f"{_R}.dtype={ro.dtype!r} with actor_rollout_ref.model.dtype={model_dtype!r}: "
+             "the hf engine generates on the actor's own weights and can only lower their precision (autocast "
+             "from float32); leave it null or set model.dtype=float32")
     c.ok(ro.name != "vllm" or not (ro.multi_turn.enable and ro.agent.default_agent_loop == "tool_agent"),
          f"{_R}.name=vllm with the tool agent loop: ppolab's tool agent runs on the hf engine; use {_R}.name=hf")
     # Forward-only passes: old log-probs (skipped in bypass mode), ref log-probs (when a KL path is on).
@@ -240,6 +274,49 @@ def _check_actor_critic(c: _Checks) -> None:
              f"{p}.optim.betas={betas!r} must be two numbers in [0, 1)")
 
 
+def _check_policy_loss(c: _Checks) -> None:
+    """The knobs of the chosen ``policy_loss.loss_mode`` (verl reads them only inside that loss, chapter §5.2)."""
+    ca, key = c.cfg.actor_rollout_ref.actor, f"{_A}.policy_loss"
+    pl, mode = ca.policy_loss, ca.policy_loss.loss_mode
+    if mode == "dro":
+        c.ok(pl.dro_beta is not None and pl.dro_beta > 0, f"{key}.dro_beta={pl.dro_beta!r} must be > 0 with "
+             f"{key}.loss_mode=dro (the weight β of the quadratic log-ratio penalty; verl raises without it)")
+    if mode == "clip_cov":
+        c.at_least(f"{key}.clip_cov_ratio", 0, strict=True, why=" (share of tokens clip_cov may zero)")
+        c.ok(pl.clip_cov_lb < pl.clip_cov_ub, f"{key}.clip_cov_lb={pl.clip_cov_lb!r} must be < "
+             f"{key}.clip_cov_ub={pl.clip_cov_ub!r}: a token is a candidate when lb < cov < ub")
+    if mode == "kl_cov":
+        c.at_least(f"{key}.kl_cov_ratio", 0, strict=True, why=" (share of tokens kl_cov penalises)")
+        c.at_least(f"{key}.ppo_kl_coef", 0)
+    if mode == "bypass_mode":
+        rc = pl.rollout_correction
+        from ppolab.config.actor import BYPASS_LOSS_TYPES
+
+        c.choice(f"{key}.rollout_correction.loss_type", BYPASS_LOSS_TYPES)
+        c.choice(f"{key}.rollout_correction.rollout_is", (None, "token", "sequence"))
+        if rc.rollout_rs is not None:
+            try:
+                from ppolab.algos.correction import parse_rollout_rs
+            except ImportError:
+                return
+            try:
+                parse_rollout_rs(rc.rollout_rs, rc.rollout_rs_threshold)
+            except (ValueError, TypeError) as e:
+                c.errors.append(f"{key}.rollout_correction.rollout_rs={rc.rollout_rs!r} with rollout_rs_threshold="
+                                f"{rc.rollout_rs_threshold!r}: {e}")
+    est, alg = c.cfg.algorithm.adv_estimator, c.cfg.algorithm
+    if est == "gdpo":
+        keys, weights = alg.gdpo_reward_keys, alg.gdpo_reward_weights
+        if c.ok(keys, "algorithm.gdpo_reward_keys is empty but algorithm.adv_estimator=gdpo normalises each reward "
+                "component on its own: list the keys compute_score returns, e.g. [format_reward, accuracy_reward]"):
+            c.ok(weights is None or len(weights) == len(keys), f"algorithm.gdpo_reward_weights has "
+                 f"{len(weights or [])} entries for {len(keys)} algorithm.gdpo_reward_keys: give one weight per key "
+                 "(or null for all 1)")
+    if est in ("optimal_token_baseline", "tir_optimal_token_baseline"):
+        c.ok(ca.calculate_sum_pi_squared, f"algorithm.adv_estimator={est} needs {_A}.calculate_sum_pi_squared=true "
+             "(its baseline weights use Σπ² from the old-log-prob forward)")
+
+
 def _check_algorithm_trainer(c: _Checks) -> None:
     cfg, alg = c.cfg, c.cfg.algorithm
     est, n = alg.adv_estimator, cfg.actor_rollout_ref.rollout.n
@@ -257,6 +334,8 @@ def _check_algorithm_trainer(c: _Checks) -> None:
     c.ok(logp or not rc.rollout_is, f"algorithm.rollout_correction.rollout_is={rc.rollout_is!r} needs {_R}."
          "calculate_log_probs=true (the IS weights are old / rollout probabilities)")
     c.at_least("algorithm.rollout_correction.rollout_is_threshold", 0, strict=True)
+    if rc.rollout_rs is not None:
+        _check_rollout_rs(c, logp)
     c.ok(isinstance(cfg.trainer.total_training_steps, int) and cfg.trainer.total_training_steps >= 1,
          f"trainer.total_training_steps={cfg.trainer.total_training_steps!r} must be ≥ 1")
     c.positive("trainer.total_epochs", optional=True)
@@ -266,6 +345,28 @@ def _check_algorithm_trainer(c: _Checks) -> None:
     c.at_least("trainer.critic_warmup", 0)
     c.positive("trainer.n_gpus_per_node")
     c.positive("trainer.nnodes")
+
+
+def _check_rollout_rs(c: _Checks, logp: bool) -> None:
+    """``rollout_rs`` / ``rollout_rs_threshold``: verl's own parser decides, the message names both keys."""
+    rc, key = c.cfg.algorithm.rollout_correction, "algorithm.rollout_correction.rollout_rs"
+    c.ok(logp, f"{key}={rc.rollout_rs!r} needs {_R}.calculate_log_probs=true (rejection compares the old and the "
+         "rollout log-probs)")
+    try:
+        from ppolab.algos.correction import ROLLOUT_RS_OPTIONS, parse_rollout_rs
+    except ImportError:  # the formula core is not importable: nothing more can be checked here
+        return
+    for option in (o.strip() for o in str(rc.rollout_rs).split(",") if o.strip()):
+        if option not in ROLLOUT_RS_OPTIONS:
+            close = difflib.get_close_matches(option, ROLLOUT_RS_OPTIONS, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            c.errors.append(f"{key}: option {option!r} is not valid{hint}; choose a comma list of "
+                            f"{', '.join(ROLLOUT_RS_OPTIONS)}")
+            return
+    try:
+        parse_rollout_rs(rc.rollout_rs, rc.rollout_rs_threshold)
+    except (ValueError, TypeError) as e:
+        c.errors.append(f"{key}={rc.rollout_rs!r} with {key}_threshold={rc.rollout_rs_threshold!r}: {e}")
 
 
 def _notices(c: _Checks) -> None:
@@ -288,6 +389,30 @@ def _notices(c: _Checks) -> None:
     if alg.rollout_correction.bypass_mode and alg.rollout_correction.rollout_is:
         c.notices.append("algorithm.rollout_correction.rollout_is is ignored in bypass mode (old = rollout "
                          "log-probs, so there is nothing to correct)")
+    if alg.rollout_correction.bypass_mode and alg.rollout_correction.rollout_rs:
+        c.notices.append("algorithm.rollout_correction.rollout_rs is ignored in bypass mode (old = rollout "
+                         "log-probs, so nothing can be rejected)")
+    tb, n = cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n
+    if not c.errors and tb > 0 and n > 0 and c.world_size > 0:
+        multiple = _padding_multiple(c)
+        if (tb * n) % multiple:
+            c.notices.append(f"data.train_batch_size × {_R}.n = {tb}×{n} = {tb * n} rows is not a multiple of "
+                             f"lcm(world_size, mini-batch × n) = {multiple}: every step adds "
+                             f"{(-tb * n) % multiple} synthetic padding rows (response_mask 0, is_pad; verl V1 "
+                             "padding_utils, chapter §9) that count in seq-mean denominators")
+    mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
+    if mode == "geo_mean":
+        c.notices.append(f"{_A}.policy_loss.loss_mode=geo_mean averages its sequence losses with a plain mean over "
+                         f"the micro-batch rows and ignores {_A}.loss_agg_mode and the global batch counts (as verl), "
+                         "so the loss changes with the micro-batch split and the number of ranks")
+    if mode in ("dppo_tv", "dppo_kl") and cfg.actor_rollout_ref.actor.clip_ratio_c == 3.0:
+        c.notices.append(f"{_A}.policy_loss.loss_mode={mode} truncates the IS ratio at {_A}.clip_ratio_c=3.0 (the "
+                         "config default wins over DPPO's own fallback of 20, as in verl); set clip_ratio_c to change "
+                         f"it. clip_ratio / clip_ratio_low / clip_ratio_high are {mode}'s divergence thresholds here")
+    if mode == "bypass_mode" and not alg.rollout_correction.bypass_mode:
+        c.notices.append(f"{_A}.policy_loss.loss_mode=bypass_mode expects old_log_prob = the rollout log-probs, but "
+                         "algorithm.rollout_correction.bypass_mode=false: the loss will treat the recomputed old "
+                         "log-probs as rollout log-probs")
     if alg.kl_ctrl.type == "adaptive" and not alg.use_kl_in_reward:
         c.notices.append("algorithm.kl_ctrl.type=adaptive has no effect: the controller only drives the "
                          "reward-side KL and algorithm.use_kl_in_reward=false")
@@ -297,7 +422,7 @@ def check_config(cfg: PPOConfig, world_size: int = 1) -> tuple[list[str], list[s
     """(errors, notices) of a *resolved* config; :func:`validate` is the public entry."""
     c = _Checks(cfg, world_size)
     c.ok(isinstance(world_size, int) and world_size > 0, f"world_size={world_size!r} must be a positive int")
-    for check in (_check_names, _check_data_model, _check_rollout, _check_actor_critic,
+    for check in (_check_names, _check_data_model, _check_rollout, _check_actor_critic, _check_policy_loss,
                   _check_algorithm_trainer, _notices):
         check(c)
     return c.errors, c.notices

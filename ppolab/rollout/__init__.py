@@ -31,7 +31,7 @@ def make_rollout_engine(rollout, models, **kwargs) -> RolloutEngine:
 
         return ToolAgentRollout(models, rollout.multi_turn, **kwargs)
     if name == "hf":
-        return HFRollout(models, **kwargs)
+        return HFRollout(models, dtype=getattr(rollout, "dtype", None), **kwargs)
     if name == "vllm":
         require_engine(name)
         from ppolab.rollout.vllm import VLLMRollout

@@ -13,7 +13,7 @@ stopped at a call with turns left gets the tool's answer spliced in (``max_tool_
 at most between the response markers) and goes on generating; a row stops at EOS, at the turn limit (a
 call written on the last turn is not executed) or when the response reaches ``max_response_length``
 (truncated there). Observation tokens are attended to but carry no loss: response_mask = 0 keeps them
-out of the policy, KL and entropy terms and out of the token count (chapter §9; facts §9.4).
+out of the policy, KL and entropy terms and out of the token count (chapter §9; verl `forward_backward_batch`).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ppolab.algos import logprobs_from_logits, scale_logits
-from ppolab.rewards import score_value
+from ppolab.rewards import call_reward
 from ppolab.rollout.base import RolloutOutput, SamplingParams, eos_token_ids, left_pad
 from ppolab.tokenizer import TOOL_CALL, TOOL_CALL_END, TOOL_RESPONSE, TOOL_RESPONSE_END
 from ppolab.tools import calculator
@@ -204,8 +204,7 @@ def evaluate_tool_agent(model: Any, tokenizer: Any, dataset: Sequence[dict[str, 
     texts = tokenizer.batch_decode(out.responses, skip_special_tokens=True)
     scores = []
     for it, text in zip(items, texts):
-        s = reward_fn(it["data_source"], text, it["ground_truth"], it["extra_info"])
-        scores.append(score_value(s))
+        scores.append(call_reward(reward_fn, it["data_source"], text, it["ground_truth"], it["extra_info"]))
     correct = torch.tensor([s == 1.0 for s in scores])
     used = out.num_tool_calls > 0
     n = max(len(items), 1)

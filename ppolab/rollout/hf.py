@@ -1,6 +1,7 @@
 """The Hugging Face ``generate`` rollout engine (CPU or GPU), sharing the actor's weights."""
 from __future__ import annotations
 
+import contextlib
 from typing import Sequence
 
 import torch
@@ -16,10 +17,17 @@ class HFRollout:
     ``rollout_log_probs`` come from the *raw* logits the engine returned (``output_logits=True``) divided
     by the temperature — ``output_scores`` would give scores after top-p/top-k processing (see the
     environment notes) — so they measure the same temperature-scaled policy the trainer recomputes.
+
+    ``dtype`` (``actor_rollout_ref.rollout.dtype``): None generates in the weights' own dtype, so on fp32 weights
+    rollout and old log-probs agree to ~1e-6; ``"bfloat16"`` / ``"float16"`` generate under ``torch.autocast``
+    — matmuls, and so the logits the log-probs come from, in half precision while the trainer recomputes in
+    fp32. That is verl's default pairing (a bf16 vLLM rollout, an fp32 FSDP trainer) and a real off-policy gap
+    for rollout correction to measure (chapter §2).
     """
 
-    def __init__(self, models, chunk_size: int = 512):
+    def __init__(self, models, chunk_size: int = 512, dtype: str | None = None):
         self.models = models
+        self.autocast_dtype = _autocast_dtype(models, dtype)
         self.tokenizer = models.tokenizer
         self.chunk_size = chunk_size
         self.eos_ids = eos_token_ids(models.model, self.tokenizer)
@@ -42,7 +50,9 @@ class HFRollout:
         temperature = sampling.temperature if sampling.do_sample else 1.0
         device = self.models.device
         chunks = []
-        with self.models.actor() as model:
+        autocast = (torch.autocast(device_type=self.models.device.type, dtype=self.autocast_dtype)
+                    if self.autocast_dtype is not None else contextlib.nullcontext())
+        with self.models.actor() as model, autocast:
             was_training = model.training
             model.eval()
             for start in range(0, len(repeated), self.chunk_size):
@@ -60,3 +70,17 @@ class HFRollout:
         response_mask = response_mask_from_ids(responses, self.eos_ids)
         responses = torch.where(response_mask.bool(), responses, torch.full_like(responses, pad))
         return RolloutOutput(prompts, prompt_mask, responses, response_mask, log_probs * response_mask)
+
+
+def _autocast_dtype(models, dtype: str | None) -> torch.dtype | None:
+    """The autocast dtype of generation: None when ``dtype`` is None or the weights' own dtype."""
+    if dtype is None:
+        return None
+    wanted = getattr(torch, dtype)
+    own = next(models.model.parameters()).dtype
+    if wanted == own:
+        return None
+    if own != torch.float32:
+        raise ValueError(f"actor_rollout_ref.rollout.dtype={dtype!r} on {own} weights: the hf engine can only lower "
+                         "the precision of float32 weights (autocast)")
+    return wanted

@@ -1,8 +1,9 @@
 """``batch_calculator``: batch → mini-batch → micro-batch arithmetic (chapter §11–§12) from ``ppolab.batching``.
 
-The table is ``plan_batches(...)`` itself (invalid combinations show its ``ValueError`` text), the timeline draws
-the plan's optimizer steps, and the dynamic-batch figure is ``plan_dynamic_micro_batches`` on the recorded
-sequence lengths of the first mini-batch of a recorded step.
+The table is ``plan_batches(..., pad_to=padding_multiple(...))`` itself — a step whose rows do not fill whole
+mini-batches is padded with synthetic rows, as the trainer's balance stage does; combinations that cannot work
+show the ``ValueError`` text — the timeline draws the plan's optimizer steps, and the dynamic-batch figure is
+``plan_dynamic_micro_batches`` on the recorded sequence lengths of the first mini-batch of a recorded step.
 """
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import html
 
 import ipywidgets as W
 import plotly.graph_objects as go
+import torch
 
-from ppolab.batching import plan_batches, plan_dynamic_micro_batches
+from ppolab.batching import padding_multiple, plan_batches, plan_dynamic_micro_batches
 from ppolab.widgets.common import resolve_run, step_tensors
 
 #: Slider ranges (min, max) of the plan's inputs.
@@ -22,10 +24,63 @@ MAX_TIMELINE_STEPS = 256
 
 
 def recorded_seq_lens(record, rows: int | None = None) -> list[int]:
-    """prompt + response token counts (prompt_mask + response_mask sums) of the first ``rows`` rows."""
+    """Effective prompt + response token counts of the first ``rows`` rows, as the engine's dynamic batching
+    counts them (``Batch.seq_lens``): prompt_mask sums plus the *attended* response tokens —
+    ``response_attention_mask`` when the rollout spliced in tool observations (attended, response_mask 0),
+    else response_mask."""
     t = record.tensors
-    lens = (t["prompt_mask"].sum(-1) + t["response_mask"].sum(-1)).long().tolist()
+    response = t["response_attention_mask"] if "response_attention_mask" in t else t["response_mask"]
+    lens = (t["prompt_mask"].sum(-1) + response.sum(-1)).long().tolist()
     return lens[:rows] if rows else lens
+
+
+def synthetic_padding(train_batch_size: int, rollout_n: int, ppo_mini_batch_size: int, dp_size: int = 1,
+                      ppo_micro_batch_size_per_gpu: int | None = None, ppo_epochs: int = 1,
+                      critic_ppo_mini_batch_size: int | None = None, run=None, step: int | None = None) -> dict:
+    """What the trainer's balance stage (stage 3) does to a step whose rows do not divide: verl V1's
+    ``padding_utils.upsample_batch_to_divisible_size``, in ppolab ``PPOTrainer.balance_batch`` →
+    ``add_padding_samples`` (chapter §9, §11).
+
+    ``plan`` is ``plan_batches(..., pad_to=padding_multiple(dp, actor mini×n[, critic mini×n]))``, the planner
+    the trainer builds; ``batch`` is the real ``PPOTrainer.balance_batch`` run on a stand-in trainer holding only
+    the sizes it reads, on a recorded step batch resized to ``train_batch_size × rollout_n`` rows (rows repeated
+    as needed; no model is loaded). Returns ``rows`` (before), ``multiple``, ``synthetic_rows`` (rows flagged
+    ``is_pad`` after the stage; equal to ``plan.padding_rows``), ``padded_rows``, ``optimizer_steps_per_epoch``,
+    ``plan`` and ``batch``.
+    """
+    import types
+
+    from ppolab.engine import Batch
+    from ppolab.trainer import PPOTrainer
+    from ppolab.widgets.masks import run_tokenizer
+
+    minis = [ppo_mini_batch_size * rollout_n]
+    if critic_ppo_mini_batch_size is not None:
+        minis.append(critic_ppo_mini_batch_size * rollout_n)
+    multiple = padding_multiple(dp_size, *minis)
+    plan = plan_batches(train_batch_size, rollout_n, ppo_mini_batch_size, dp_size, ppo_micro_batch_size_per_gpu,
+                        ppo_epochs, pad_to=multiple)
+    r = resolve_run(run)
+    rec = step_tensors(r, step)
+    recorded = {k: v for k, v in rec.tensors.items() if k not in ("actor_log_probs", "critic_vpreds")}
+    n_rows = plan.n_trajectories
+    batch = Batch(recorded).select([i % len(recorded["is_pad"]) for i in range(n_rows)])
+    batch["is_pad"] = torch.zeros(n_rows, dtype=torch.bool)  # every row of the resized batch is a real trajectory
+    tok = run_tokenizer(r)
+    trainer = types.SimpleNamespace(
+        config=types.SimpleNamespace(
+            actor_rollout_ref=types.SimpleNamespace(rollout=types.SimpleNamespace(n=rollout_n),
+                                                    actor=types.SimpleNamespace(ppo_mini_batch_size=ppo_mini_batch_size)),
+            critic=types.SimpleNamespace(ppo_mini_batch_size=critic_ppo_mini_batch_size)),
+        dp_size=dp_size, dp_rank=0, use_critic=critic_ppo_mini_batch_size is not None,
+        tokenizer=types.SimpleNamespace(pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id))
+    trainer.padding_multiple = types.MethodType(PPOTrainer.padding_multiple, trainer)
+    padded, _ = PPOTrainer.balance_batch(trainer, batch)
+    synthetic = int(padded["is_pad"].sum())
+    if synthetic != plan.padding_rows or len(padded) % multiple:
+        raise AssertionError(f"balance stage added {synthetic} rows, the plan says {plan.padding_rows}")
+    return {"rows": n_rows, "multiple": multiple, "synthetic_rows": synthetic, "padded_rows": len(padded),
+            "optimizer_steps_per_epoch": plan.optimizer_steps_per_epoch, "plan": plan, "batch": padded}
 
 
 def batch_calculator(run=None, step=None, max_token_len: int | None = None, **sizes) -> W.VBox:
@@ -76,7 +131,9 @@ def batch_calculator(run=None, step=None, max_token_len: int | None = None, **si
     def refresh_plan(*_):
         kw = {k: controls[k].value for k in RANGES}
         try:
-            plan = plan_batches(**kw)
+            # a step whose rows do not fill whole mini-batches is padded with synthetic rows, as the trainer does
+            plan = plan_batches(**kw, pad_to=padding_multiple(kw["dp_size"],
+                                                              kw["ppo_mini_batch_size"] * kw["rollout_n"]))
             error = None
         except ValueError as e:
             plan, error = None, str(e)

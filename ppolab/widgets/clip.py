@@ -30,6 +30,7 @@ from ppolab.widgets.common import (
     _vrect,
     actor_config,
     optimizer_step_batch,
+    real_rows,
     resolve_run,
     step_tensors,
 )
@@ -99,15 +100,16 @@ def clip_explorer(
     eps_high: float | None = None,
 ) -> W.VBox:
     """Lab 04 (§4.1–4.3): the clipped surrogate for A > 0 and A < 0, and the clipped tokens of a recorded
-    batch.
+    batch (default run: ``ppo_fire_tiny``, trained at ε = 0.1, where the clip binds on a few % of the tokens).
 
     Controls: ``eps_low``, ``eps_high`` (clip_ratio_low / clip_ratio_high), ``opt_step``.
     Figures: ``surrogate`` (objective −loss over the ratio for A = +1 and A = −1, the six cases shaded),
     ``batch`` (every real token of the optimizer step's mini-batch: ratio vs advantage, clipped in red).
     ``state`` holds the displayed numbers: ``pg_clipfrac`` (compute_policy_loss_vanilla's metric),
-    ``n_clipped``, ``n_tokens``, ``n_zero_grad`` (tokens whose ∂loss/∂log_prob is 0, by autograd).
+    ``n_clipped``, ``n_tokens``, ``n_zero_grad`` (tokens whose ∂loss/∂log_prob is 0, by autograd), ``n_dual_clipped``
+    (tokens the run's dual clip bounds: A < 0 and ratio > clip_ratio_c, lab 05).
     """
-    r = resolve_run(run)
+    r = resolve_run(run, default="ppo_fire_tiny")
     rec = step_tensors(r, step)
     opt_step = _check_index("opt_step", opt_step, _n_opt_steps(rec))
     base = actor_config(r)
@@ -190,6 +192,7 @@ def clip_explorer(
         clipped = (terms["clipped"] > 0) & m
         zero_grad = (grad == 0) & m
         zero_adv = (b["advantages"] == 0) & m
+        dual = (terms["dual_clipped"] > 0) & m
         state.update(
             eps_low=low,
             eps_high=high,
@@ -202,6 +205,8 @@ def clip_explorer(
             n_zero_grad=int(zero_grad.sum()),
             n_zero_adv=int(zero_adv.sum()),
             n_zero_grad_clipped=int((zero_grad & ~zero_adv).sum()),
+            n_dual_clipped=int(dual.sum()),
+            n_padding_rows=int((~real_rows(rec)[b["rows"]]).sum()),
             clipped=clipped,
             zero_grad=zero_grad,
             rows=b["rows"],
@@ -226,12 +231,17 @@ def clip_explorer(
                 f"({state['n_clipped']}/{state['n_tokens']} tokens)"
             )
         readout.value = (
-            f"<b>{_opt_step_label(rec, k)}</b>, {len(b['rows'])} rows, {state['n_tokens']} real tokens<br>"
+            f"<b>{_opt_step_label(rec, k)}</b>, {len(b['rows'])} rows"
+            + (f" ({state['n_padding_rows']} of them synthetic padding rows, no tokens)"
+               if state["n_padding_rows"] else "")
+            + f", {state['n_tokens']} real tokens<br>"
             f"actor/pg_clipfrac = <b>{state['pg_clipfrac']:.6f}</b> (compute_policy_loss_vanilla), "
             f"actor/ppo_kl = {state['ppo_kl']:.3g}<br>"
             f"tokens with zero gradient ∂loss/∂log_prob: {state['n_zero_grad']} — "
-            f"{state['n_zero_adv']} because A = 0 (a group whose rewards were all equal), "
+            f"{state['n_zero_adv']} because A = 0 (in GRPO: a group whose rewards were all equal), "
             f"{state['n_zero_grad_clipped']} because the clip took the ratio out of the loss"
+            + (f" ({state['n_dual_clipped']} of them by the dual clip: A &lt; 0 and ratio &gt; clip_ratio_c = "
+               f"{cfg.clip_ratio_c:g}, lab 05)" if state["n_dual_clipped"] else "")
             + _clipped_table(b, terms, clipped)
         )
 
@@ -259,12 +269,14 @@ def dual_clip_explorer(
     clip_ratio_c > 1).
 
     Controls: ``clip_ratio_c`` (1.05 … 10; verl asserts c > 1), ``eps_low``, ``eps_high``, ``opt_step`` and
-    ``stretch`` s, which replays the recorded update s times as far (log_prob = old + s·(actor − old)) so the
-    dual clip has ratios large enough to bite. Figures: ``loss_curve`` (A = −1: ordinary clipped loss vs dual
+    ``stretch`` s. At s = 1 (the default) the batch is the recorded update itself: on the default run
+    ``ppo_fire_tiny`` (clip_ratio_c = 1.2) the dual clip binds on real optimizer steps. s > 1 is a what-if
+    (synthetic): it replays the recorded update s times as far (log_prob = old + s·(actor − old)), for the large
+    ratios of a run like verl's default c = 3. Figures: ``loss_curve`` (A = −1: ordinary clipped loss vs dual
     clipped loss over the ratio), ``batch`` (negative-advantage tokens: ratio vs per-token loss).
     ``state['pg_clipfrac_lower']`` is compute_policy_loss_vanilla's metric.
     """
-    r = resolve_run(run)
+    r = resolve_run(run, default="ppo_fire_tiny")
     rec = step_tensors(r, step)
     opt_step = _check_index("opt_step", opt_step, _n_opt_steps(rec))
     base = actor_config(r)
@@ -361,11 +373,14 @@ def dual_clip_explorer(
                 terms["pg_losses"][dual].tolist(),
             )
             f_batch.layout.title.text = (
-                f"{_opt_step_label(rec, k)}, stretch {s:g}: pg_clipfrac_lower = "
-                f"{state['pg_clipfrac_lower']:.4f}"
+                f"{_opt_step_label(rec, k)}"
+                + (", recorded update" if s == 1 else f", stretch {s:g} (what-if, synthetic)")
+                + f": pg_clipfrac_lower = {state['pg_clipfrac_lower']:.4f}"
             )
         readout.value = (
-            f"{state['n_negative']} of {state['n_tokens']} real tokens have A &lt; 0; the dual clip bites on "
+            ("<b>recorded update</b> (stretch 1): " if s == 1 else
+             f"<b>what-if (synthetic)</b>: the recorded update replayed {s:g}× as far; ")
+            + f"{state['n_negative']} of {state['n_tokens']} real tokens have A &lt; 0; the dual clip bites on "
             f"{state['n_dual_clipped']} (ratio &gt; c = {c:g}).<br>actor/pg_clipfrac_lower = "
             f"<b>{state['pg_clipfrac_lower']:.6f}</b>, actor/pg_clipfrac = {state['pg_clipfrac']:.6f} "
             f"(compute_policy_loss_vanilla)"

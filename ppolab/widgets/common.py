@@ -18,7 +18,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SHIPPED_RUNS = {"grpo_tiny": REPO_ROOT / "data" / "runs" / "grpo_tiny",
                 "ppo_gae_tiny": REPO_ROOT / "data" / "runs" / "ppo_gae_tiny",
                 "grpo_tool_tiny": REPO_ROOT / "data" / "runs" / "grpo_tool_tiny",
-                "grpo_tiny_vllm_bf16": REPO_ROOT / "data" / "runs" / "grpo_tiny_vllm_bf16"}
+                "grpo_tiny_vllm_bf16": REPO_ROOT / "data" / "runs" / "grpo_tiny_vllm_bf16",
+                "ppo_fire_tiny": REPO_ROOT / "data" / "runs" / "ppo_fire_tiny"}
 
 
 def resolve_run(run: Run | str | os.PathLike | None = None, default: str = "grpo_tiny") -> Run:

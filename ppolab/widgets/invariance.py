@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 
 from ppolab.config import LOSS_AGG_MODES
 from ppolab.replay import max_abs_diff, mini_batch_rows, replay_actor_update
+from ppolab.widgets.batching import recorded_seq_lens
 from ppolab.widgets.common import resolve_run
 
 #: Relative tolerance of the "same gradient" verdict: gap ≤ TOL · max(1, max |g_ref|).
@@ -23,6 +24,24 @@ TOL = 1e-5
 DYNAMIC = "dynamic"
 #: Replays shared by every explorer of this process: (run dir, step, mode, factor, micro label, budget) → replay.
 _CACHE: dict[tuple, dict[str, Any]] = {}
+
+
+def cached_replay(run=None, step: int = 1, *, loss_agg_mode: str, loss_scale_factor: float | None,
+                  micro_batch_size: int | None = None, max_token_len: int | None = None) -> dict[str, Any]:
+    """``replay_actor_update`` of step ``step`` with a fixed micro-batch size, or dynamic packing with the token
+    budget ``max_token_len`` (``micro_batch_size=None``), cached for the whole process: the explorer, the lab's
+    cells and the exercise checks share every replay (the update is deterministic)."""
+    r = resolve_run(run)
+    dyn = micro_batch_size is None
+    if dyn == (max_token_len is None):
+        raise ValueError("give either micro_batch_size (fixed micro-batches) or max_token_len (dynamic), not both")
+    label = DYNAMIC if dyn else int(micro_batch_size)
+    key = (str(r.path.resolve()), step, loss_agg_mode, loss_scale_factor, label, max_token_len if dyn else None)
+    if key not in _CACHE:
+        _CACHE[key] = replay_actor_update(r, step, micro_batch_size=None if dyn else label, use_dynamic_bsz=dyn,
+                                          max_token_len=max_token_len, loss_agg_mode=loss_agg_mode,
+                                          loss_scale_factor=loss_scale_factor)
+    return _CACHE[key]
 
 
 def divisors(n: int) -> list[int]:
@@ -59,7 +78,7 @@ def invariance_explorer(run=None, step: int = 1, *, loss_agg_mode: str | None = 
     rows = mini_batch_rows(r, step, 0)
     sizes = divisors(len(rows))
     rec = r.step(step)
-    lens = (rec["prompt_mask"].sum(-1) + rec["response_mask"].sum(-1)).long()[rows].tolist()
+    lens = [recorded_seq_lens(rec)[i] for i in rows]  # the lengths the engine's dynamic packing counts
     budget = max(max(lens), sum(lens) // 16)  # ~1/16 of the mini-batch's tokens per micro-batch
     own = a.ppo_micro_batch_size_per_gpu
     style = {"description_width": "initial"}
@@ -92,17 +111,13 @@ def invariance_explorer(run=None, step: int = 1, *, loss_agg_mode: str | None = 
     figs["micro_batches"].add_bar(name="tokens", offsetgroup="tokens", yaxis="y")
     figs["micro_batches"].add_bar(name="rows", offsetgroup="rows", yaxis="y2")
     status = W.HTML()
-    cache = _CACHE
 
     def replay(label, *, mode, factor) -> dict[str, Any]:
         """The replay of one x label under the current mode/factor (cached: the update is deterministic)."""
         dyn = label == DYNAMIC
-        budget = controls["max_token_len"].value if dyn else None
-        key = (str(r.path.resolve()), step, mode, factor, label, budget)
-        if key not in cache:
-            cache[key] = replay_actor_update(r, step, micro_batch_size=None if dyn else label, use_dynamic_bsz=dyn,
-                                             max_token_len=budget, loss_agg_mode=mode, loss_scale_factor=factor)
-        return cache[key]
+        return cached_replay(r, step, loss_agg_mode=mode, loss_scale_factor=factor,
+                             micro_batch_size=None if dyn else label,
+                             max_token_len=controls["max_token_len"].value if dyn else None)
 
     def current_factor() -> float | None:
         return controls["scale_value"].value if controls["scale"].value == "fixed" else None

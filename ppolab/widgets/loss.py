@@ -8,6 +8,7 @@ from typing import Any
 
 import ipywidgets as W
 import plotly.graph_objects as go
+import torch
 
 from ppolab.algos import (
     POLICY_LOSS_REGISTRY,
@@ -26,6 +27,10 @@ from ppolab.widgets.common import (
     resolve_run,
     step_tensors,
 )
+
+
+#: ``policy_loss.dro_beta`` used for the dro bar when the run sets none (verl's default None makes dro raise).
+DRO_BETA_SHOWN = 0.1
 
 
 def loss_assembly(
@@ -93,14 +98,15 @@ def loss_assembly(
     )
     modes = list(POLICY_LOSS_REGISTRY)
     f_modes = go.FigureWidget(
-        layout=dict(height=340, title="the same advantages through each loss_mode", yaxis_title="pg_loss")
+        layout=dict(height=340, title="the same advantages through each loss_mode ppolab registers",
+                    yaxis_title="pg_loss")
     )
     f_modes.add_bar(x=modes, y=[0.0] * len(modes))
     readout = W.HTML()
     state: dict[str, Any] = {}
 
     def cfg_for(mode: str) -> ActorConfig:
-        return actor_config(
+        cfg = actor_config(
             r,
             entropy_coeff=controls["entropy_coeff"].value,
             kl_loss_coef=controls["kl_loss_coef"].value,
@@ -109,6 +115,9 @@ def loss_assembly(
             loss_agg_mode=controls["loss_agg_mode"].value,
             loss_mode=mode,
         )
+        if mode == "dro" and cfg.policy_loss.dro_beta is None:  # verl's default None raises; show a value
+            cfg.policy_loss.dro_beta = DRO_BETA_SHOWN
+        return cfg
 
     def update(*_):
         b = optimizer_step_batch(rec, controls["opt_step"].value)
@@ -121,11 +130,20 @@ def loss_assembly(
             b.get("ref_log_prob"),
         )
         cfg = cfg_for(controls["loss_mode"].value)
-        loss, metrics = ppo_loss(cfg, *args)
+        with torch.random.fork_rng():  # clip_cov draws tokens at random: same draw on every redraw
+            torch.manual_seed(0)
+            loss, metrics = ppo_loss(cfg, *args)
         pg = metrics["actor/pg_loss"]
         ent = -cfg.entropy_coeff * metrics.get("actor/entropy_loss", 0.0)
         kl = cfg.kl_loss_coef * metrics["actor/kl_loss"] if cfg.use_kl_loss else 0.0
-        mode_losses = {mode: ppo_loss(cfg_for(mode), *args)[1]["actor/pg_loss"] for mode in modes}
+        mode_losses, skipped = {}, {}
+        for mode in modes:
+            try:
+                with torch.random.fork_rng():  # clip_cov draws tokens at random: same draw on every redraw
+                    torch.manual_seed(0)
+                    mode_losses[mode] = ppo_loss(cfg_for(mode), *args)[1]["actor/pg_loss"]
+            except Exception as exc:  # noqa: BLE001 — a mode that needs settings the run does not have
+                mode_losses[mode], skipped[mode] = float("nan"), f"{type(exc).__name__}: {exc}"
         state.update(
             loss=float(loss),
             metrics=metrics,
@@ -153,6 +171,7 @@ def loss_assembly(
             f"<code>policy_loss.loss_mode={cfg.policy_loss.loss_mode}</code><br>"
             + "<br>".join(f"{k_} = {v_:.6g}" for k_, v_ in metrics.items())
             + f"<br><b>loss = {float(loss):.6g}</b>"
+            + "".join(f"<br><i>{mm} not shown (needs more config): {msg}</i>" for mm, msg in skipped.items())
         )
 
     for ctl in controls.values():

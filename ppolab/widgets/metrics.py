@@ -3,11 +3,15 @@ warning signs checked automatically."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import ipywidgets as W
 import plotly.graph_objects as go
 
 from ppolab.widgets.common import resolve_run
+
+if TYPE_CHECKING:
+    import torch
 
 #: One line per verl metric name (exact names; ``prefix/*`` entries cover a family, see :func:`meaning`).
 METRIC_MEANINGS = {
@@ -114,7 +118,8 @@ def warning_signs(run=None, thresholds: dict | None = None) -> list[str]:
     critic/grad_norm spikes; response_length/clip_ratio high; critic/vf_clipfrac high; critic/vf_explained_var
     negative late in training; actor/pg_clipfrac stuck at 0; the loss-side KL term kl_coef·kl_loss larger
     than |pg_loss|; critic/vf_loss persistently large against the spread of the returns; the rollout engine
-    disagreeing with the trainer (training/rollout_probs_diff_mean).
+    disagreeing with the trainer (training/rollout_probs_diff_mean); critic/score non-finite or the same for
+    every response.
     """
     th = {**THRESHOLDS, **(thresholds or {})}
     unknown = set(thresholds or {}) - set(THRESHOLDS)
@@ -126,6 +131,9 @@ def warning_signs(run=None, thresholds: dict | None = None) -> list[str]:
     out: list[str] = []
     if len(m) == 0:
         return out
+    from ppolab.rewards import reward_warning_signs
+
+    out += reward_warning_signs(m)  # critic/score non-finite (NaN/inf, logged as null) or the same for every response
 
     def col(name):
         return m[name].dropna() if name in m else None
@@ -239,3 +247,86 @@ def metrics_dashboard(run=None, metric: str | None = None) -> W.VBox:
     box.controls, box.figures, box.warnings, box.run = controls, figs, warnings, r
     refresh()
     return box
+
+
+# ------------------------------------------------------------------------------------------ distributions
+#: The per-step distributions of chapter §15 ("reward distribution, advantage distribution, response length")
+#: and the logged metric whose mean each one has (verl's compute_data_metrics, ppolab.trainer.data_metrics).
+DISTRIBUTIONS = {"score": "critic/score/mean", "advantage": "critic/advantages/mean",
+                 "response_length": "response_length/mean"}
+
+
+def step_distributions(run=None, steps=None) -> dict[int, dict[str, torch.Tensor]]:
+    """The values behind the logged means, per recorded step, from the recorded tensors (real rows only):
+
+    * ``score`` — one value per trajectory, Σ_t token_level_scores (``critic/score/*``);
+    * ``advantage`` — one value per valid response token, as ``critic/advantages/*`` is computed (for GRPO every
+      token of a trajectory carries the trajectory's scalar advantage);
+    * ``response_length`` — response_mask sums per trajectory (``response_length/*``; tool observations excluded);
+    * ``advantage_per_trajectory`` — the masked token mean of the advantage per trajectory (NaN without tokens).
+
+    ``steps``: recorded steps (default: all). Returns ``{step: {name: 1-D tensor}}``.
+    """
+    import torch
+
+    from ppolab.widgets.common import real_rows
+
+    r = resolve_run(run)
+    chosen = r.steps if steps is None else list(steps)
+    missing = [s for s in chosen if s not in r.steps]
+    if missing:
+        raise ValueError(f"steps {missing} were not recorded; recorded steps: {r.steps}")
+    out = {}
+    for s in chosen:
+        rec = r.step(s)
+        t, real = rec.tensors, real_rows(rec)
+        mask = t["response_mask"][real].float()
+        adv = t["advantages"][real].float()
+        n_tok = mask.sum(-1)
+        out[s] = {"score": t["token_level_scores"][real].float().sum(-1),
+                  "advantage": adv[mask.bool()],
+                  "response_length": n_tok,
+                  "advantage_per_trajectory": torch.where(n_tok > 0, (adv * mask).sum(-1) / n_tok.clamp(min=1),
+                                                          torch.full_like(n_tok, float("nan")))}
+    return out
+
+
+def distribution_figure(run=None, steps=None) -> go.FigureWidget:
+    """Three panels against the training step: the score (stacked shares of each value when the reward takes at most
+    five values, else one box per step), the token advantages and the response lengths (one box per recorded step,
+    the dashed line is the box's mean), each with the logged mean metric as a line, so the curve of means is seen as
+    the centre of a distribution."""
+    from plotly.subplots import make_subplots
+
+    r = resolve_run(run)
+    dist = step_distributions(r, steps)
+    xs = list(dist)
+    m = r.metrics
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
+                        subplot_titles=["score per trajectory (reward distribution)",
+                                        "advantage per valid response token", "response length per trajectory"])
+    values = sorted({round(float(v), 6) for s in xs for v in dist[s]["score"].tolist()})
+    if len(values) <= 5:
+        for v in values:
+            shares = [float((dist[s]["score"].sub(v).abs() < 1e-6).float().mean()) for s in xs]
+            fig.add_bar(x=xs, y=shares, name=f"score = {v:g}", legendgroup="score", row=1, col=1)
+        fig.update_layout(barmode="stack")
+        fig.update_yaxes(title_text="share of trajectories", row=1, col=1)
+    else:
+        for s in xs:
+            fig.add_box(x=[s] * len(dist[s]["score"]), y=dist[s]["score"].tolist(), name=f"score {s}",
+                        boxmean=True, showlegend=False, marker_color="#1f77b4", row=1, col=1)
+    for row, key, color in ((2, "advantage", "#d62728"), (3, "response_length", "#2ca02c")):
+        for s in xs:
+            fig.add_box(x=[s] * len(dist[s][key]), y=dist[s][key].tolist(), name=f"{key} {s}", boxmean=True,
+                        showlegend=False, marker_color=color, row=row, col=1)
+    for row, key in ((1, "score"), (2, "advantage"), (3, "response_length")):
+        name = DISTRIBUTIONS[key]
+        if name in m.columns and row > 1:  # the stacked shares of row 1 are on another scale
+            curve = m[name].dropna()
+            fig.add_scatter(x=curve.index.tolist(), y=curve.tolist(), mode="lines", name=f"logged {name}",
+                            line={"color": "black", "width": 1}, row=row, col=1)
+    fig.update_xaxes(title_text="training step", row=3, col=1)
+    fig.update_layout(height=760, title=f"{r.path.name}: distributions per recorded step (chapter §15)",
+                      legend={"orientation": "h", "y": -0.08})
+    return go.FigureWidget(fig)

@@ -29,7 +29,7 @@ from ppolab.algos import (
     masked_mean,
     ppo_loss,
 )
-from ppolab.batching import fixed_micro_batches, plan_batches
+from ppolab.batching import fixed_micro_batches, padding_multiple, plan_batches
 from ppolab.config import validate
 from ppolab.record import Run, StepRecord
 from ppolab.widgets.common import (
@@ -43,7 +43,8 @@ from ppolab.widgets.common import (
     resolve_run,
 )
 
-__all__ = ["MISTAKES", "Effect", "Mistake", "mistakes_explorer", "reproduce"]
+__all__ = ["MISTAKES", "Effect", "Mistake", "kl_drowning", "kl_term_vs_policy_gradient", "mistakes_explorer",
+           "reference_drift", "reproduce"]
 
 
 @dataclass
@@ -97,16 +98,39 @@ def _pg(cfg, b, log_prob=None, mask=None):
               b["response_mask"] if mask is None else mask, cfg.loss_agg_mode, cfg)
 
 
+def _loss_mask(rec: StepRecord, b: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``loss_mask`` of the optimizer step's rows (real rows only): the mask as generated, which the engine
+    counts for ``batch_num_tokens``. Rejection sampling (``rollout_rs``) zeroes tokens of ``response_mask`` but not
+    of ``loss_mask`` (verl V1 does the same), so the two differ exactly at the rejected tokens."""
+    t = rec.tensors
+    if "loss_mask" not in t:
+        return b["response_mask"]
+    return t["loss_mask"][b["rows"]].float() * real_rows(rec)[b["rows"]].float().unsqueeze(-1)
+
+
+def _global_info(r: Run, rec: StepRecord, b: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """What the engine writes into ``global_batch_info`` for one global mini-batch, with ``dp_size`` 1 (the rows of
+    every rank are here at once): ``batch_num_tokens`` = Σ loss_mask, ``global_batch_size`` = ppo_mini_batch_size ×
+    rollout.n — a fixed count of rows that includes synthetic padding rows (verl ``engine`` / ``losses.ppo_loss``)."""
+    c = r.config
+    gbs = c["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] * c["actor_rollout_ref"]["rollout"]["n"]
+    return {"dp_size": 1, "batch_num_tokens": _loss_mask(rec, b).sum(), "global_batch_size": gbs}
+
+
 def _plan(r: Run, forget_n: bool = False, micro: int | None = None):
+    """The run's batch plan, padded as the trainer pads (to lcm(dp_size, actor mini×n, critic mini×n));
+    ``forget_n`` plans the same counts read as if ppo_mini_batch_size were already in trajectories."""
     c = r.config
     a = c["actor_rollout_ref"]["actor"]
     tb, n = c["data"]["train_batch_size"], c["actor_rollout_ref"]["rollout"]["n"]
     mini = a["ppo_mini_batch_size"]
     micro = a["ppo_micro_batch_size_per_gpu"] if micro is None else micro
     dp = int(r.info.get("dp_size", 1) or 1)
-    if forget_n:  # the same counts, read as if ppo_mini_batch_size were already in trajectories
-        return plan_batches(tb * n, 1, mini, dp, None, a["ppo_epochs"])
-    return plan_batches(tb, n, mini, dp, micro, a["ppo_epochs"])
+    critic = c.get("critic", {})
+    minis = [mini] + ([critic.get("ppo_mini_batch_size", mini)] if critic.get("enable") else [])
+    if forget_n:
+        return plan_batches(tb * n, 1, mini, dp, None, a["ppo_epochs"], pad_to=padding_multiple(dp, *minis))
+    return plan_batches(tb, n, mini, dp, micro, a["ppo_epochs"], pad_to=padding_multiple(dp, *(m * n for m in minis)))
 
 
 # ------------------------------------------------------------------------------------- the nine mistakes
@@ -142,7 +166,12 @@ def _m2_ppo_kl(run=None, step=None, opt_step=None) -> Effect:
 
 
 def _m3_kl_twice(run=None, step=None, opt_step=None) -> Effect:
-    """Both KL paths on: validate's notice, and the reward-side term on top of the loss-side one."""
+    """Both KL paths on: validate's notice, and the reward-side term on top of the loss-side one.
+
+    On a run trained with the reward-side KL (``use_kl_in_reward``, e.g. ppo_fire_tiny) the reward side is the real
+    thing: the recorded ``token_level_rewards`` against ``token_level_scores``, shaped with the β the controller held
+    at that step. On a run without it, the reward side is a what-if: ``apply_kl_penalty`` with
+    ``FixedKLController(algorithm.kl_ctrl.kl_coef)`` on the recorded π_old / π_ref."""
     r, rec, _k, b = _setup(run, step, opt_step)
     notices = {}
     for on in (False, True):
@@ -155,20 +184,31 @@ def _m3_kl_twice(run=None, step=None, opt_step=None) -> Effect:
                     ref_log_prob=b["ref_log_prob"])
     loss_side = a.kl_loss_coef * m["actor/kl_loss"]
     t = rec.tensors
-    mask = t["response_mask"].float() * real_rows(rec).float().unsqueeze(-1)
+    real = real_rows(rec)
     alg = r.config["algorithm"]
-    rewards, rm = apply_kl_penalty(t["token_level_scores"].float(), t["old_log_probs"].float(),
-                                   t["ref_log_prob"].float(), mask, FixedKLController(alg["kl_ctrl"]["kl_coef"]),
-                                   alg["kl_penalty"])
-    reward_shift = float((t["token_level_scores"].float() - rewards).abs().mul(mask).sum(-1).mean())
-    off_r, on_r = t["token_level_scores"].float().sum(-1), rewards.sum(-1)
+    scores = t["token_level_scores"].float()
+    recorded = bool(alg.get("use_kl_in_reward")) and "token_level_rewards" in t
+    if recorded:
+        rewards = t["token_level_rewards"].float()
+        beta_col = "actor/reward_kl_penalty_coeff"
+        beta = (float(r.metrics.loc[rec.step, beta_col]) if beta_col in r.metrics.columns
+                else float(alg["kl_ctrl"]["kl_coef"]))
+    else:
+        mask = t.get("loss_mask", t["response_mask"]).float() * real.float().unsqueeze(-1)
+        rewards, rm = apply_kl_penalty(scores, t["old_log_probs"].float(), t["ref_log_prob"].float(), mask,
+                                       FixedKLController(alg["kl_ctrl"]["kl_coef"]), alg["kl_penalty"])
+        beta = rm["actor/reward_kl_penalty_coeff"]
+    shift = (scores - rewards).abs().sum(-1)[real]
+    off_r, on_r = scores.sum(-1), rewards.sum(-1)
     return Effect(
         "ConfigNotice 'both KL paths' from validate", float(len(notices[False])), float(len(notices[True])),
-        pair=(off_r[real_rows(rec)], on_r[real_rows(rec)]),
+        pair=(off_r[real], on_r[real]),
         pair_label="trajectory (sequence reward)",
-        details={"notice": (notices[True] or [""])[0], "loss_side_term": loss_side,
-                 "reward_side_beta": rm["actor/reward_kl_penalty_coeff"],
-                 "reward_kl_penalty": rm["actor/reward_kl_penalty"], "mean_reward_shift": reward_shift})
+        details={"notice": (notices[True] or [""])[0], "run_has_both_paths": bool(alg.get("use_kl_in_reward"))
+                 and bool(r.config["actor_rollout_ref"]["actor"].get("use_kl_loss")),
+                 "reward_side_recorded": recorded, "kl_ctrl": alg["kl_ctrl"].get("type", "fixed"),
+                 "reward_side_beta": beta, "loss_side_coef": a.kl_loss_coef, "loss_side_term": loss_side,
+                 "mean_reward_shift": float(shift.mean())})
 
 
 def _micro(r: Run, rows: int) -> tuple[int, bool]:
@@ -179,14 +219,18 @@ def _micro(r: Run, rows: int) -> tuple[int, bool]:
 
 
 def _m4_micro_batch(run=None, step=None, opt_step=None) -> Effect:
-    """Micro-batches normalised as if each were the batch: the accumulated loss is n_micro × too large."""
-    r, _rec, _k, b = _setup(run, step, opt_step)
+    """Micro-batches normalised as if each were the batch: the accumulated loss is n_micro × too large.
+
+    Mistake off is the engine: every micro-batch divides its token sum by ``batch_num_tokens`` = Σ loss_mask of the
+    whole global mini-batch — which still counts the tokens rejection sampling zeroed in ``response_mask``."""
+    r, rec, _k, b = _setup(run, step, opt_step)
     n_rows = int(b["rows"].numel())
     micro, what_if = _micro(r, n_rows)
     parts = fixed_micro_batches(n_rows, micro)
+    info = _global_info(r, rec, b)
     cfg = actor_config(r)
+    cfg.global_batch_info = info
     whole, _ = _pg(cfg, b)
-    info = {"dp_size": 1, "batch_num_tokens": b["response_mask"].sum(), "global_batch_size": n_rows}
     sums = {}
     for mistaken in (False, True):
         c = actor_config(r)
@@ -194,12 +238,16 @@ def _m4_micro_batch(run=None, step=None, opt_step=None) -> Effect:
         losses = [_pg(c, {kk: v[idx] for kk, v in b.items() if kk != "rows"})[0] for idx in parts]
         sums[mistaken] = torch.stack(losses)
     plan = _plan(r)
+    n_resp = float(b["response_mask"].sum())
     return Effect(
         "accumulated loss of one mini-batch", float(sums[False].sum()), float(sums[True].sum()),
         pair=(sums[False], sums[True]), pair_label="micro-batch",
         details={"mini_batch_loss": float(whole), "n_micro": len(parts), "micro": micro, "what_if": what_if,
+                 "dp_size": int(r.info.get("dp_size", 1) or 1),
+                 "batch_num_tokens": int(info["batch_num_tokens"]), "response_tokens": int(n_resp),
+                 "rejected_tokens_in_denominator": int(info["batch_num_tokens"]) - int(n_resp),
                  "optimizer_steps": plan.optimizer_steps,
-                 "steps_if_micro_were_batch": plan.n_trajectories // micro * plan.ppo_epochs})
+                 "steps_if_micro_were_batch": (plan.n_trajectories + plan.padding_rows) // micro * plan.ppo_epochs})
 
 
 def _m5_forget_n(run=None, step=None, opt_step=None) -> Effect:
@@ -232,51 +280,102 @@ def _m6_epochs(run=None, step=None, opt_step=None) -> Effect:
                  "opt_step": _opt_step_label(rec, k)})
 
 
-def _row_weights(mask: torch.Tensor, mode: str) -> torch.Tensor:
+def _row_weights(mask: torch.Tensor, mode: str, **info: Any) -> torch.Tensor:
     """How much each row weighs in ``agg_loss``: ∂agg/∂(a constant loss on the row), by autograd."""
     x = torch.ones_like(mask, requires_grad=True)
-    agg_loss(x, mask, mode).backward()
+    agg_loss(x, mask, mode, **info).backward()
     return (x.grad * mask).sum(-1)
 
 
 def _m7_agg_mode(run=None, step=None, opt_step=None) -> Effect:
-    """token-mean vs seq-mean-token-mean: different length weighting, different objective."""
-    r, _rec, _k, b = _setup(run, step, opt_step)
-    off, _ = _pg(actor_config(r, loss_agg_mode="token-mean"), b)
-    on, _ = _pg(actor_config(r, loss_agg_mode="seq-mean-token-mean"), b)
+    """token-mean vs seq-mean-token-mean: different length weighting, different objective.
+
+    Both with the trainer's global normalisation: token-mean divides by Σ loss_mask of the mini-batch, the seq-mean
+    modes by the fixed ``global_batch_size`` = ppo_mini_batch_size × n, which counts synthetic padding rows (and rows
+    rejection sampling emptied) although they carry no token."""
+    r, rec, _k, b = _setup(run, step, opt_step)
+    info = _global_info(r, rec, b)
+    cfgs = {mode: actor_config(r, loss_agg_mode=mode) for mode in ("token-mean", "seq-mean-token-mean")}
+    for c in cfgs.values():
+        c.global_batch_info = info
+    off, _ = _pg(cfgs["token-mean"], b)
+    on, _ = _pg(cfgs["seq-mean-token-mean"], b)
     keep = b["response_mask"].sum(-1) > 0
-    w_tm = _row_weights(b["response_mask"], "token-mean")[keep]
-    w_sm = _row_weights(b["response_mask"], "seq-mean-token-mean")[keep]
+    w_tm = _row_weights(b["response_mask"], "token-mean", **info)[keep]
+    w_sm = _row_weights(b["response_mask"], "seq-mean-token-mean", **info)[keep]
     lengths = b["response_mask"].sum(-1)[keep]
+    pad = ~real_rows(rec)[b["rows"]]
     return Effect(
         "actor/pg_loss", float(off), float(on), pair=(w_tm, w_sm), pair_label="trajectory (its weight in the loss)",
         details={"min_length": int(lengths.min()), "max_length": int(lengths.max()),
-                 "weight_ratio_longest_vs_shortest_token_mean": float(w_tm.max() / w_tm.min())})
+                 "weight_ratio_longest_vs_shortest_token_mean": float(w_tm.max() / w_tm.min()),
+                 "rows": int(b["rows"].numel()), "global_batch_size": int(info["global_batch_size"]),
+                 "padding_rows": int(pad.sum()), "empty_real_rows": int((~keep & ~pad).sum()),
+                 "trajectories_with_tokens": int(keep.sum()),
+                 "token_mean_weight_sum": float(w_tm.sum()), "seq_mean_weight_sum": float(w_sm.sum())})
 
 
-#: Positions of every response treated as a tool observation in mistake 8 (a simulation: the shipped runs
-#: have no tool turns, so the first two response tokens stand in for text a tool wrote).
+#: Positions of every response treated as a tool observation in mistake 8 when the run has no tool turns (a
+#: what-if, synthetic: the first two response tokens stand in for text a tool wrote). A tool run (grpo_tool_tiny)
+#: has real ones: ``response_attention_mask`` 1 (attended) and ``response_mask`` 0 (not trained).
 OBSERVATION_POSITIONS = slice(0, 2)
 
 
-def _m8_tool_obs(run=None, step=None, opt_step=None) -> Effect:
-    """Tool-observation tokens left in response_mask get policy gradient as if the model had chosen them."""
-    r, _rec, _k, b = _setup(run, step, opt_step)
+def _observations(rec: StepRecord, b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, bool]:
+    """(obs, simulated): the observation tokens of the optimizer step's rows, (n_rows, R) float."""
+    t = rec.tensors
+    if "response_attention_mask" in t:
+        attn = t["response_attention_mask"][b["rows"]].float() * real_rows(rec)[b["rows"]].float().unsqueeze(-1)
+        obs = attn * (1 - t.get("loss_mask", t["response_mask"])[b["rows"]].float())
+        if obs.sum() > 0:
+            return obs, False
     obs = torch.zeros_like(b["response_mask"])
     obs[:, OBSERVATION_POSITIONS] = 1.0
-    obs = obs * b["response_mask"]
+    return obs * b["response_mask"], True
+
+
+def _m8_tool_obs(run=None, step=None, opt_step=None) -> Effect:
+    """Tool-observation tokens left in response_mask get policy gradient as if the model had chosen them.
+
+    On a tool run the observations are the real ones, with their recorded log-probs, and with the mistake on the
+    advantage reaches them too (the GRPO advantage is computed again with them in the mask, as the trainer would).
+    On a run without tool turns the first two response tokens play the observation (what-if, synthetic)."""
+    r, rec, k, b = _setup(run, step, opt_step)
+    obs, simulated = _observations(rec, b)
     cfg = actor_config(r)
+    if simulated:
+        masks = {False: b["response_mask"] * (1 - obs), True: b["response_mask"]}
+        advs = {False: b["advantages"], True: b["advantages"]}
+        log_prob = b["log_prob"]
+    else:
+        t = rec.tensors
+        masks = {False: b["response_mask"], True: b["response_mask"] + obs}
+        raw = t["actor_log_probs"][k][b["rows"]].float()
+        log_prob = torch.where(obs > 0, torch.nan_to_num(raw), b["log_prob"])
+        full = t["response_mask"].float() * real_rows(rec).float().unsqueeze(-1)
+        full[b["rows"]] = masks[True]
+        if r.config["algorithm"]["adv_estimator"] == "grpo":
+            adv_on, _ = compute_grpo_outcome_advantage(
+                t["token_level_rewards"].float(), full, t["uid"].tolist(),
+                norm_adv_by_std_in_grpo=r.config["algorithm"].get("norm_adv_by_std_in_grpo", True))
+            adv_on = adv_on[b["rows"]]
+        else:  # one advantage per trajectory, spread over the observation tokens too
+            per_row = (b["advantages"] * b["response_mask"]).sum(-1) / b["response_mask"].sum(-1).clamp(min=1)
+            adv_on = torch.where(obs > 0, per_row.unsqueeze(-1), b["advantages"])
+        advs = {False: b["advantages"], True: adv_on}
     grads, losses = {}, {}
-    for mistaken, mask in ((False, b["response_mask"] * (1 - obs)), (True, b["response_mask"])):
-        lp = b["log_prob"].clone().requires_grad_(True)
-        loss, _ = _pg(cfg, b, log_prob=lp, mask=mask)
+    for mistaken in (False, True):
+        lp = log_prob.clone().requires_grad_(True)
+        loss, _ = _pg(cfg, {**b, "advantages": advs[mistaken]}, log_prob=lp, mask=masks[mistaken])
         loss.backward()
         grads[mistaken], losses[mistaken] = lp.grad, float(loss.detach())
     count = {m: int(((grads[m] != 0) & (obs > 0)).sum()) for m in grads}
     return Effect(
         "observation tokens that receive gradient", float(count[False]), float(count[True]),
         pair=(grads[False][obs > 0].abs(), grads[True][obs > 0].abs()), pair_label="observation token (|∂loss/∂log π|)",
-        details={"observation_tokens": int(obs.sum()), "pg_loss_off": losses[False], "pg_loss_on": losses[True]})
+        details={"simulated": simulated, "observation_tokens": int(obs.sum()),
+                 "rows_with_observations": int((obs.sum(-1) > 0).sum()), "rows": int(b["rows"].numel()),
+                 "pg_loss_off": losses[False], "pg_loss_on": losses[True]})
 
 
 def _m9_clip_only(run=None, step=None, opt_step=None) -> Effect:
@@ -285,7 +384,8 @@ def _m9_clip_only(run=None, step=None, opt_step=None) -> Effect:
     base = actor_config(r)
     tuned = actor_config(r, clip_ratio=base.clip_ratio / 2)
     rows_with_grad, zero_adv_with_grad, metrics, losses, row_grad = {}, {}, {}, {}, {}
-    zero_adv = (b["advantages"].abs() * b["response_mask"]).sum(-1) == 0
+    nonempty = b["response_mask"].sum(-1) > 0  # padding rows and rows rejection sampling emptied carry no token
+    zero_adv = nonempty & ((b["advantages"].abs() * b["response_mask"]).sum(-1) == 0)
     for name, cfg in (("off", base), ("on", tuned)):
         lp = b["log_prob"].clone().requires_grad_(True)
         loss, metrics[name] = _pg(cfg, b, log_prob=lp)
@@ -296,20 +396,23 @@ def _m9_clip_only(run=None, step=None, opt_step=None) -> Effect:
         zero_adv_with_grad[name] = int(((row_grad[name] > 0) & zero_adv).sum())
     t = rec.tensors
     real = real_rows(rec)
-    mask = t["response_mask"].float() * real.float().unsqueeze(-1)
-    adv, _ = compute_grpo_outcome_advantage(t["token_level_rewards"].float(), mask, t["uid"].tolist())
-    no_signal = int(((adv.abs() * mask).sum(-1)[real] == 0).sum())
+    grpo = {}
+    if r.config["algorithm"]["adv_estimator"] == "grpo":  # trajectories of groups whose scores were all equal
+        mask = t["response_mask"].float() * real.float().unsqueeze(-1)
+        adv, _ = compute_grpo_outcome_advantage(t["token_level_rewards"].float(), mask, t["uid"].tolist())
+        grpo = {"grpo_no_signal_trajectories": int(((adv.abs() * mask).sum(-1)[real] == 0).sum())}
     return Effect(
         "actor/pg_loss", losses["off"], losses["on"], pair=(row_grad["off"], row_grad["on"]),
         pair_label="trajectory (Σ|∂loss/∂log π| over its tokens)",
         details={"clip_off": base.clip_ratio, "clip_on": tuned.clip_ratio,
                  "pg_clipfrac_off": metrics["off"]["actor/pg_clipfrac"],
-                 "pg_clipfrac_on": metrics["on"]["actor/pg_clipfrac"], "rows": int(b["rows"].numel()),
+                 "pg_clipfrac_on": metrics["on"]["actor/pg_clipfrac"], "rows": int(nonempty.sum()),
+                 "rows_without_tokens": int((~nonempty).sum()),
                  "zero_advantage_rows": int(zero_adv.sum()), "rows_with_gradient_off": rows_with_grad["off"],
                  "rows_with_gradient_on": rows_with_grad["on"],
                  "zero_advantage_rows_with_gradient_off": zero_adv_with_grad["off"],
                  "zero_advantage_rows_with_gradient_on": zero_adv_with_grad["on"],
-                 "grpo_no_signal_trajectories": no_signal, "trajectories": int(real.sum())})
+                 **grpo, "trajectories": int(real.sum())})
 
 
 MISTAKES: dict[str, Mistake] = {m.key: m for m in [
@@ -331,14 +434,18 @@ MISTAKES: dict[str, Mistake] = {m.key: m for m in [
             "algorithm.use_kl_in_reward (with actor.use_kl_loss=true)",
             "loss-side KL only", "loss-side KL + reward-side KL",
             "The reward-side KL shapes the rewards before the advantage; the loss-side KL adds a term to every "
-            "actor loss. They act at different stages and add up; validate() emits a ConfigNotice.",
+            "actor loss. They act at different stages and add up; validate() emits a ConfigNotice. (ppo_fire_tiny "
+            "turns both on deliberately: there 'mistake on' is the run as recorded, its rewards shaped by the "
+            "adaptive β. On a run without the reward-side KL that half is a what-if at kl_ctrl.kl_coef.)",
             _m3_kl_twice),
     Mistake("micro_is_not_the_batch", 4, "A micro-batch is not the training batch", "§11.3, §13, §16.4",
             "normalise each micro-batch by the global mini-batch (global_batch_info) or by itself",
             "global normalisation: micro losses add up to the mini-batch loss",
             "each micro-batch treated as the batch: accumulated loss ≈ n_micro × too large",
             "The optimizer steps once per mini-batch; micro-batches are only gradient-accumulation slices. Treating "
-            "a micro-batch as the batch miscounts optimizer steps and mis-scales the accumulated loss.",
+            "a micro-batch as the batch miscounts optimizer steps and mis-scales the accumulated loss. The engine "
+            "divides every micro-batch by batch_num_tokens = Σ loss_mask of the global mini-batch, which still "
+            "counts the tokens rejection sampling removed from response_mask.",
             _m4_micro_batch),
     Mistake("forget_rollout_n", 5, "Forgetting that the mini-batch is multiplied by rollout.n", "§11.2, §16.5",
             "ppo_mini_batch_size × rollout.n",
@@ -358,15 +465,18 @@ MISTAKES: dict[str, Mistake] = {m.key: m for m in [
             "actor.loss_agg_mode", "token-mean (every token weighs the same)",
             "seq-mean-token-mean (every trajectory weighs the same)",
             "token-mean gives a long trajectory more weight than a short one; seq-mean-token-mean gives each "
-            "trajectory equal weight. Switching changes the objective being optimised, not just its scale.",
+            "trajectory equal weight. Switching changes the objective being optimised, not just its scale. In "
+            "training the seq-mean modes divide by global_batch_size = ppo_mini_batch_size × n, which counts "
+            "synthetic padding rows: the real trajectories' weights then sum to less than 1.",
             _m7_agg_mode),
     Mistake("tool_obs_as_action", 8, "Tool observations are not model actions", "§9, §16.8",
             "response_mask on the observation tokens (0 or 1)",
             "observation tokens masked out (response_mask = 0)", "observation tokens left in the mask",
             "Tool output sits in the response so the model can attend to it, but the model did not choose those "
             "tokens. With response_mask = 0 they get no policy gradient; left in, the model is pushed to "
-            "'produce' text a tool wrote. (Simulated: the runs have no tool turns, so the first two response "
-            "tokens play the observation.)",
+            "'produce' text a tool wrote. On a tool run (grpo_tool_tiny) the observations are the real ones "
+            "(response_attention_mask 1, response_mask 0); on a run without tool turns the first two response "
+            "tokens play the observation (what-if, synthetic).",
             _m8_tool_obs),
     Mistake("clip_without_advantage", 9, "Tuning the clip ratio without checking the advantages", "§4, §16.9",
             "actor.clip_ratio (halved)", "clip_ratio as configured", "clip_ratio halved (the knob tuned)",
@@ -457,3 +567,110 @@ def mistakes_explorer(run: Run | str | None = None, step: int | None = None, mis
     refresh()
     children = [W.HBox([controls["mistake"], controls["on"]]), text, figs["effect"], figs["detail"]]
     return _box(children, controls, figs, state=state, run=r, record=rec)
+
+
+# ------------------------------------------------------------------ mistake 9, the KL halves (chapter §16, §7)
+#: β values (reward side) and kl_loss_coef values (loss side) of the mistake-9 tables; all but the run's own
+#: coefficient are what-ifs on the recorded tensors.
+KL_SWEEP = (0.001, 0.01, 0.1, 0.5, 1.0, 5.0)
+
+
+def kl_drowning(run=None, step: int | None = None, betas=KL_SWEEP):
+    """Mistake 9's "reward drowned by the KL" on the reward side (chapter §16, §7.1): the recorded scores and the
+    π_old / π_ref log-probs of one step (default: the last recorded one of ``run``, default ``ppo_fire_tiny``, a run
+    trained with the reward-side KL), shaped by ``apply_kl_penalty`` with ``FixedKLController(β)`` and the run's
+    ``algorithm.kl_penalty`` for each β, over the tokens the trainer shaped: ``loss_mask`` (the mask as generated;
+    rejection sampling rewrites ``response_mask`` only after the penalty). Real trajectories only.
+
+    The run's own β at that step (``kl_ctrl.kl_coef`` for a fixed controller, the logged
+    ``actor/reward_kl_penalty_coeff`` for an adaptive one) is added to ``betas``; its row reproduces the recorded
+    ``token_level_rewards``. A DataFrame indexed by β: ``what_if`` (β is not the run's own), ``score_mean`` (Σ_t score
+    per trajectory), ``penalty_mean`` (β·Σ_t KL_t per trajectory), ``penalty_over_score`` (ratio of the two means),
+    ``reward_mean`` (Σ_t r_t) and ``corr_reward_score`` (Pearson correlation over trajectories of Σ_t r_t with the
+    score: 1 = the reward still ranks trajectories by the task, near 0 = the KL decides).
+    """
+    import pandas as pd
+
+    r = resolve_run(run, default="ppo_fire_tiny")
+    rec = r.step(r.steps[-1] if step is None else step)
+    t, real = rec.tensors, real_rows(rec)
+    mask = t.get("loss_mask", t["response_mask"]).float() * real.float().unsqueeze(-1)
+    alg = r.config.get("algorithm", {})
+    own = None
+    if alg.get("use_kl_in_reward"):
+        own = alg.get("kl_ctrl", {}).get("kl_coef")
+        col = "actor/reward_kl_penalty_coeff"
+        if alg.get("kl_ctrl", {}).get("type") == "adaptive" and col in r.metrics.columns:
+            own = float(r.metrics.loc[rec.step, col])
+    scores = t["token_level_scores"].float()
+    rows = {}
+    for beta in sorted(set(betas) | ({own} if own is not None else set())):
+        rewards, _ = apply_kl_penalty(scores, t["old_log_probs"].float(), t["ref_log_prob"].float(), mask,
+                                      FixedKLController(beta), alg.get("kl_penalty", "kl"))
+        score, reward = scores.sum(-1)[real], rewards.sum(-1)[real]
+        penalty = score - reward
+        corr = torch.corrcoef(torch.stack([reward, score]))[0, 1]
+        rows[beta] = {"what_if": own is None or beta != own, "score_mean": float(score.mean()),
+                      "penalty_mean": float(penalty.mean()),
+                      "penalty_over_score": float(penalty.mean() / score.mean()),
+                      "reward_mean": float(reward.mean()), "corr_reward_score": float(corr)}
+    out = pd.DataFrame.from_dict(rows, orient="index")
+    out.index.name = "beta"
+    return out
+
+
+def kl_term_vs_policy_gradient(run=None, step: int | None = None, opt_step: int | None = None, coefs=KL_SWEEP):
+    """Mistake 9's "reward drowned by the KL" on the loss side (chapter §16, §7.2, §15): on one recorded optimizer
+    step (default: the last one of the last recorded step of ``run``, default ``ppo_fire_tiny``) the policy loss and
+    the loss-side KL term ``kl_loss_coef · agg_loss(kl_penalty(log π_θ, log π_ref, kl_loss_type))``, each with its
+    gradient with respect to the token log-probs log π_θ — what the backward pass carries into the model.
+
+    A DataFrame indexed by the coefficient c: ``what_if`` (c is not the run's own), ``kl_term`` (c·kl_loss),
+    ``abs_pg_loss``, ``loss_ratio`` (c·kl_loss / |pg_loss|, the reading rule of chapter §15), ``grad_kl``
+    (‖∂ c·kl_loss / ∂ log π‖), ``grad_pg`` (‖∂ pg_loss / ∂ log π‖) and ``grad_ratio``.
+    """
+    import pandas as pd
+
+    r, _rec, _k, b = _setup(resolve_run(run, default="ppo_fire_tiny"), step, opt_step)
+    cfg = actor_config(r)
+    own = cfg.kl_loss_coef if cfg.use_kl_loss else None
+    lp = b["log_prob"].clone().requires_grad_(True)
+    pg, _ = _pg(cfg, b, log_prob=lp)
+    (g_pg,) = torch.autograd.grad(pg, lp)
+    lp = b["log_prob"].clone().requires_grad_(True)
+    kl = agg_loss(kl_penalty(lp, b["ref_log_prob"], cfg.kl_loss_type), b["response_mask"], cfg.loss_agg_mode)
+    (g_kl,) = torch.autograd.grad(kl, lp)
+    pg, kl = abs(float(pg.detach())), float(kl.detach())
+    n_pg, n_kl = float(g_pg.norm()), float(g_kl.norm())
+    rows = {c: {"what_if": own is None or c != own, "kl_term": c * kl, "abs_pg_loss": pg, "loss_ratio": c * kl / pg,
+                "grad_kl": c * n_kl, "grad_pg": n_pg, "grad_ratio": c * n_kl / n_pg} for c in coefs}
+    out = pd.DataFrame.from_dict(rows, orient="index")
+    out.index.name = "kl_loss_coef"
+    return out
+
+
+def reference_drift(run=None, pattern: str = "#### "):
+    """How far the policy moved from π_ref over training, per recorded step of ``run`` (default ``grpo_tiny``),
+    from the recorded tensors: the reference KL of the rollout batch (token means of ``kl_penalty(old_log_probs,
+    ref_log_prob, ·)`` over the real valid tokens, k1 and k3), the share of real responses whose text contains
+    ``pattern`` (the answer format the reward asks for), the mean score and the mean response length.
+    """
+    import pandas as pd
+
+    r = resolve_run(run)
+    rows = {}
+    for s in r.steps:
+        rec = r.step(s)
+        t, real = rec.tensors, real_rows(rec)
+        mask = t["response_mask"].float() * real.float().unsqueeze(-1)
+        texts = rec.info.get("texts", {}).get("responses", [])
+        real_texts = [x for x, keep in zip(texts, real.tolist()) if keep]
+        rows[s] = {"ref_kl_k1": float(masked_mean(kl_penalty(t["old_log_probs"], t["ref_log_prob"], "k1"), mask)),
+                   "ref_kl_k3": float(masked_mean(kl_penalty(t["old_log_probs"], t["ref_log_prob"], "k3"), mask)),
+                   "format_share": (sum(pattern in x for x in real_texts) / len(real_texts)) if real_texts
+                   else float("nan"),
+                   "score_mean": float(t["token_level_scores"].sum(-1)[real].mean()),
+                   "response_length_mean": float(t["response_mask"].sum(-1)[real].mean())}
+    out = pd.DataFrame.from_dict(rows, orient="index")
+    out.index.name = "step"
+    return out

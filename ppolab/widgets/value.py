@@ -34,7 +34,9 @@ def value_clip_explorer(run=None, step=None, update: int | None = None, cliprang
 
     ``run`` defaults to the shipped ``ppo_gae_tiny``; ``update`` picks the critic optimizer step whose vpreds
     (``critic_vpreds[update]``, default the last) are used, with V_old = ``values`` and G = ``returns`` of the same
-    rows.
+    rows — that optimizer step's global mini-batch, padding rows included. vf_loss is normalised as the engine does:
+    token-mean by Σ ``loss_mask`` of the mini-batch, the seq-mean modes by its row count; vf_clipfrac is the share
+    pooled over the mini-batch's valid tokens (the trainer logs the mean of the per-micro-batch shares instead).
     Figures: ``tokens`` (½·unclipped vs the ½·max actually used, per token), ``summary`` (vf_loss and
     vf_clipfrac from compute_value_loss), ``sweep`` (both against ε_v, the current ε_v marked).
     """
@@ -80,7 +82,14 @@ def value_clip_explorer(run=None, step=None, update: int | None = None, cliprang
     def batch_of(u):
         vp = t["critic_vpreds"][u]
         rows = ~torch.isnan(vp).all(-1)
-        return vp[rows], t["returns"][rows], t["values"][rows], t["response_mask"][rows], rows.nonzero().flatten()
+        m = t["response_mask"][rows]
+        # past a micro-batch's own width the recording holds NaN (mask 0): put V_old there, so no masked NaN can leak
+        vp = torch.where(m > 0, vp[rows], t["values"][rows])
+        return vp, t["returns"][rows], t["values"][rows], m, rows.nonzero().flatten()
+
+    def num_tokens(row_ids):
+        # the engine's batch_num_tokens: Σ loss_mask of the global mini-batch — rejected tokens included (§9)
+        return t.get("loss_mask", t["response_mask"])[row_ids].sum()
 
     grid = [round(0.05 * i, 2) for i in range(41)]
 
@@ -90,8 +99,9 @@ def value_clip_explorer(run=None, step=None, update: int | None = None, cliprang
         keep = m.bool()
         unclipped, clipped = per_token_value_losses(vp[keep], g[keep], v[keep], eps)
         labels = [f"{int(row_ids[i])}:{j}" for i, j in keep.nonzero().tolist()]
-        vf_loss, vf_clipfrac = compute_value_loss(vp, g, v, m, eps, mode)
-        sweep = [compute_value_loss(vp, g, v, m, e, mode) for e in grid]
+        counts = {"batch_num_tokens": num_tokens(row_ids), "global_batch_size": len(row_ids)}
+        vf_loss, vf_clipfrac = compute_value_loss(vp, g, v, m, eps, mode, **counts)
+        sweep = [compute_value_loss(vp, g, v, m, e, mode, **counts) for e in grid]
         with figs["tokens"].batch_update():
             figs["tokens"].data[0].update(x=labels, y=unclipped.tolist())
             figs["tokens"].data[1].update(x=labels, y=clipped.tolist())

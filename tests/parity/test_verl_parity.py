@@ -78,14 +78,8 @@ def test_policy_losses(name, mode, info, with_is):
     assert torch.allclose(lp1.grad, lp2.grad, atol=TOL)
 
 
-def test_reinforce_matches_verl_bypass_reinforce():
-    fn = getattr(V, "compute_policy_loss_reinforce", None)
-    if fn is None:
-        pytest.skip("this verl has no compute_policy_loss_reinforce")
-    b = batch(seed=7)
-    ours, _ = P.compute_policy_loss_reinforce(b["old"], b["lp"], b["adv"], b["mask"], "token-mean", ActorConfig())
-    theirs = fn(b["old"], b["lp"], b["adv"], b["mask"], "token-mean", configs("token-mean", {})[1])[0]
-    assert ours.item() == pytest.approx(theirs.item(), abs=TOL)
+def test_registry_has_no_name_verl_lacks():
+    assert set(P.POLICY_LOSS_REGISTRY) <= set(V.POLICY_LOSS_REGISTRY)
 
 
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
@@ -133,7 +127,9 @@ def test_masked_helpers_and_logits_functions():
     assert torch.allclose(P.logprobs_from_logits(logits, labels), VF.logprobs_from_logits(logits, labels), atol=TOL)
 
 
-@pytest.mark.parametrize("name", list(P.ADV_ESTIMATOR_REGISTRY))
+# gdpo, the vectorized and the OTB estimators need the dispatcher's extra inputs: test_verl_parity_modes.py
+@pytest.mark.parametrize("name", [n for n in P.ADV_ESTIMATOR_REGISTRY if n not in (
+    "gdpo", "grpo_vectorized", "optimal_token_baseline", "tir_optimal_token_baseline")])
 @pytest.mark.parametrize("norm", [True, False])
 def test_advantage_estimators(name, norm):
     from verl.trainer.config import AlgoConfig
@@ -189,6 +185,23 @@ def test_rollout_is_weights(level, threshold):
     theirs, _ = compute_rollout_correction_weights(b["old"] - rollout, b["mask"], level, threshold)
     ours = P.rollout_is_weights(b["old"], rollout, b["mask"], level, threshold)
     assert torch.allclose(ours, theirs, atol=TOL)
+
+
+@pytest.mark.parametrize("rs, threshold", [
+    ("token_k1", 1.05), ("token_k1", "0.9_1.2"), ("seq_mean_k1", 1.02), ("seq_sum_k1", "0.8_1.3"),
+    ("token_k2,seq_max_k3", "0.002,0.01"), ("seq_sum_k2,seq_sum_k3,seq_max_k2,token_k3,seq_mean_k2,seq_mean_k3", 0.05),
+])
+def test_rollout_rejection_mask(rs, threshold):
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_rejection_mask
+
+    b = batch(seed=23)
+    rollout = b["old"] + 0.05 * torch.randn_like(b["old"])
+    theirs, their_metrics = compute_rollout_rejection_mask(b["old"] - rollout, b["mask"], rs, threshold)
+    ours, our_metrics = P.rollout_rejection_mask(b["old"], rollout, b["mask"], rs, threshold)
+    assert torch.equal(ours, theirs)
+    assert set(our_metrics) == {f"rollout_corr/{k}" for k in their_metrics}
+    for k, v in their_metrics.items():
+        assert our_metrics[f"rollout_corr/{k}"] == pytest.approx(float(v), abs=TOL), k
 
 
 @pytest.mark.parametrize("seed", range(20))

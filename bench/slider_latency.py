@@ -1,0 +1,104 @@
+"""Move every control of every explorer and print the latency of each move (recompute + redraw).
+
+    python bench/slider_latency.py            # all explorers on their lab's run
+    python bench/slider_latency.py clip_explorer kl_explorer
+
+A move is timed from setting ``control.value`` until the observers return: ppolab's explorers recompute with
+``ppolab.algos`` and update their ``FigureWidget``s synchronously inside that call, so this is the whole
+server-side cost of one slider step (the browser's own redraw comes on top and is not measured here).
+The goal (issue 13): every formula slider's move has p95 ≤ 50 ms on a 2-core laptop CPU. The replay-backed
+explorer (lab 13) is reported separately: a move that needs a new replay runs a real optimizer step.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+GOAL_MS = 50.0
+#: explorer → (arguments, controls not to sweep). Replay-backed explorers are timed but not held to the goal.
+EXPLORERS: dict[str, tuple[tuple, tuple]] = {
+    "ratio_explorer": (("grpo_tiny",), ()),
+    "clip_explorer": (("grpo_tiny",), ()),
+    "dual_clip_explorer": (("grpo_tiny",), ()),
+    "loss_assembly": (("grpo_tiny",), ()),
+    "kl_explorer": (("ppo_gae_tiny",), ()),
+    "value_clip_explorer": (("ppo_gae_tiny",), ()),
+    "mask_viewer": (("grpo_tiny",), ()),
+    "aggregation_explorer": (("grpo_tiny",), ()),
+    "batch_calculator": ((), ()),
+    "metrics_dashboard": (("grpo_tiny",), ()),
+    "mistakes_explorer": (("grpo_tiny",), ()),
+    "invariance_explorer": (("grpo_tiny",), ()),
+}
+NOT_FORMULA = {"invariance_explorer"}  # each new setting is a real optimizer step (a replay), cached after
+
+
+def values(ctl, n: int = 6) -> list:
+    """The values a sweep sets: every option of a choice, both states of a checkbox, n points of a slider."""
+    if hasattr(ctl, "options"):
+        return list(ctl.options)
+    if not hasattr(ctl, "min"):
+        return [not ctl.value, ctl.value]
+    pts = np.linspace(ctl.min, ctl.max, n)
+    if hasattr(ctl, "base"):
+        pts = [ctl.base**v for v in pts]
+    return [type(ctl.value)(v) for v in pts]
+
+
+def time_explorer(name: str, args: tuple, skip: tuple, rounds: int = 2) -> dict[str, list[float]]:
+    import ppolab.widgets as widgets
+
+    w = getattr(widgets, name)(*args)
+    out: dict[str, list[float]] = {}
+    for cname, ctl in w.controls.items():
+        if cname in skip or not hasattr(ctl, "value"):
+            continue
+        start, times = ctl.value, []
+        for _ in range(rounds):
+            for v in values(ctl):
+                v = (v,) if isinstance(start, tuple) else v
+                if v == ctl.value:
+                    continue
+                t0 = time.perf_counter()
+                ctl.value = v
+                times.append(1000 * (time.perf_counter() - t0))
+        ctl.value = start
+        if times:
+            out[cname] = times
+    return out
+
+
+def main(names: list[str]) -> int:
+    warnings.filterwarnings("ignore")
+    import torch
+
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; goal: formula sliders p95 ≤ {GOAL_MS} ms")
+    print(f"{'explorer':22s} {'control':18s} {'moves':>5s} {'median ms':>10s} {'p95 ms':>8s}")
+    worst = 0.0
+    for name in names or list(EXPLORERS):
+        args, skip = EXPLORERS[name]
+        try:
+            timings = time_explorer(name, args, skip)
+        except Exception as exc:  # noqa: BLE001 — report and go on with the other explorers
+            print(f"{name:22s} failed: {type(exc).__name__}: {exc}")
+            continue
+        for cname, t in timings.items():
+            p95 = float(np.percentile(t, 95))
+            if name not in NOT_FORMULA:
+                worst = max(worst, p95)
+            flag = "" if name in NOT_FORMULA or p95 <= GOAL_MS else "  > goal"
+            print(f"{name:22s} {cname:18s} {len(t):5d} {statistics.median(t):10.1f} {p95:8.1f}{flag}")
+    verdict = "within" if worst <= GOAL_MS else "OVER"
+    print(f"worst formula-slider p95: {worst:.1f} ms ({verdict} the {GOAL_MS} ms goal)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

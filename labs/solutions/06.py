@@ -1,0 +1,77 @@
+"""Solutions to lab 06's exercises (kept out of the notebook). A callable solution is the code a learner
+would write; it is called with the exercise's context (e.g. ``run``)."""
+import torch
+
+from ppolab.algos import POLICY_LOSS_REGISTRY, ppo_loss
+from ppolab.config import ActorConfig
+from ppolab.exercises.lab06 import e1_metrics, toy_batch
+from ppolab.widgets.common import optimizer_step_batch, resolve_run, step_tensors
+
+
+def total_loss(run=None):
+    _, m = e1_metrics(run)
+    return m["actor/pg_loss"] - 0.01 * m["actor/entropy_loss"] + 0.1 * m["actor/kl_loss"]
+
+
+def total_loss_entropy_added(run=None):
+    _, m = e1_metrics(run)
+    return m["actor/pg_loss"] + 0.01 * m["actor/entropy_loss"] + 0.1 * m["actor/kl_loss"]
+
+
+def total_loss_without_kl(run=None):
+    _, m = e1_metrics(run)
+    return m["actor/pg_loss"] - 0.01 * m["actor/entropy_loss"]
+
+
+def pg_loss_at_ratio_one(run=None):
+    b = optimizer_step_batch(step_tensors(resolve_run(run), 1), 0)
+    return -(b["advantages"] * b["response_mask"]).sum().item() / b["response_mask"].sum().item()
+
+
+def _config(mode):
+    cfg = ActorConfig()
+    cfg.policy_loss.loss_mode = mode
+    if cfg.policy_loss.dro_beta is None:
+        cfg.policy_loss.dro_beta = 0.1
+    return cfg
+
+
+def no_ratio_modes():
+    lp, adv, mask = toy_batch()
+    out = set()
+    for mode in POLICY_LOSS_REGISTRY:
+        a = ppo_loss(_config(mode), lp, lp - 0.5, adv, mask)[0].item()
+        b = ppo_loss(_config(mode), lp, lp + 0.3, adv, mask)[0].item()
+        if a == b:
+            out.add(mode)
+    return out
+
+
+def same_gradient_modes():
+    lp, adv, mask = toy_batch()
+    grads = {}
+    for mode in POLICY_LOSS_REGISTRY:
+        x = lp.clone().requires_grad_(True)
+        ppo_loss(_config(mode), x, lp.clone(), adv, mask)[0].backward()
+        grads[mode] = x.grad
+    return {m for m, g in grads.items() if torch.allclose(g, grads["vanilla"], rtol=1e-9, atol=1e-12)}
+
+
+SOLUTIONS = {
+    "06.1": total_loss,
+    "06.2": no_ratio_modes,
+    "06.3": pg_loss_at_ratio_one,
+    "06.4": same_gradient_modes,
+}
+
+#: Plausible wrong answers: each must be told "not yet".
+WRONG = {
+    "06.1": [total_loss_entropy_added, total_loss_without_kl,
+             lambda run=None: e1_metrics(run)[1]["actor/pg_loss"]],
+    "06.2": [{"reinforce", "gpg"}, {"gpg", "cispo"}, set(), {"vanilla"}],
+    "06.3": [0.0, lambda run=None: -pg_loss_at_ratio_one(run),
+             # optimizer step 3 (the ratio has moved) instead of step 0
+             lambda run=None: e1_metrics(run)[1]["actor/pg_loss"]],
+    # vanilla alone; the modes whose *value* equals vanilla's at r = 1; every mode
+    "06.4": [{"vanilla"}, {"vanilla", "gspo", "bypass_mode", "kl_cov"}, set(POLICY_LOSS_REGISTRY)],
+}

@@ -1,0 +1,50 @@
+"""Solutions to lab 13's exercises (kept out of the notebook). A callable solution is the code a learner
+would write; it is called with the exercise's context (e.g. ``run``)."""
+from ppolab.replay import mini_batch_rows
+from ppolab.widgets.common import resolve_run
+
+
+def _batch(run=None):
+    r = resolve_run(run)
+    rec, rows = r.step(1), mini_batch_rows(r)
+    return rec["advantages"][rows], rec["response_mask"][rows], len(rows)
+
+
+def pg_loss_micro16(run=None, micro=16, width="own"):
+    adv, mask, B = _batch(run)
+    total = 0.0
+    for i in range(0, B, micro):
+        a, m = adv[i:i + micro], mask[i:i + micro]
+        T = int(m.sum(-1).max()) if width == "own" else int(mask.sum(-1).max())
+        total += float(-(a * m).sum() / (B * T))
+    return total
+
+
+def pg_loss_token_mean(run=None):
+    adv, mask, _ = _batch(run)
+    return float(-(adv * mask).sum() / mask.sum())
+
+
+def full_width_sizes(run=None):
+    _, mask, M = _batch(run)
+    r_len = mask.sum(-1).long()
+    sizes = [s for s in range(1, M + 1) if M % s == 0]
+    return [s for s in sizes if all(int(r_len[i:i + s].max()) == int(r_len.max()) for i in range(0, M, s))]
+
+
+SOLUTIONS = {
+    "13.1": (True, False),
+    "13.2": pg_loss_micro16,
+    "13.3": full_width_sizes,
+}
+
+#: Plausible wrong answers: each must be told "not yet".
+WRONG = {
+    # "micro-batching never matters"; "it always matters"; the two modes swapped
+    "13.1": [(True, True), (False, False), (False, True)],
+    # the mini-batch's width for every micro-batch (= one micro-batch); token-mean; the sign flipped
+    "13.2": [lambda run=None: pg_loss_micro16(run, width="mini"), pg_loss_token_mean,
+             lambda run=None: -pg_loss_micro16(run)],
+    # only the whole mini-batch; every divisor; one size too many
+    "13.3": [[64], [1, 2, 4, 8, 16, 32, 64], [16, 32, 64]],
+}

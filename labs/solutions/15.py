@@ -1,0 +1,52 @@
+"""Solutions to lab 15's exercises (kept out of the notebook). A callable solution is the code a learner
+would write; it is called with the exercise's context (e.g. ``run``)."""
+import torch
+
+from ppolab.widgets.common import resolve_run
+
+
+def zero_advantage_share(run=None, per_token=False):
+    r = resolve_run(run)
+    t = r.step(r.steps[-1]).tensors
+    real = ~t["is_pad"].bool()
+    mask = t["response_mask"].bool()
+    if per_token:  # the share of tokens, not of trajectories
+        return float((t["advantages"][real][mask[real]] == 0).float().mean())
+    zero = ((t["advantages"] != 0) & mask).sum(-1) == 0
+    return round(float(zero[real].float().mean()), 3)
+
+
+def lone_correct(unbiased=True, normalise=True):
+    scores = torch.tensor([1.0, 0, 0, 0, 0, 0, 0, 0], dtype=torch.float64)
+    centred = scores[0] - scores.mean()
+    return float(centred / (scores.std(unbiased=unbiased) + 1e-6)) if normalise else float(centred)
+
+
+def kl_over_pg(run=None, coef=True, reducer="median", half=True):
+    m = resolve_run(run).metrics
+    m = m[m["training/global_step"].notna()]
+    part = m.iloc[len(m) // 2:] if half else m
+    kl = part["actor/kl_coef"] * part["actor/kl_loss"] if coef else part["actor/kl_loss"]
+    pg = part["actor/pg_loss"].abs()
+    return float(getattr(kl, reducer)() / getattr(pg, reducer)())
+
+
+SOLUTIONS = {
+    "15.1": zero_advantage_share,
+    "15.2": lone_correct,
+    "15.3": "actor/entropy collapsed",
+    "15.4": kl_over_pg,
+}
+
+#: Plausible wrong answers: each must be told "not yet".
+WRONG = {
+    # "GRPO advantages are never exactly 0"; the token-weighted share; the share of right answers
+    "15.1": [0.0, lambda run=None: zero_advantage_share(run, per_token=True), 0.781],
+    # the biased std (÷ n); no std normalisation; the raw score
+    "15.2": [lambda: lone_correct(unbiased=False), lambda: lone_correct(normalise=False), 1.0],
+    # the metrics that look busy but stay in range
+    "15.3": ["actor/pg_clipfrac persistently high", "actor/ppo_kl large", "actor/grad_norm spikes"],
+    # the raw kl_loss (no coefficient); means instead of medians; the whole run instead of its second half
+    "15.4": [lambda run=None: kl_over_pg(run, coef=False), lambda run=None: kl_over_pg(run, reducer="mean"),
+             lambda run=None: kl_over_pg(run, half=False)],
+}

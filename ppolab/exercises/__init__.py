@@ -1,0 +1,170 @@
+"""Exercise checks for the labs: the truth is computed at call time, never typed into a notebook.
+
+A lab cell ships unanswered::
+
+    answer = ...                      # your prediction: pg_clipfrac of step 1, optimizer step 3, at ε = 0.1
+    check("04.2", answer, run=RUN)
+
+``check`` computes the true value with ``ppolab.algos`` on the recorded run (or on the numbers the exercise
+states), compares, and answers **right**, or **not yet** with a hint that grows with each wrong try: first a
+nudge, then the formula. An unanswered exercise (``...``) is reported as such; ``check`` never raises on it.
+
+Each lab's exercises live in ``ppolab/exercises/labNN.py`` and register themselves with :func:`exercise`;
+the solutions live outside the notebooks, in ``labs/solutions/NN.py`` (``SOLUTIONS`` and ``WRONG``), and
+``tests/test_exercises.py`` asserts every solution is accepted and every plausible wrong answer is not.
+"""
+from __future__ import annotations
+
+import importlib
+import math
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+__all__ = ["Exercise", "Verdict", "check", "exercise", "registry", "reset", "truth", "UNANSWERED"]
+
+#: What an unanswered exercise holds: ``answer = ...``.
+UNANSWERED = Ellipsis
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One checked exercise.
+
+    ``compute(**context)`` returns the truth; ``rel``/``abs`` are the tolerances for numbers (a prediction
+    read off a figure needs a looser one than a recomputation); ``hints`` are shown one more per wrong try.
+    """
+    id: str
+    prompt: str
+    compute: Callable[..., Any]
+    hints: tuple[str, ...]
+    rel: float = 1e-6
+    abs: float = 1e-9
+    context: tuple[str, ...] = field(default=())
+
+    @property
+    def lab(self) -> str:
+        return self.id.split(".")[0]
+
+
+@dataclass
+class Verdict:
+    """The answer of :func:`check`: truthy when right; shows as its message in a notebook."""
+    id: str
+    ok: bool
+    answered: bool
+    message: str
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __repr__(self) -> str:
+        return self.message
+
+    def _repr_markdown_(self) -> str:
+        return self.message
+
+
+_REGISTRY: dict[str, Exercise] = {}
+_TRIES: dict[str, int] = {}
+_LOADED = False
+
+
+def exercise(id: str, prompt: str, hints: tuple[str, ...] | list[str], *, rel: float = 1e-6, abs: float = 1e-9,
+             context: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: register ``fn(**context) -> truth`` as exercise ``id`` (``"NN.k"``). At least two hints:
+    the first a nudge, the last the formula."""
+    if len(hints) < 2:
+        raise ValueError(f"exercise {id}: give at least two hints (a nudge, then the formula)")
+
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if id in _REGISTRY and _REGISTRY[id].compute is not fn:
+            raise ValueError(f"exercise {id!r} is registered twice")
+        _REGISTRY[id] = Exercise(id, prompt, fn, tuple(hints), rel, abs, tuple(context))
+        return fn
+    return register
+
+
+def _load_all() -> None:
+    global _LOADED
+    if not _LOADED:
+        for mod in pkgutil.iter_modules(__path__):
+            if mod.name.startswith("lab"):
+                importlib.import_module(f"{__name__}.{mod.name}")
+        _LOADED = True
+
+
+def registry() -> dict[str, Exercise]:
+    """Every registered exercise by id, sorted (all lab modules imported)."""
+    _load_all()
+    return dict(sorted(_REGISTRY.items(), key=lambda kv: tuple(int(p) for p in kv[0].split("."))))
+
+
+def truth(id: str, **context: Any) -> Any:
+    """The true answer of exercise ``id``, computed now (for tests and for the curious)."""
+    return _get(id).compute(**context)
+
+
+def reset(id: str | None = None) -> None:
+    """Forget the wrong tries (of one exercise, or all): hints start again from the first."""
+    if id is None:
+        _TRIES.clear()
+    else:
+        _TRIES.pop(id, None)
+
+
+def _get(id: str) -> Exercise:
+    reg = registry()
+    if id not in reg:
+        raise KeyError(f"no exercise {id!r}; the labs' exercises are {', '.join(reg)}")
+    return reg[id]
+
+
+def matches(answer: Any, expected: Any, rel: float = 1e-6, abs: float = 1e-9) -> bool:
+    """Whether ``answer`` equals ``expected``: numbers within ``rel``/``abs``, bools and strings exactly
+    (strings ignoring case and surrounding blanks), sequences and dicts element by element. A bool never
+    matches a number (``True`` is not an answer to "how many")."""
+    if isinstance(expected, bool) or isinstance(answer, bool):
+        return isinstance(answer, bool) and isinstance(expected, bool) and answer == expected
+    if hasattr(answer, "item") and getattr(answer, "ndim", 1) == 0:
+        answer = answer.item()
+    if hasattr(expected, "item") and getattr(expected, "ndim", 1) == 0:
+        expected = expected.item()
+    if isinstance(expected, (int, float)):
+        if not isinstance(answer, (int, float)):
+            return False
+        if math.isnan(expected) or math.isnan(answer):
+            return math.isnan(expected) and math.isnan(answer)
+        return math.isclose(answer, expected, rel_tol=rel, abs_tol=abs)
+    if isinstance(expected, str):
+        return isinstance(answer, str) and answer.strip().lower() == expected.strip().lower()
+    if isinstance(expected, dict):
+        return (isinstance(answer, dict) and set(answer) == set(expected)
+                and all(matches(answer[k], expected[k], rel, abs) for k in expected))
+    if isinstance(expected, (list, tuple)):
+        if hasattr(answer, "tolist"):
+            answer = answer.tolist()
+        return (isinstance(answer, (list, tuple)) and len(answer) == len(expected)
+                and all(matches(a, e, rel, abs) for a, e in zip(answer, expected)))
+    if isinstance(expected, (set, frozenset)):
+        return isinstance(answer, (set, frozenset, list, tuple)) and set(answer) == set(expected)
+    return answer == expected
+
+
+def check(id: str, answer: Any, **context: Any) -> Verdict:
+    """Check ``answer`` to exercise ``id`` against the truth computed now (``context``: e.g. ``run=RUN``).
+
+    Returns a :class:`Verdict` (truthy when right). Unanswered (``...``) is not a wrong try and never raises.
+    """
+    ex = _get(id)
+    if answer is UNANSWERED:
+        return Verdict(id, False, False, f"{id}: not answered yet — replace `...` with your answer and run again.")
+    expected = ex.compute(**context)
+    if matches(answer, expected, ex.rel, ex.abs):
+        _TRIES.pop(id, None)
+        return Verdict(id, True, True, f"{id}: right.")
+    tries = _TRIES.get(id, 0)
+    _TRIES[id] = tries + 1
+    hints = ex.hints[: min(tries + 1, len(ex.hints))]
+    text = "\n".join(f"  hint {i + 1}: {h}" for i, h in enumerate(hints))
+    return Verdict(id, False, True, f"{id}: not yet.\n{text}")

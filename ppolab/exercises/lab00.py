@@ -1,0 +1,46 @@
+"""Lab 00 — start here: a run, its batch plan, its metrics (chapter §1, §3.1, §4.2, §11.4)."""
+from __future__ import annotations
+
+from ppolab import algos
+from ppolab.exercises import exercise
+
+
+@exercise("00.1", "Predict, then verify: at ε = 0.2, what share of the response tokens of recorded step 1, "
+                  "optimizer step 0 (the very first update of the run) does the clip take out (pg_clipfrac)?",
+          hints=("Before its first optimizer step, which policy is the actor, compared with π_old? What is the "
+                 "ratio then, and can a ratio of that size be clipped at ε = 0.2? (The logged actor/pg_clipfrac of "
+                 "step 1 is an average over all the step's optimizer steps, not this one.)",
+                 "masked_mean(ppo_clip_terms(old_log_probs, actor_log_probs[0], advantages, 0.2, 0.2)['clipped'], "
+                 "response_mask) over the rows of optimizer step 0: optimizer_step_batch(run.step(1), 0)."),
+          context=("run",))
+def _e1(run=None) -> float:
+    from ppolab.widgets.common import optimizer_step_batch, step_tensors
+
+    b = optimizer_step_batch(step_tensors(run, 1), 0)
+    terms = algos.ppo_clip_terms(b["old_log_probs"], b["log_prob"], b["advantages"], 0.2, 0.2)
+    return algos.masked_mean(terms["clipped"], b["response_mask"]).item()
+
+
+@exercise("00.2", "How many times does the actor's optimizer step in ONE training step of the run (RUN)?",
+          hints=("One optimizer step per mini-batch, and the mini-batches are gone through ppo_epochs times. "
+                 "Remember that ppo_mini_batch_size counts prompts: the trainer multiplies it by rollout.n.",
+                 "(train_batch_size × n) / (ppo_mini_batch_size × n) × ppo_epochs, i.e. "
+                 "plan_batches(...).optimizer_steps with the run's config."),
+          context=("run",))
+def _e2(run=None) -> int:
+    from ppolab.widgets.common import step_tensors
+
+    # the trainer recorded π_θ once per optimizer step: one slice of actor_log_probs each
+    return int(step_tensors(run).tensors["actor_log_probs"].shape[0])
+
+
+@exercise("00.3", "By how much did val/accuracy change between the validation before training (step 0) and the "
+                  "run's last validation? (a signed number: after − before)",
+          hints=("Read the val/accuracy column of the run's metrics; most steps have NaN there (no validation).",
+                 "acc = run.metrics['val/accuracy'].dropna(); answer = acc.iloc[-1] - acc.loc[0]."),
+          context=("run",))
+def _e3(run=None) -> float:
+    from ppolab.widgets.common import resolve_run
+
+    s = resolve_run(run).summary  # written by the trainer at the end of the run
+    return s["val_after"]["val/accuracy"] - s["val_before"]["val/accuracy"]

@@ -1,0 +1,81 @@
+"""Lab 04 — the clipped objective (chapter §4.1–4.3). Recorded data: ``ppo_fire_tiny`` (ε = 0.1)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ppolab import algos
+from ppolab.exercises import exercise
+
+#: The lab's run: PPO + GAE trained at clip_ratio 0.1, where the clip binds on a few % of the tokens.
+RUN = "ppo_fire_tiny"
+#: The recorded step and optimizer steps the lab's explorer and exercises use (an epoch-2 and an epoch-3 pass over
+#: the first mini-batch of step 24).
+STEP, OPT_PREDICT, OPT_CODE = 24, 8, 12
+
+
+def _t(x: float) -> torch.Tensor:
+    return torch.tensor([[x]], dtype=torch.float64)
+
+
+def _batch(run, step: int, opt_step: int) -> dict[str, torch.Tensor]:
+    from ppolab.widgets.common import optimizer_step_batch, step_tensors
+
+    return optimizer_step_batch(step_tensors(run, step, default=RUN), opt_step)
+
+
+@exercise("04.1", "ε = 0.2, A = +1, ratio 0.7: the per-token loss, and does the gradient flow? (loss, flows)",
+          hints=("With A > 0 the clip only bites above 1 + ε. Which branch of the max wins at r = 0.7?",
+                 "ℓ = max(−A·r, −A·clip(r, 1−ε, 1+ε)) = max(−0.7, −0.8); the gradient flows when the "
+                 "unclipped branch −A·r is the larger one."))
+def _e1() -> tuple[float, bool]:
+    lp = _t(math.log(0.7)).requires_grad_(True)
+    terms = algos.ppo_clip_terms(_t(0.0), lp, _t(1.0), 0.2, 0.2)
+    terms["pg_losses"].sum().backward()
+    return terms["pg_losses"].item(), bool(lp.grad.item() != 0)
+
+
+@exercise("04.2", f"Predict, then verify: actor/pg_clipfrac of recorded step {STEP}, optimizer step {OPT_PREDICT}, at "
+                  "ε_low = ε_high = 0.05 — half the run's ε = 0.1 (3 decimals).",
+          hints=("The explorer opens at ε = 0.1 and shows every token's ratio. Halving ε narrows the window to "
+                 "[0.95, 1.05]: every token clipped at 0.1 stays clipped, and the tokens with A > 0 and a ratio "
+                 "in (1.05, 1.1], or A < 0 and a ratio in [0.9, 0.95), join them. Set both ε sliders to 0.05 to check.",
+                 "pg_clipfrac = masked_mean(ppo_clip_terms(old, log_prob, A, 0.05, 0.05)['clipped'], "
+                 f"response_mask) on optimizer_step_batch(run.step({STEP}), {OPT_PREDICT})."),
+          rel=0.0, abs=5e-4, context=("run",))
+def _e2(run=None) -> float:
+    b = _batch(run, STEP, OPT_PREDICT)
+    terms = algos.ppo_clip_terms(b["old_log_probs"], b["log_prob"], b["advantages"], 0.05, 0.05)
+    return algos.masked_mean(terms["clipped"], b["response_mask"]).item()
+
+
+@exercise("04.3", f"Write code: recompute actor/pg_clipfrac of recorded step {STEP}, optimizer step {OPT_CODE}, at the "
+                  "run's own ε = 0.1 (a fraction of that optimizer step's real response tokens). It must equal the "
+                  "number compute_policy_loss_vanilla reports (the explorer's readout at that optimizer step).",
+          hints=("Take the rows of that optimizer step (optimizer_step_batch), ppo_clip_terms(...)['clipped'] on "
+                 "them, and average over the tokens that count — not over every padded position.",
+                 "masked_mean(ppo_clip_terms(b['old_log_probs'], b['log_prob'], b['advantages'], 0.1, 0.1)"
+                 f"['clipped'], b['response_mask']) with b = optimizer_step_batch(run.step({STEP}), {OPT_CODE})."),
+          context=("run",))
+def _e3(run=None) -> float:
+    from ppolab.widgets.common import actor_config, resolve_run
+
+    r = resolve_run(run, default=RUN)
+    b = _batch(r, STEP, OPT_CODE)
+    _, metrics = algos.compute_policy_loss_vanilla(b["old_log_probs"], b["log_prob"], b["advantages"],
+                                                   b["response_mask"], config=actor_config(r))
+    return metrics["actor/pg_clipfrac"]
+
+
+@exercise("04.4", "§4.3 mirrored: ε = 0.2, A = −1, ratio 0.7. The per-token loss, and does the gradient flow? "
+                  "(loss, flows)",
+          hints=("With A < 0 the clip only bites below 1 − ε: the policy already made this bad token less likely "
+                 "by more than ε allows. Which branch of the max wins?",
+                 "ℓ = max(−A·r, −A·clip(r, 1−ε, 1+ε)) = max(0.7, 0.8); the clipped branch wins, so the loss is a "
+                 "constant in θ and no gradient flows."))
+def _e4() -> tuple[float, bool]:
+    lp = _t(math.log(0.7)).requires_grad_(True)
+    terms = algos.ppo_clip_terms(_t(0.0), lp, _t(-1.0), 0.2, 0.2)
+    terms["pg_losses"].sum().backward()
+    return terms["pg_losses"].item(), bool(lp.grad.item() != 0)

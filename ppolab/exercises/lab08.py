@@ -1,0 +1,166 @@
+"""Lab 08 — the two reference-KL paths and their estimators (chapter §7)."""
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from ppolab import algos
+from ppolab.exercises import exercise
+
+#: π_θ of the §7.3 exercises: the base model at this temperature (π_ref: the base model at the run's temperature).
+T_THETA = 0.7
+#: The lab's run: PPO + GAE with the adaptive reward-side KL AND the k3 loss-side KL on at once.
+RUN = "ppo_fire_tiny"
+
+
+def _run(run=None):
+    from ppolab.widgets.common import resolve_run
+
+    return resolve_run(run, RUN)
+
+
+def reward_kl_statistic(run=None, step: int = 3, mask: str = "loss_mask", real_rows_only: bool = False,
+                        kl_penalty: str | None = None) -> float:
+    """``current_kl`` of apply_kl_penalty recomputed from recorded step ``step``: kl_penalty(old, ref) under
+    ``mask`` (the recorded loss_mask is the response_mask stage 7 received, before rejection sampling), the token
+    mean of every row, then the mean over the rows (padding rows count as 0 unless ``real_rows_only``)."""
+    r = _run(run)
+    t = r.step(step).tensors
+    m = t[mask].float()
+    name = kl_penalty or r.config.get("algorithm", {}).get("kl_penalty", "kl")
+    kld = algos.kl_penalty(t["old_log_probs"].float(), t["ref_log_prob"].float(), name) * m
+    per_row = algos.masked_mean(kld, m, axis=-1)
+    if real_rows_only:
+        per_row = per_row[~t["is_pad"].bool()]
+    return torch.mean(per_row).item()
+
+
+@exercise("08.1", "target_kl = 0.1, horizon = 1000, β = 0.001, a batch of 64 sequences whose KL is 0.05: β after one "
+          "update of the adaptive controller?",
+          hints=("KL is half the target: the proportional error is −0.5 before clipping. Clip it first.",
+                 "e = clip(KL/target − 1, −0.2, 0.2); β ← β·(1 + e·n_seq/horizon) with n_seq = 64 (chapter §7.1)."))
+def _e1() -> float:
+    ctrl = algos.AdaptiveKLController(init_kl_coef=0.001, target_kl=0.1, horizon=1000)
+    ctrl.update(current_kl=0.05, n_steps=64)
+    return ctrl.value
+
+
+@exercise("08.2", "Which log-probs does each path compare with ref_log_prob? A dict {'reward-side': …, 'loss-side': …} "
+          "with values among 'old_log_probs', 'rollout_log_probs', 'log_prob' (the current actor).",
+          hints=("The reward is shaped once per step, before the advantage and before any actor update; the loss is "
+                 "recomputed in every actor forward pass.",
+                 "apply_kl_penalty(token_level_scores, old_log_probs, ref_log_prob, …) vs "
+                 "ppo_loss's kl_penalty(log_prob, ref_log_prob, kl_loss_type) (chapter §7 table)."))
+def _e2() -> dict[str, str]:
+    # reward-side: the one log-prob argument of apply_kl_penalty (the trainer passes batch[<that name>])
+    params = inspect.signature(algos.apply_kl_penalty).parameters
+    reward_side = next(p for p in params if p.endswith("log_probs") or p.endswith("log_prob"))
+    # loss-side: which of ppo_loss's inputs its k1 term measures against the reference
+    from ppolab.config import ActorConfig
+
+    candidates = {"log_prob": torch.tensor([[-1.0, -2.0]], dtype=torch.float64),
+                  "old_log_probs": torch.tensor([[-1.5, -0.5]], dtype=torch.float64)}
+    ref = torch.tensor([[-1.2, -1.1]], dtype=torch.float64)
+    cfg = ActorConfig(use_kl_loss=True, kl_loss_type="k1")
+    _, metrics = algos.ppo_loss(cfg, candidates["log_prob"], candidates["old_log_probs"], torch.ones_like(ref),
+                                torch.ones_like(ref), None, ref)
+    loss_side = next(name for name, lp in candidates.items()
+                     if abs((lp - ref).mean().item() - metrics["actor/kl_loss"]) < 1e-12)
+    return {"reward-side": reward_side, "loss-side": loss_side}
+
+
+def _lps(run=None, temperature: float = T_THETA):
+    from ppolab.widgets.kl import full_log_probs, response_logits
+
+    src = response_logits(_run(run), 1)
+    m = src["mask"]
+    return full_log_probs(src["logits"][m], temperature), full_log_probs(src["logits"][m], src["temperature"])
+
+
+@exercise("08.3", f"The exact KL(π_θ‖π_ref) averaged over the valid response positions of recorded step 1, with "
+          f"π_θ = the base model at T_θ = {T_THETA} and π_ref = the base model at the run's temperature.",
+          hints=("At every position both policies are full distributions over the 29 tokens: no sampling is "
+                 "needed. Sum over the vocabulary, then average over the positions.",
+                 "KL = Σ_a π_θ(a)·(log π_θ(a) − log π_ref(a)) on the last dimension of lp_theta, lp_ref; "
+                 "then .mean() over positions."),
+          rel=1e-4, abs=1e-9, context=("run",))
+def _e3(run=None) -> float:
+    from ppolab.widgets.kl import exact_kl
+
+    lp_theta, lp_ref = _lps(run)
+    return exact_kl(lp_theta, lp_ref).mean().item()
+
+
+@exercise("08.4", f"Predict, then verify: tokens sampled from π_ref instead of π_θ (T_θ = {T_THETA}). The mean over "
+          "the positions of recorded step 1 of E_{a∼π_ref}[k1] (3 decimals).",
+          hints=("k1 = log π_θ(a) − log π_ref(a). Average it under π_ref, not π_θ: what KL is that, and in which "
+                 "direction, and with which sign?",
+                 "E_{a∼π_ref}[log π_θ(a) − log π_ref(a)] = −KL(π_ref‖π_θ): Σ_a π_ref(a)·(lp_theta − lp_ref)(a), "
+                 "averaged over positions."),
+          rel=0.0, abs=5e-4, context=("run",))
+def _e4(run=None) -> float:
+    lp_theta, lp_ref = _lps(run)
+    return (lp_ref.exp() * (lp_theta - lp_ref)).sum(-1).mean().item()
+
+
+@exercise("08.5", "Predict, then verify with the T_θ slider: under a ∼ π_θ, which of k1 and k3 has the smaller mean "
+          "per-token variance on recorded step 1 — at T_θ = 0.8, and at T_θ = 0.5? A pair of names.",
+          hints=("k3 = r − 1 − log r with r = π_ref(a)/π_θ(a): small when r stays near 1. How large can r get on a "
+                 "token that a much sharper π_θ has almost ruled out?",
+                 "Compare estimator_table(run, 1, T)['rows'][name]['pi_theta']['var'] for k1 and k3 at T = 0.8 and "
+                 "at T = 0.5."),
+          context=("run",))
+def _e5(run=None) -> tuple[str, str]:
+    from ppolab.widgets.kl import estimator_table
+
+    out = []
+    for temperature in (0.8, 0.5):
+        rows = estimator_table(_run(run), 1, temperature, ("k1", "k3"))["rows"]
+        out.append(min(("k1", "k3"), key=lambda n: rows[n]["pi_theta"]["var"]))
+    return tuple(out)
+
+
+@exercise("08.6", "Sampled tokens a ∼ π_θ are data (no gradient flows through the sampling). Which of the names k1, "
+          "abs, k2, k3, k1+, abs+, k2+, k3+ give, on average, exactly the gradient of KL(π_θ‖π_ref)? A set of names.",
+          hints=("Write each estimator's derivative with respect to log π_θ(a), then average "
+                 "∂k/∂log π_θ(a) · ∇log π_θ(a) over a ∼ π_θ; remember E_{π_θ}[∇log π_θ] = 0.",
+                 "∇KL(π_θ‖π_ref) = E_{π_θ}[d·∇log π_θ] with d = log π_θ − log π_ref: the estimators whose "
+                 "derivative is d, i.e. k2 and every '+' form (value of the base, gradient of k2). k1's average "
+                 "gradient is 0; k3's is that of KL(π_ref‖π_θ). gradient_table(run, 1, 0.7) shows it."),
+          context=("run",))
+def _e6(run=None) -> set[str]:
+    from ppolab.widgets.kl import gradient_table
+
+    table = gradient_table(_run(run), 1, T_THETA)
+    return {name for name, row in table.items() if row["to KL(θ‖ref)"] < 1e-6}
+
+
+@exercise("08.7", "Predict, then verify: the adaptive controller of the lab's run starts at β = kl_coef and is updated "
+          "once per step with that step's logged actor/reward_kl_penalty. Which β does the reward-side penalty of "
+          "training step 3 use (its actor/reward_kl_penalty_coeff)? Use the run's kl_ctrl and the logged KL of "
+          "steps 1 and 2.",
+          hints=("β is read before the update: step 1 uses kl_coef, step 2 the β after one update, step 3 after two. "
+                 "Clip every error to ±0.2, and n_steps counts the rows apply_kl_penalty saw — padding rows too.",
+                 "β₃ = kl_coef · Π_{k=1,2} (1 + clip(KL_k / target_kl − 1, −0.2, 0.2) · n_steps / horizon), "
+                 "n_steps = the rows of the balanced batch (real + padding) — replay_adaptive_kl(kl, kl_coef, "
+                 "target_kl, horizon, n_steps)[2] (chapter §7.1)."),
+          context=("run",))
+def _e7(run=None) -> float:
+    from ppolab.widgets.kl import adaptive_kl_trace
+
+    trace = adaptive_kl_trace(_run(run))
+    return trace["replay"][trace["steps"].index(3)]
+
+
+@exercise("08.8", "Recompute actor/reward_kl_penalty of recorded step 3 — the KL statistic apply_kl_penalty fed the "
+          "adaptive controller — from the recorded old_log_probs, ref_log_prob and the right mask.",
+          hints=("Stage 7 applies the reward KL BEFORE rejection sampling rewrites response_mask: which recorded mask "
+                 "is the one it saw? And verl averages per sequence first, then over every row of the batch.",
+                 "kld = kl_penalty(old_log_probs, ref_log_prob, 'kl') * loss_mask; "
+                 "torch.mean(masked_mean(kld, loss_mask, axis=-1)) over all 64 rows, padding rows (0) included "
+                 "(verl core_algos.py::apply_kl_penalty, chapter §7.1)."),
+          rel=1e-5, abs=1e-9, context=("run",))
+def _e8(run=None) -> float:
+    # float32 tensors summed in another order (a learner may work in float64): agreement to ~1e-7 relative
+    return reward_kl_statistic(run, 3)

@@ -1,0 +1,118 @@
+"""Lab 09 — the critic's clipped value loss (chapter §8)."""
+from __future__ import annotations
+
+import torch
+
+from ppolab import algos
+from ppolab.exercises import exercise
+
+#: The lab's run: PPO + GAE whose critic is clipped at ε_v = 0.1, so the value clip binds at every step.
+RUN = "ppo_fire_tiny"
+
+
+def _t(x: float) -> torch.Tensor:
+    return torch.tensor([[x]], dtype=torch.float64)
+
+
+def _record(run=None, step: int | None = None):
+    from ppolab.widgets.common import resolve_run, step_tensors
+
+    r = resolve_run(run, RUN)
+    return r, step_tensors(r, step, RUN)
+
+
+def critic_batch(run=None, update: int = 0, step: int | None = None):
+    """(vpreds, returns, values, response_mask) of critic optimizer step ``update`` of recorded step ``step`` (default
+    the first): its global mini-batch, the rows whose ``critic_vpreds[update]`` are not NaN, as
+    ``value_clip_explorer(...).batch`` gives them. vpreds past a micro-batch's own width (NaN in the recording, mask 0)
+    hold V_old, so a masked position contributes nothing whatever the arithmetic."""
+    _, rec = _record(run, step)
+    t = rec.tensors
+    vp = t["critic_vpreds"][update]
+    rows = ~torch.isnan(vp).all(-1)
+    m = t["response_mask"][rows]
+    return torch.where(m > 0, vp[rows], t["values"][rows]), t["returns"][rows], t["values"][rows], m
+
+
+def clipfrac(run=None, update: int = 0, cliprange_value: float | None = None, step: int | None = None) -> float:
+    """vf_clipfrac of one critic optimizer step pooled over its global mini-batch (ε_v default: the run's)."""
+    r, _ = _record(run, step)
+    eps = r.config["critic"]["cliprange_value"] if cliprange_value is None else cliprange_value
+    vp, g, v, m = critic_batch(run, update, step)
+    return float(algos.compute_value_loss(vp, g, v, m, eps)[1])
+
+
+def logged_clipfrac(run=None, update: int = 0, cliprange_value: float | None = None,
+                    step: int | None = None) -> float:
+    """vf_clipfrac of one critic optimizer step as the trainer logs it: every rank computes masked_mean(L2 > L1) on
+    each of its micro-batches; the values are averaged over micro-batches, then over ranks (verl
+    ``workers/utils/losses.py::value_loss`` returns a float, averaged like every ratio metric; not token-weighted).
+    Rank k trains on the k-th contiguous chunk of the balanced batch; fixed micro-batches of
+    ``critic.ppo_micro_batch_size_per_gpu`` rows (``use_dynamic_bsz`` false, as in the shipped runs)."""
+    from ppolab.batching import fixed_micro_batches
+
+    r, rec = _record(run, step)
+    t = rec.tensors
+    critic = r.config["critic"]
+    eps = critic["cliprange_value"] if cliprange_value is None else cliprange_value
+    dp = int(rec.info.get("dp_size", 1) or 1)
+    chunk = t["responses"].shape[0] // dp
+    vp = t["critic_vpreds"][update]
+    rows = (~torch.isnan(vp).all(-1)).nonzero().flatten()
+    per_rank = []
+    for k in range(dp):
+        mine = rows[(rows // chunk) == k]
+        if len(mine) == 0:
+            continue
+        shares = []
+        for micro in fixed_micro_batches(len(mine), int(critic["ppo_micro_batch_size_per_gpu"])):
+            sel = mine[micro]
+            m = t["response_mask"][sel]
+            vps = torch.where(m > 0, vp[sel], t["values"][sel])
+            shares.append(float(algos.compute_value_loss(vps, t["returns"][sel], t["values"][sel], m, eps)[1]))
+        per_rank.append(sum(shares) / len(shares))
+    return sum(per_rank) / len(per_rank)
+
+
+@exercise("09.1", "V_old = 0.5, V_new = 0.1, G = 0, ε_v = 0.2: the value loss compute_value_loss returns for this "
+          "single token (token-mean).",
+          hints=("First clip V_new into [V_old − ε_v, V_old + ε_v]; then compare the two squared errors.",
+                 "L_V = ½·max((V_new − G)², (clip(V_new, 0.3, 0.7) − G)²) (chapter §8)."))
+def _e1() -> float:
+    return algos.compute_value_loss(_t(0.1), _t(0.0), _t(0.5), _t(1.0), cliprange_value=0.2)[0].item()
+
+
+@exercise("09.2", "Critic optimizer step 3 of the first recorded step, at the run's own ε_v (critic.cliprange_value): "
+          "compute vf_clipfrac yourself from value_clip_terms — the share of valid tokens of its global mini-batch "
+          "where (V_clip − G)² > (V_new − G)².",
+          hints=("value_clip_terms returns V_clip and both squared errors; compare them token by token, then "
+                 "average over the response mask.",
+                 "masked_mean((err_clip > err_new).float(), response_mask) with "
+                 "_, err_new, err_clip, _ = value_clip_terms(vpreds, returns, values, eps_v)."),
+          context=("run",))
+def _e2(run=None) -> float:
+    return clipfrac(run, 3)
+
+
+@exercise("09.3", "Predict, then verify with the explorer: vf_clipfrac of critic optimizer step 15 (the last) of the "
+          "first recorded step, pooled over its global mini-batch, if ε_v were 0.05 instead of the run's 0.1 "
+          "(2 decimals).",
+          hints=("A narrower window around V_old: can a token that was clipped at ε_v = 0.1 escape the clip at 0.05? "
+                 "Start from the share at the run's ε_v.",
+                 "compute_value_loss(vpreds, returns, values, response_mask, 0.05)[1] on w.batch(15) — or set update "
+                 "15 and ε_v 0.05 in the explorer and read the summary."),
+          rel=0.0, abs=5e-3, context=("run",))
+def _e3(run=None) -> float:
+    return clipfrac(run, 15, 0.05)
+
+
+@exercise("09.4", "critic/vf_clipfrac is logged per micro-batch and averaged, not pooled over tokens. For critic "
+          "optimizer step 3 of the first recorded step, at the run's ε_v: the value the trainer logged for that "
+          "optimizer step — the mean over the two ranks of each rank's share (one micro-batch per rank here).",
+          hints=("Rank k trains on the k-th contiguous half of the balanced batch (rows 0–31 and 32–63); each computes "
+                 "masked_mean over its own micro-batch; the logged value is the plain mean of those shares.",
+                 "For each rank's rows of w.batch(3)'s row ids (row // 32 == k): masked_mean((err_clip > "
+                 "err_new).float(), response_mask); then the mean of the two numbers."),
+          rel=1e-6, abs=1e-9, context=("run",))
+def _e4(run=None) -> float:
+    return logged_clipfrac(run, 3)

@@ -1,0 +1,91 @@
+"""Lab 14 — the two recommended configurations, and §14.2's tool agent (chapter §14, §14.1, §14.2, §11.5, §9)."""
+from __future__ import annotations
+
+from ppolab.exercises import exercise
+
+#: The shipped runs of the three configurations: GRPO + KL loss, PPO + GAE + reward KL, the §14.2 tool agent.
+DEFAULT_RUNS = ("grpo_tiny", "ppo_gae_tiny")
+TOOL_RUN = "grpo_tool_tiny"
+
+
+@exercise("14.1", "For each configuration (GRPO + KL loss, then PPO + GAE + reward KL): how many trajectories does "
+                  "one training step produce, and how many optimizer steps does the actor take per training step? "
+                  "Answer ((GRPO trajectories, GRPO optimizer steps), (PPO trajectories, PPO optimizer steps)).",
+          hints=("Trajectories = data.train_batch_size × rollout.n. One optimizer step takes "
+                 "ppo_mini_batch_size × rollout.n of them, and the batch is walked ppo_epochs times.",
+                 "steps = (train_batch_size·n) / (ppo_mini_batch_size·n) × ppo_epochs, per config; the recorded "
+                 "runs hold it as info['batch_plan'] and as actor_log_probs.shape[0]."),
+          context=("run",))
+def _e1(run=None) -> tuple[tuple[int, int], tuple[int, int]]:
+    from ppolab.widgets.common import resolve_run
+
+    out = []
+    for name in (run or DEFAULT_RUNS):
+        r = resolve_run(name)
+        rec = r.step(r.steps[0])
+        out.append((int(rec.info["batch_plan"]["n_trajectories"]), int(rec.tensors["actor_log_probs"].shape[0])))
+    return tuple(out)
+
+
+@exercise("14.2", "Take the PPO configuration and switch the reward-side KL off (algorithm.use_kl_in_reward=false), "
+                  "leaving use_kl_loss off. Which recorded tensor disappears from the batch, and which trainer stage "
+                  "(the PPOTrainer method name) stops running? Answer (tensor name, stage method name).",
+          hints=("With neither KL path on, which of the four policies is never needed?",
+                 "config.use_reference_policy is use_kl_loss or use_kl_in_reward; without it stage 5, "
+                 "compute_ref_log_prob, is skipped and the batch has no ref_log_prob."))
+def _e2() -> tuple[str, str]:
+    from ppolab.train import resolve_config
+
+    on = resolve_config("ppo_gae_tiny")
+    off = resolve_config("ppo_gae_tiny", ["algorithm.use_kl_in_reward=false"])
+    assert on.use_reference_policy and on.use_critic and off.use_critic
+    return ("ref_log_prob", "compute_ref_log_prob") if not off.use_reference_policy else ("", "")
+
+
+def _tool_record(run=None, step: int = 1):
+    from ppolab.widgets.common import resolve_run
+
+    return resolve_run(run, default=TOOL_RUN).step(step)
+
+
+@exercise("14.3", "The tool agent's recorded step 1: how many response tokens of the real trajectories are tool "
+                  "observations — attended by the model but outside the loss mask?",
+          hints=("Two masks describe a multi-turn response: response_attention_mask (what the model attends to) "
+                 "and response_mask (what the loss trains on). A tool observation is in one and not the other.",
+                 "((response_attention_mask == 1) & (response_mask == 0)) summed over the real rows "
+                 "(is_pad == 0)."),
+          context=("run",))
+def _e3(run=None) -> int:
+    t = _tool_record(run).tensors
+    real = ~t["is_pad"].bool()
+    obs = t["response_attention_mask"].bool() & ~t["response_mask"].bool()
+    return int(obs[real].sum())
+
+
+@exercise("14.4", "Predict, then verify: the tool agent's recorded step 1, mini-batch 0, use_dynamic_bsz with the "
+                  "run's ppo_max_token_len_per_gpu. How many micro-batches does the engine cut that mini-batch into?",
+          hints=("Start from ceil(Σ L_i / budget). L_i is every token the forward pass holds for row i: prompt "
+                 "tokens and all attended response tokens — tool observations included, although the loss ignores "
+                 "them. Then 0.9.1's fit loop may add micro-batches until each fits.",
+                 "len(ppolab.engine.micro_batches(batch.select(mini_batch_rows(run, 1, 0)), None, "
+                 "ppo_max_token_len_per_gpu)); Batch.seq_lens() = prompt_mask + response_attention_mask sums."),
+          context=("run",))
+def _e4(run=None) -> int:
+    return len(tool_micro_batches(run)[0])
+
+
+def tool_micro_batches(run=None, step: int = 1, mini_batch: int = 0):
+    """(micro-batches as position lists, the mini-batch's Batch, its seq_lens, the budget) of one mini-batch of the
+    tool run, cut by the engine's own ``micro_batches`` call with the run's ``ppo_max_token_len_per_gpu``."""
+    from ppolab.engine import Batch, micro_batches
+    from ppolab.replay import mini_batch_rows
+    from ppolab.widgets.common import resolve_run
+
+    r = resolve_run(run, default=TOOL_RUN)
+    a = r.ppo_config().actor_rollout_ref.actor
+    rec = r.step(step)
+    batch = Batch({k: v for k, v in rec.tensors.items() if k not in ("actor_log_probs", "critic_vpreds")})
+    mb = batch.select(mini_batch_rows(r, step, mini_batch))
+    budget = a.ppo_max_token_len_per_gpu
+    return micro_batches(mb, None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu, budget), mb, \
+        mb.seq_lens(), budget

@@ -1,0 +1,162 @@
+"""Lab 16 — nine common mistakes (chapter §16; §7 for the KL halves of mistake 9). Recorded data: ``ppo_fire_tiny``
+(both KL paths on, adaptive β, synthetic padding rows, rejection sampling) unless an exercise names another run."""
+from __future__ import annotations
+
+import torch
+
+from ppolab import algos
+from ppolab.exercises import exercise
+
+#: The lab's run, and the recorded step its explorers open on.
+RUN, STEP = "ppo_fire_tiny", 12
+
+
+def _loss_mask(rec):
+    """loss_mask × real rows: the mask as generated (rejection sampling rewrites only response_mask)."""
+    from ppolab.widgets.common import real_rows
+
+    t = rec.tensors
+    return t.get("loss_mask", t["response_mask"]).float() * real_rows(rec).float().unsqueeze(-1)
+
+
+@exercise("16.1", "Mistake 2 yourself: on the run's last recorded step, the token-mean k1 reference KL of the rollout "
+                  "batch — old_log_probs against ref_log_prob over every real response token of response_mask "
+                  "(5 significant digits).",
+          hints=("Which two policies does the reward-side path compare? Both are stored on the step (π_old from "
+                 "stage 4, π_ref from stage 5); mask out padding positions and synthetic padding rows.",
+                 "masked_mean(kl_penalty(old_log_probs, ref_log_prob, 'k1'), response_mask × real_rows) — k1 is "
+                 "log π_old − log π_ref."),
+          rel=1e-5, abs=1e-9, context=("run",))
+def _e1(run=None) -> float:
+    from ppolab.widgets.common import real_rows, resolve_run
+
+    r = resolve_run(run, default=RUN)
+    rec = r.step(r.steps[-1])
+    t = rec.tensors
+    mask = t["response_mask"].float() * real_rows(rec).float().unsqueeze(-1)
+    return algos.masked_mean(algos.kl_penalty(t["old_log_probs"], t["ref_log_prob"], "k1"), mask).item()
+
+
+@exercise("16.2", "Predict, then verify: data.train_batch_size=32, rollout.n=4, ppo_mini_batch_size=8, ppo_epochs=3, "
+                  "one GPU, ppo_micro_batch_size_per_gpu=8. How many optimizer steps per training step, and how many "
+                  "trajectories does one optimizer step see? Answer (optimizer steps, trajectories per step).",
+          hints=("ppo_mini_batch_size counts prompts: the trainer multiplies it by rollout.n. Then count how many "
+                 "such mini-batches the batch holds, and how many times it is walked.",
+                 "rows = 8 × 4; steps = (32 × 4) / rows × 3 — plan_batches(32, 4, 8, 1, 8, 3).optimizer_steps and "
+                 ".global_mini_batch."))
+def _e2() -> tuple[int, int]:
+    from ppolab.batching import plan_batches
+
+    plan = plan_batches(32, 4, 8, 1, 8, 3)
+    return plan.optimizer_steps, plan.global_mini_batch
+
+
+@exercise("16.3", "Mistake 9, reward side: on the last recorded step of ppo_fire_tiny (trained with the reward-side "
+                  "KL, kl_penalty = kl), find β* at which the mean penalty per trajectory, β·Σ_t KL_t, equals the "
+                  "mean score per trajectory — over the tokens the trainer shaped, loss_mask (real trajectories; "
+                  "4 significant digits).",
+          hints=("The penalty is linear in β, so β* is a ratio of two means over trajectories. Sum the token "
+                 "KL over each trajectory first — the score is one number per trajectory too. The penalty is applied "
+                 "before rejection sampling rewrites response_mask, so it covers every token of loss_mask.",
+                 "β* = mean_i Σ_t token_level_scores / mean_i Σ_t kl_penalty(old_log_probs, ref_log_prob, 'kl')"
+                 "·loss_mask over the real rows (kl_drowning's penalty_mean at β = 1 is the denominator)."),
+          rel=1e-4, abs=1e-9, context=("run",))
+def _e3(run=None) -> float:
+    from ppolab.widgets.common import real_rows, resolve_run
+
+    r = resolve_run(run, default=RUN)
+    rec = r.step(r.steps[-1])
+    t, real = rec.tensors, real_rows(rec)
+    kld = algos.kl_penalty(t["old_log_probs"], t["ref_log_prob"], r.config["algorithm"]["kl_penalty"]) * _loss_mask(rec)
+    return float(t["token_level_scores"].sum(-1)[real].mean() / kld.sum(-1)[real].mean())
+
+
+@exercise("16.4", f"Mistake 9, loss side: on the last optimizer step of recorded step {STEP} of ppo_fire_tiny, at "
+                  "which kl_loss_coef c does the KL term's gradient with respect to the token log-probs, "
+                  "‖∂(c·kl_loss)/∂log π‖, equal the policy loss's, ‖∂pg_loss/∂log π‖? (2 decimals)",
+          hints=("The KL term's gradient is linear in c; read grad_ratio off the table for any c and scale. The "
+                 "value ratio (loss_ratio) is another question.",
+                 "c* = ‖∂pg_loss/∂log π‖ / ‖∂kl_loss/∂log π‖ = c / grad_ratio(c) in "
+                 f"kl_term_vs_policy_gradient(RUN, step={STEP})."),
+          rel=0.0, abs=5e-3, context=("run",))
+def _e4(run=None) -> float:
+    from ppolab.widgets.mistakes import kl_term_vs_policy_gradient
+
+    table = kl_term_vs_policy_gradient(run, step=STEP, coefs=(1.0,))
+    return float(1.0 / table.loc[1.0, "grad_ratio"])
+
+
+@exercise("16.5", "Predict, then verify: in the run (default grpo_tiny), what share of the real responses contains the "
+                  "answer format '#### ' at the first recorded step, and at the last? Answer (first, last), "
+                  "3 decimals.",
+          hints=("The reward pays only for '#### <the right number>'. What does π_ref (the start) do, and where "
+                 "does a policy go that nothing holds near π_ref?",
+                 "reference_drift(run)['format_share'] at the first and the last recorded step: the share of "
+                 "rec.info['texts']['responses'] of the real rows that contain '#### '."),
+          rel=0.0, abs=5e-4, context=("run",))
+def _e5(run=None) -> tuple[float, float]:
+    from ppolab.widgets.mistakes import reference_drift
+
+    share = reference_drift(run)["format_share"]
+    return float(share.iloc[0]), float(share.iloc[-1])
+
+
+@exercise("16.6", f"Predict, then verify — mistake 3's reward side moves: ppo_fire_tiny's adaptive controller held "
+                  f"β = actor/reward_kl_penalty_coeff at step {STEP} (target_kl 0.02, horizon 256). From step {STEP}'s "
+                  f"recorded tensors, what β does it hold at step {STEP + 1}? (4 significant digits)",
+          hints=("β moves once per step, after the penalty: β ← β·(1 + e·n/horizon) with e = clip(KL/target − 1, "
+                 "−0.2, 0.2) and n the rows of the batch. Which KL, and which n? Both count the synthetic padding "
+                 "rows (their KL is 0).",
+                 "apply_kl_penalty(token_level_scores, old_log_probs, ref_log_prob, loss_mask, "
+                 f"AdaptiveKLController(β_{STEP}, 0.02, 256), 'kl') on run.step({STEP}), then the controller's .value; "
+                 f"the logged actor/reward_kl_penalty_coeff of step {STEP + 1} shows it."),
+          rel=1e-4, abs=1e-9, context=("run",))
+def _e6(run=None) -> float:
+    from ppolab.widgets.common import resolve_run
+
+    r = resolve_run(run, default=RUN)
+    rec = r.step(STEP)
+    t, alg = rec.tensors, r.config["algorithm"]
+    ctrl = algos.AdaptiveKLController(float(r.metrics.loc[STEP, "actor/reward_kl_penalty_coeff"]),
+                                      alg["kl_ctrl"]["target_kl"], alg["kl_ctrl"]["horizon"])
+    algos.apply_kl_penalty(t["token_level_scores"].float(), t["old_log_probs"].float(), t["ref_log_prob"].float(),
+                           _loss_mask(rec), ctrl, alg["kl_penalty"])
+    return float(ctrl.value)
+
+
+@exercise("16.7", f"Mistake 4's denominator: on recorded step {STEP}, optimizer step 14, the engine divides every "
+                  "micro-batch's token sum by batch_num_tokens = Σ loss_mask over the global mini-batch. How many of "
+                  "those tokens carry no loss, because rejection sampling zeroed them in response_mask?",
+          hints=("Rejection sampling (rollout_rs) rewrites response_mask before the advantage, but loss_mask is the "
+                 "copy made at rollout: the loss's numerator loses the rejected tokens, the denominator keeps them.",
+                 "Σ loss_mask − Σ response_mask over the rows of optimizer_step_batch(run.step("
+                 f"{STEP}), 14) (real rows) — reproduce('micro_is_not_the_batch', RUN, {STEP}, 14).details."),
+          context=("run",))
+def _e7(run=None) -> int:
+    from ppolab.widgets.common import optimizer_step_batch, resolve_run
+
+    rec = resolve_run(run, default=RUN).step(STEP)
+    b = optimizer_step_batch(rec, 14)
+    return int(_loss_mask(rec)[b["rows"]].sum() - b["response_mask"].sum())
+
+
+@exercise("16.8", "Predict, then verify — mistake 7 with padding rows: on recorded step 9, optimizer step 15 (its "
+                  "mini-batch holds the 4 synthetic padding rows), in seq-mean-token-mean with the trainer's "
+                  "global_batch_size = ppo_mini_batch_size × n = 16, what total weight do the real trajectories carry "
+                  "in the loss? (4 decimals)",
+          hints=("Every trajectory with at least one token in the loss weighs 1/global_batch_size, and the count "
+                 "includes the padding rows. Does every real row still have a token? Rejection sampling can empty a "
+                 "whole row (seq_max_k2).",
+                 "(number of rows of the mini-batch with Σ_t response_mask > 0) / 16 — or the sum of the weights "
+                 "reproduce('agg_mode_weights', RUN, 9, 15).pair[1] (its details: seq_mean_weight_sum)."),
+          rel=0.0, abs=5e-5, context=("run",))
+def _e8(run=None) -> float:
+    from ppolab.widgets.common import optimizer_step_batch, resolve_run
+
+    r = resolve_run(run, default=RUN)
+    b = optimizer_step_batch(r.step(9), 15)
+    x = torch.ones_like(b["response_mask"], requires_grad=True)
+    c = r.config
+    gbs = c["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] * c["actor_rollout_ref"]["rollout"]["n"]
+    algos.agg_loss(x, b["response_mask"], "seq-mean-token-mean", global_batch_size=gbs).backward()
+    return float((x.grad * b["response_mask"]).sum())

@@ -1,0 +1,86 @@
+"""The labs' exercises: every lab has at least three, they ship unanswered, every solution is accepted and
+every plausible wrong answer is refused (a check that accepts anything fails here)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from ppolab import exercises
+from ppolab.exercises import check, registry
+
+LABS = Path(__file__).resolve().parents[1] / "labs"
+NOTEBOOKS = {p.name[:2]: p for p in sorted(LABS.glob("[0-9][0-9]_*.ipynb"))}
+REG = registry()
+
+
+def solutions(lab: str):
+    path = LABS / "solutions" / f"{lab}.py"
+    spec = importlib.util.spec_from_file_location(f"solutions_{lab}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def value(answer):
+    return answer() if callable(answer) else answer
+
+
+def code_cells(lab: str) -> list[str]:
+    nb = json.loads(NOTEBOOKS[lab].read_text())
+    return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+@pytest.mark.parametrize("lab", sorted(NOTEBOOKS))
+def test_every_lab_has_three_exercises_checked_in_its_notebook_and_shipped_unanswered(lab):
+    ids = [i for i in REG if REG[i].lab == lab]
+    assert len(ids) >= 3, f"lab {lab} has {len(ids)} exercises: {ids}"
+    cells = code_cells(lab)
+    for i in ids:
+        calls = [c for c in cells if re.search(rf"check\(\s*[\"']{re.escape(i)}[\"']", c)]
+        assert calls, f"lab {lab}'s notebook never checks exercise {i}"
+    answer_cells = [c for c in cells if "check(" in c or re.search(r"#\s*EXERCISE", c)]
+    assert all("..." in c for c in answer_cells if "check(" in c and "EXERCISE" in c), lab
+    assert sum(bool(re.search(r"=\s*\.\.\.", c)) for c in cells) >= len(ids), f"lab {lab}: answers not left `...`"
+
+
+@pytest.mark.parametrize("ex_id", sorted(REG))
+def test_solution_is_right(ex_id):
+    sol = solutions(REG[ex_id].lab)
+    assert ex_id in sol.SOLUTIONS, f"no solution for {ex_id} in labs/solutions/{REG[ex_id].lab}.py"
+    exercises.reset(ex_id)
+    verdict = check(ex_id, value(sol.SOLUTIONS[ex_id]))
+    assert verdict.ok and verdict.answered, verdict.message
+
+
+@pytest.mark.parametrize("ex_id", sorted(REG))
+def test_wrong_answers_are_not_yet(ex_id):
+    sol = solutions(REG[ex_id].lab)
+    wrong = sol.WRONG.get(ex_id, [])
+    assert wrong, f"labs/solutions/{REG[ex_id].lab}.py gives no wrong answer for {ex_id}"
+    exercises.reset(ex_id)
+    for w in wrong:
+        verdict = check(ex_id, value(w))
+        assert not verdict.ok and "not yet" in verdict.message, (ex_id, w)
+
+
+def test_unanswered_never_raises_and_hints_grow():
+    ex_id = next(iter(REG))
+    exercises.reset()
+    v = check(ex_id, ...)
+    assert not v.ok and not v.answered and "not answered" in v.message
+    wrong = solutions(REG[ex_id].lab).WRONG[ex_id][0]
+    first, second = check(ex_id, value(wrong)), check(ex_id, value(wrong))
+    assert first.message.count("hint") == 1 and second.message.count("hint") == 2
+    assert check(ex_id, value(solutions(REG[ex_id].lab).SOLUTIONS[ex_id])).ok
+
+
+def test_matches_is_strict_about_kinds():
+    from ppolab.exercises import matches
+
+    assert matches(3, 3.0) and not matches(True, 1) and not matches(1, True) and not matches("3", 3)
+    assert matches((1.0, True), (1.0 + 1e-12, True)) and not matches((1.0, True), (1.0, False))
+    assert not matches(float("nan"), 0.0) and matches(" Token-Mean ", "token-mean")
