@@ -282,6 +282,8 @@ class PPOTrainer:
                                                                        corr.rollout_is_threshold)
             metrics.update(algos.rollout_corr_metrics(old, rollout, mask, batch.tensors.get("rollout_is_weights")))
             if corr.rollout_rs:
+                if "response_attention_mask" not in batch:  # rejection changes what is learned, not what is seen:
+                    batch["response_attention_mask"] = mask.clone()  # later forwards still attend to every token
                 batch["response_mask"], rs_metrics = algos.rollout_rejection_mask(
                     old, rollout, mask, corr.rollout_rs, corr.rollout_rs_threshold)
                 metrics.update(rs_metrics)

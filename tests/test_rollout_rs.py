@@ -239,5 +239,13 @@ def test_trainer_rejects_at_stage_7_in_response_mask_but_not_loss_mask():
     share = float(1 - after.sum() / before.sum())
     assert metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(share, abs=1e-6)
     assert "rollout_corr/kl" in metrics and "rollout_is_weights" not in batch  # diagnostics, no IS weights
-    m, _ = t.update_actor(batch)
+    # rejection changes what is learned, not what is attended: the update's forward still sees every token, so at
+    # its first optimizer step (weights = π_old) the log-probs equal old_log_probs on every kept token — also on
+    # those after a rejected one (a forward that stopped attending to rejected tokens would differ by nats there)
+    assert torch.equal(batch["response_attention_mask"], before)
+    m, history = t.update_actor(batch)
     assert "actor/pg_clipfrac" in m
+    first = history[0]
+    rows = ~torch.isnan(first).all(-1)
+    kept = after.bool() & rows.unsqueeze(-1)
+    assert float((first[kept] - batch["old_log_probs"][kept]).abs().max()) < 1e-5

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ppolab.algos import (
+    compute_grpo_outcome_advantage,
     compute_policy_loss_gspo,
     compute_policy_loss_vanilla,
     kl_penalty,
@@ -122,10 +123,40 @@ def test_7_agg_mode(ctx):
     assert not torch.allclose(w_tm, w_sm)
 
 
-def test_8_tool_observations(ctx):
+def test_8_tool_observations_real_on_the_tool_run():
+    # grpo_tool_tiny: the calculator's observations are attended (response_attention_mask 1) but not trained
+    # (response_mask 0); the mistake leaves them in the mask with the GRPO advantage recomputed on it
+    r = resolve_run("grpo_tool_tiny")
+    rec = r.step()
+    k = rec.tensors["actor_log_probs"].shape[0] - 1
+    b = optimizer_step_batch(rec, k)
+    e = reproduce("tool_obs_as_action", r)
+    t = rec.tensors
+    obs = t["response_attention_mask"][b["rows"]].float() * (1 - t["response_mask"][b["rows"]].float())
+    assert not e.details["simulated"] and e.details["observation_tokens"] == int(obs.sum()) > 0
+    assert e.off == 0.0 and e.on > 0
+    cfg = actor_config(r)
+    loss, _ = compute_policy_loss_vanilla(b["old_log_probs"], b["log_prob"], b["advantages"], b["response_mask"],
+                                          cfg.loss_agg_mode, cfg)
+    assert e.details["pg_loss_off"] == pytest.approx(float(loss), abs=1e-12)   # the run's own loss
+    mask_on = b["response_mask"] + obs
+    full = t["response_mask"].float().clone()
+    full[b["rows"]] = mask_on
+    adv_on, _ = compute_grpo_outcome_advantage(t["token_level_rewards"].float(), full, t["uid"].tolist())
+    lp_on = torch.where(obs > 0, t["actor_log_probs"][k][b["rows"]].float(), b["log_prob"])
+    loss_on, _ = compute_policy_loss_vanilla(b["old_log_probs"], lp_on, adv_on[b["rows"]], mask_on,
+                                             cfg.loss_agg_mode, cfg)
+    assert e.details["pg_loss_on"] == pytest.approx(float(loss_on), abs=1e-12)
+    # the advantage reaches every observation token of a trajectory with signal, and only those get gradient
+    with_signal = (adv_on[b["rows"]].abs() * obs).sum(-1) > 0
+    assert e.on == float(obs[with_signal].sum())
+
+
+def test_8_tool_observations_what_if_without_tool_turns(ctx):
+    # a run without tool turns: the first two response tokens play the observation (what-if, synthetic)
     r, _, b = ctx
     e = reproduce("tool_obs_as_action", RUN)
-    assert e.off == 0.0 and e.on > 0
+    assert e.details["simulated"] and e.off == 0.0 and e.on > 0
     obs = torch.zeros_like(b["response_mask"])
     obs[:, OBSERVATION_POSITIONS] = 1.0
     cfg = actor_config(r)
@@ -134,6 +165,22 @@ def test_8_tool_observations(ctx):
                                           cfg.loss_agg_mode, cfg)
     assert e.details["pg_loss_off"] == pytest.approx(float(loss), abs=1e-12)
     assert e.details["pg_loss_on"] == pytest.approx(float(vanilla(r, b)[0]), abs=1e-12)
+
+
+def test_8_rejected_tokens_are_not_tool_observations():
+    # ppo_fire_tiny records response_attention_mask, and rejection sampling zeroed tokens of response_mask that stay
+    # attended: they are not tool output (loss_mask keeps them), so the run still falls back to the what-if
+    r = resolve_run("ppo_fire_tiny")
+    rec = r.step(12)
+    t = rec.tensors
+    assert (t["response_attention_mask"] - t["response_mask"]).sum() > 0        # rejected, still attended
+    k = t["actor_log_probs"].shape[0] - 1
+    b = optimizer_step_batch(rec, k)
+    e = reproduce("tool_obs_as_action", r, 12, k)
+    assert e.details["simulated"] and e.off == 0.0 and e.on > 0
+    first_two = torch.zeros_like(b["response_mask"])
+    first_two[:, OBSERVATION_POSITIONS] = 1.0
+    assert e.details["observation_tokens"] == int((first_two * b["response_mask"]).sum())
 
 
 def test_9_clip_cannot_create_signal(ctx):

@@ -212,16 +212,29 @@ def test_kl_explorer_matches_algos(run):
         assert w.state["reward_side"] == pytest.approx(
             run.metrics.loc[10, "actor/reward_kl_penalty"], rel=1e-5
         )
-    # adaptive controller replay
+    # adaptive controller replay: on the training steps that logged the series (the validation-only step 0 is no
+    # update), one controller update per step
     w.controls["target_kl"].value, w.controls["horizon"].value = 0.01, 1000.0
-    series = run.metrics[w.controls["series"].value].astype(float).fillna(0.0).tolist()
+    logged = run.metrics[w.controls["series"].value].dropna().astype(float)
+    assert 0 not in logged.index and list(w.figures["controller"].data[0].x) == [int(s) for s in logged.index]
     ctrl = AdaptiveKLController(w.controls["init_kl_coef"].value, 0.01, 1000.0)
     betas = []
-    for kl in series:
+    for kl in logged.tolist():
         betas.append(ctrl.value)
         ctrl.update(kl, w.state["n_steps"])
     np.testing.assert_allclose(w.figures["controller"].data[0].y, betas)
     sweep_all(w, n=4)
+    # with a reward-side KL: on the run whose controller is adaptive, at its own kl_ctrl settings, the explorer's β is
+    # the β that run logged, step for step (adaptive_kl_trace)
+    if run.config["algorithm"]["use_kl_in_reward"]:
+        from ppolab.widgets.kl import adaptive_kl_trace
+
+        fire = resolve_run("ppo_fire_tiny")
+        assert fire.config["algorithm"]["kl_ctrl"]["type"] == "adaptive"
+        wf, trace = kl_explorer(fire, series="actor/reward_kl_penalty"), adaptive_kl_trace(fire)
+        assert list(wf.figures["controller"].data[0].x) == trace["steps"]
+        np.testing.assert_allclose(wf.figures["controller"].data[0].y, trace["beta"], rtol=1e-12)
+        np.testing.assert_allclose(wf.figures["controller"].data[2].y, trace["beta"], rtol=0)
 
 
 def test_kl_explorer_rejects_bad_arguments():

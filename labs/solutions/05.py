@@ -4,25 +4,27 @@ from ppolab import algos
 from ppolab.widgets.common import optimizer_step_batch, step_tensors
 
 RUN = "ppo_fire_tiny"
+EPS = 0.07              # the run's clip_ratio
+DUAL_STEP = 15          # the recorded step where the dual clip binds
 
 
-def _batch(run=None, step=24, opt_step=9):
+def _batch(run=None, step=DUAL_STEP, opt_step=11):
     return optimizer_step_batch(step_tensors(run, step, default=RUN), opt_step)
 
 
-def clipped_counts(run=None, step=24, opt_step=4, highs=(0.1, 0.2)):
+def clipped_counts(run=None, step=24, opt_step=12, low=EPS, highs=(EPS, 0.2)):
     b = _batch(run, step, opt_step)
     m = b["response_mask"].bool()
-    return tuple(int(algos.ppo_clip_terms(b["old_log_probs"], b["log_prob"], b["advantages"], 0.1, high)["clipped"]
+    return tuple(int(algos.ppo_clip_terms(b["old_log_probs"], b["log_prob"], b["advantages"], low, high)["clipped"]
                      [m].sum()) for high in highs)
 
 
-def binding_opt_steps(run=None, step=9, c=1.2):
+def binding_opt_steps(run=None, step=DUAL_STEP, c=1.2):
     rec = step_tensors(run, step, default=RUN)
     out = []
     for k in range(rec.tensors["actor_log_probs"].shape[0]):
         b = optimizer_step_batch(rec, k)
-        dual = algos.ppo_clip_terms(b["old_log_probs"], b["log_prob"], b["advantages"], 0.1, 0.1, c)["dual_clipped"]
+        dual = algos.ppo_clip_terms(b["old_log_probs"], b["log_prob"], b["advantages"], EPS, EPS, c)["dual_clipped"]
         if dual[b["response_mask"].bool()].sum() > 0:
             out.append(k)
     return out
@@ -30,7 +32,7 @@ def binding_opt_steps(run=None, step=9, c=1.2):
 
 def clipfrac_lower(run=None, c=1.2, over="all"):
     b = _batch(run)
-    terms = algos.ppo_clip_terms(b["old_log_probs"], b["log_prob"], b["advantages"], 0.1, 0.1, c)
+    terms = algos.ppo_clip_terms(b["old_log_probs"], b["log_prob"], b["advantages"], EPS, EPS, c)
     m = b["response_mask"]
     if over == "negative":  # only the tokens with A < 0 in the denominator
         m = m * (b["advantages"] < 0).float()
@@ -55,13 +57,15 @@ WRONG = {
     "05.1": [8.0, 2.4, -6.0],
     # the PPO window's upper edge; its lower edge; c·(1 + ε)
     "05.2": [1.2, 0.8, 3.6],
-    # "clip higher changes nothing"; the two swapped; the released tokens instead of the clip-higher count
+    # "clip higher changes nothing"; the two swapped; the released tokens instead of the clip-higher count;
+    # ε = 0.1 (the value the run used before it was re-recorded at 0.07)
     "05.3": [lambda run=None: (clipped_counts(run)[0],) * 2, lambda run=None: clipped_counts(run)[::-1],
-             lambda run=None: (clipped_counts(run)[0], clipped_counts(run)[0] - clipped_counts(run)[1])],
-    # "its mini-batch in every epoch"; only the explorer's optimizer step; "never on real data" (verl's c = 3);
-    # the ordinary clip's threshold 1 + ε instead of c
-    "05.4": [lambda run=None: list(range(binding_opt_steps(run)[0] % 4, 16, 4)), [6],
-             lambda run=None: binding_opt_steps(run, c=3.0), lambda run=None: binding_opt_steps(run, c=1.1)],
+             lambda run=None: (clipped_counts(run)[0], clipped_counts(run)[0] - clipped_counts(run)[1]),
+             lambda run=None: clipped_counts(run, low=0.1, highs=(0.1, 0.2))],
+    # "the first epoch starts at ratio 1, so it cannot bind" (the later visits only); only the explorer's optimizer
+    # step; only the last epoch; "never on real data" (verl's c = 3)
+    "05.4": [lambda run=None: binding_opt_steps(run)[1:], [7], lambda run=None: binding_opt_steps(run)[-1:],
+             lambda run=None: binding_opt_steps(run, c=3.0)],
     # a count instead of a fraction; over the A < 0 tokens only; the ordinary clip's pg_clipfrac; verl's c = 3
     "05.5": [lambda run=None: clipfrac_lower(run, over="count"), lambda run=None: clipfrac_lower(run, over="negative"),
              lambda run=None: clipfrac_lower(run, over="ordinary"), lambda run=None: clipfrac_lower(run, c=3.0)],

@@ -1,7 +1,7 @@
 """Solutions to lab 09's exercises (kept out of the notebook). A callable solution is the code a learner
 would write; it is called with the exercise's context (e.g. ``run``)."""
 from ppolab.algos import compute_value_loss, masked_mean, value_clip_terms
-from ppolab.exercises.lab09 import critic_batch, logged_clipfrac
+from ppolab.exercises.lab09 import critic_batch, first_update_vf_loss, logged_clipfrac
 from ppolab.widgets import value_clip_explorer
 from ppolab.widgets.common import resolve_run
 
@@ -61,3 +61,24 @@ WRONG = {
     "09.4": [lambda run=None: my_clipfrac(run, 3), rank_share, lambda run=None: rank_share(run, 3, 1),
              lambda run=None: logged_clipfrac(run, 2)],
 }
+
+
+def first_vf_loss(run=None):
+    """What a learner writes: update 0's rows, V_new = V_old, ½·Σ(V_old − G)²·m ÷ Σ loss_mask."""
+    t = resolve_run(run or RUN).step(resolve_run(run or RUN).steps[0]).tensors
+    rows = ~t["critic_vpreds"][0].isnan().all(-1)
+    v, g, m = t["values"][rows], t["returns"][rows], t["response_mask"][rows]
+    return compute_value_loss(v, g, v, m, eps_v(run), batch_num_tokens=t["loss_mask"][rows].sum())[0].item()
+
+
+SOLUTIONS["09.5"] = lambda run=None: round(my_clipfrac(run, 0), 2)
+SOLUTIONS["09.6"] = first_vf_loss
+# the step's logged vf_clipfrac (a mean over 16 updates); the share of the next update; the share at ε_v = 0.05 of the
+# last update (exercise 09.3)
+WRONG["09.5"] = [lambda run=None: float(resolve_run(run or RUN).metrics.loc[1, "critic/vf_clipfrac"]),
+                 lambda run=None: my_clipfrac(run, 1), lambda run=None: my_clipfrac(run, 15, 0.05)]
+# no ½; the rejection-rewritten response_mask as denominator (re-normalised over the survivors); the step's logged
+# vf_loss (the mean over its 16 updates)
+WRONG["09.6"] = [lambda run=None: first_update_vf_loss(run, half=False),
+                 lambda run=None: first_update_vf_loss(run, denominator="response_mask"),
+                 lambda run=None: float(resolve_run(run or RUN).metrics.loc[1, "critic/vf_loss"])]

@@ -1,30 +1,41 @@
 """Solutions to lab 11's exercises (kept out of the notebook). A callable solution is the code a learner
 would write; it is called with the exercise's context (e.g. ``run``)."""
-from ppolab.algos import agg_loss
-from ppolab.exercises.lab11 import first_mini_batch
+from ppolab.exercises.lab11 import first_mini_batch, mini_batch, ones_seq_mean, ones_token_mean
 
 
 def length_ratio(run=None):
     lengths = first_mini_batch(run)[1].sum(-1)
+    lengths = lengths[lengths > 0]
     return (lengths.max() / lengths.min()).item()
+
+
+def kept_over_counted(run=None):
+    b = mini_batch(run, 0)
+    return round((b["response_mask"].sum() / b["loss_mask"].sum()).item(), 4)
+
+
+def nonempty_over_gbs(run=None):
+    b = mini_batch(run, 3)                      # the mini-batch with the padding rows (rows 24–31 and 56–63)
+    return round(float((b["response_mask"].sum(-1) > 0).sum()) / 16, 4)
 
 
 SOLUTIONS = {
     "11.1": 3 / 12,
-    "11.2": 15 / 20,
+    "11.2": kept_over_counted,
     "11.3": lambda run=None: (length_ratio(run), 1.0),
-    "11.4": 0.0,
+    "11.4": nonempty_over_gbs,
 }
 
 #: Plausible wrong answers: each must be told "not yet".
 WRONG = {
     # per-trajectory equal weight; 3/9
     "11.1": [0.5, 3 / 9],
-    # re-normalised over the survivors (1.0); the rejected share
-    "11.2": [1.0, 5 / 20, 15 / 15],
+    # re-normalised over the survivors (1.0); the rejected share; the inverse ratio
+    "11.2": [1.0, lambda run=None: 1 - ones_token_mean(run, 0),
+             lambda run=None: 1 / ones_token_mean(run, 0)],
     # both modes equal; swapped; the inverse ratio
     "11.3": [(1.0, 1.0), lambda run=None: (1.0, length_ratio(run)), lambda run=None: (1 / length_ratio(run), 1.0)],
-    # token-mean's value; seq-mean-token-sum's value
-    "11.4": [lambda run=None: agg_loss(*first_mini_batch(run), "token-mean").item(),
-             lambda run=None: agg_loss(*first_mini_batch(run), "seq-mean-token-sum").item()],
+    # the fallback B_agg (non-empty rows only) gives 1; the inverse; B_agg = all 64 rows of the step
+    "11.4": [1.0, lambda run=None: ones_seq_mean(run, fixed=False), lambda run=None: 1 / ones_seq_mean(run),
+             lambda run=None: ones_seq_mean(run) * 16 / 64],
 }

@@ -101,7 +101,7 @@ def rejected_in_denominator(run=None, step=12, opt_step=14, whole_step=False):
                - b["response_mask"].sum())
 
 
-def real_weight(run=None, step=9, opt_step=15, denominator="global", count_empty=False):
+def real_weight(run=None, step=30, opt_step=15, denominator="global", count_empty=False):
     r = resolve_run(run, default=RUN)
     rec = r.step(step)
     b = optimizer_step_batch(rec, opt_step)
@@ -135,7 +135,8 @@ WRONG = {
     # token-mean KL against a per-trajectory score; the k3 estimator; the run's own β; over response_mask (after
     # rejection sampling) instead of the tokens the trainer shaped
     "16.3": [lambda run=None: beta_star(run, per_token=True), lambda run=None: beta_star(run, estimator="k3"),
-             0.0674, lambda run=None: beta_star(run, mask_key="response_mask")],
+             lambda run=None: _logged_beta(run, step=resolve_run(run, default=RUN).steps[-1]),
+             lambda run=None: beta_star(run, mask_key="response_mask")],
     # the value crossing (c·kl_loss = |pg_loss|); the run's own coefficient; "1 is where they match"
     "16.4": [lambda run=None: coef_star(run, by_value=True), 0.01, 1.0],
     # the score means instead of the format shares; "nobody writes the format at first"; from 0.5

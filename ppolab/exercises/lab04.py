@@ -1,4 +1,4 @@
-"""Lab 04 — the clipped objective (chapter §4.1–4.3). Recorded data: ``ppo_fire_tiny`` (ε = 0.1)."""
+"""Lab 04 — the clipped objective (chapter §4.1–4.3). Recorded data: ``ppo_fire_tiny`` (ε = 0.07)."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ import torch
 from ppolab import algos
 from ppolab.exercises import exercise
 
-#: The lab's run: PPO + GAE trained at clip_ratio 0.1, where the clip binds on a few % of the tokens.
+#: The lab's run: PPO + GAE trained at clip_ratio 0.07, where the clip binds on a few % of the tokens.
 RUN = "ppo_fire_tiny"
 #: The recorded step and optimizer steps the lab's explorer and exercises use (an epoch-2 and an epoch-3 pass over
 #: the first mini-batch of step 24).
@@ -37,10 +37,11 @@ def _e1() -> tuple[float, bool]:
 
 
 @exercise("04.2", f"Predict, then verify: actor/pg_clipfrac of recorded step {STEP}, optimizer step {OPT_PREDICT}, at "
-                  "ε_low = ε_high = 0.05 — half the run's ε = 0.1 (3 decimals).",
-          hints=("The explorer opens at ε = 0.1 and shows every token's ratio. Halving ε narrows the window to "
-                 "[0.95, 1.05]: every token clipped at 0.1 stays clipped, and the tokens with A > 0 and a ratio "
-                 "in (1.05, 1.1], or A < 0 and a ratio in [0.9, 0.95), join them. Set both ε sliders to 0.05 to check.",
+                  "ε_low = ε_high = 0.05 — a narrower window than the run's ε = 0.07 (3 decimals).",
+          hints=("The explorer opens at ε = 0.07 and shows every token's ratio. ε = 0.05 narrows the window to "
+                 "[0.95, 1.05]: every token clipped at 0.07 stays clipped, and the tokens with A > 0 and a ratio "
+                 "in (1.05, 1.07], or A < 0 and a ratio in [0.93, 0.95), join them. Set both ε sliders to 0.05 "
+                 "to check.",
                  "pg_clipfrac = masked_mean(ppo_clip_terms(old, log_prob, A, 0.05, 0.05)['clipped'], "
                  f"response_mask) on optimizer_step_batch(run.step({STEP}), {OPT_PREDICT})."),
           rel=0.0, abs=5e-4, context=("run",))
@@ -51,11 +52,11 @@ def _e2(run=None) -> float:
 
 
 @exercise("04.3", f"Write code: recompute actor/pg_clipfrac of recorded step {STEP}, optimizer step {OPT_CODE}, at the "
-                  "run's own ε = 0.1 (a fraction of that optimizer step's real response tokens). It must equal the "
+                  "run's own ε = 0.07 (a fraction of that optimizer step's real response tokens). It must equal the "
                   "number compute_policy_loss_vanilla reports (the explorer's readout at that optimizer step).",
           hints=("Take the rows of that optimizer step (optimizer_step_batch), ppo_clip_terms(...)['clipped'] on "
                  "them, and average over the tokens that count — not over every padded position.",
-                 "masked_mean(ppo_clip_terms(b['old_log_probs'], b['log_prob'], b['advantages'], 0.1, 0.1)"
+                 "masked_mean(ppo_clip_terms(b['old_log_probs'], b['log_prob'], b['advantages'], 0.07, 0.07)"
                  f"['clipped'], b['response_mask']) with b = optimizer_step_batch(run.step({STEP}), {OPT_CODE})."),
           context=("run",))
 def _e3(run=None) -> float:

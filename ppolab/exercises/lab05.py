@@ -1,4 +1,4 @@
-"""Lab 05 — asymmetric clip and dual clip (chapter §4.4). Recorded data: ``ppo_fire_tiny`` (ε = 0.1,
+"""Lab 05 — asymmetric clip and dual clip (chapter §4.4). Recorded data: ``ppo_fire_tiny`` (ε = 0.07,
 clip_ratio_c = 1.2), where the dual clip binds on real optimizer steps."""
 from __future__ import annotations
 
@@ -9,8 +9,12 @@ import torch
 from ppolab import algos
 from ppolab.exercises import exercise
 
-#: The lab's run: trained with clip_ratio 0.1 and clip_ratio_c 1.2.
+#: The lab's run: trained with clip_ratio 0.07 and clip_ratio_c 1.2.
 RUN = "ppo_fire_tiny"
+#: (step, optimizer step) of the asymmetric-window exercise; the recorded step where the dual clip binds, the
+#: optimizer step its explorer opens on, and the optimizer step of the write-the-metric exercise.
+ASYM = (24, 12)
+DUAL_STEP, DUAL_OPEN, DUAL_CODE = 15, 7, 11
 
 
 def _t(x: float) -> torch.Tensor:
@@ -51,8 +55,8 @@ def _e2() -> float:
     return hi
 
 
-def clipped_counts(run=None, step: int = 24, opt_step: int = 4, low: float = 0.1,
-                   highs: tuple[float, float] = (0.1, 0.2)) -> tuple[int, int]:
+def clipped_counts(run=None, step: int = ASYM[0], opt_step: int = ASYM[1], low: float = 0.07,
+                   highs: tuple[float, float] = (0.07, 0.2)) -> tuple[int, int]:
     """Clipped real tokens of one recorded optimizer step at ε_low and each ε_high."""
     b = _batch(run, step, opt_step)
 
@@ -63,20 +67,20 @@ def clipped_counts(run=None, step: int = 24, opt_step: int = 4, low: float = 0.1
     return count(highs[0]), count(highs[1])
 
 
-@exercise("05.3", "Predict, then verify with the asymmetric explorer: on recorded step 24, optimizer step 4, how many "
-                  "real response tokens does the clip take out with the run's symmetric window ε_low = ε_high = 0.1, "
-                  "and how many with clip-higher ε_low = 0.1, ε_high = 0.2? Answer (symmetric count, clip-higher "
-                  "count).",
+@exercise("05.3", f"Predict, then verify with the asymmetric explorer: on recorded step {ASYM[0]}, optimizer step "
+                  f"{ASYM[1]}, how many real response tokens does the clip take out with the run's symmetric window "
+                  "ε_low = ε_high = 0.07, and how many with clip-higher ε_low = 0.07, ε_high = 0.2? Answer "
+                  "(symmetric count, clip-higher count).",
           hints=("Raising ε_high only moves the upper edge 1 + ε_high: it can only release tokens with A > 0 and "
-                 "a ratio between 1.1 and 1.2. Tokens with A < 0 below 1 − ε_low stay clipped.",
-                 "Count ppo_clip_terms(old, log_prob, A, 0.1, ε_high)['clipped'] over response_mask on "
-                 "optimizer_step_batch(run.step(24), 4), for ε_high = 0.1 and 0.2."),
+                 "a ratio between 1.07 and 1.2. Tokens with A < 0 below 1 − ε_low stay clipped.",
+                 "Count ppo_clip_terms(old, log_prob, A, 0.07, ε_high)['clipped'] over response_mask on "
+                 f"optimizer_step_batch(run.step({ASYM[0]}), {ASYM[1]}), for ε_high = 0.07 and 0.2."),
           context=("run",))
 def _e3(run=None) -> tuple[int, int]:
     return clipped_counts(run)
 
 
-def dual_binding_opt_steps(run=None, step: int = 9, c: float | None = None) -> list[int]:
+def dual_binding_opt_steps(run=None, step: int = DUAL_STEP, c: float | None = None) -> list[int]:
     """The optimizer steps of one recorded step at which the dual clip binds on at least one real token."""
     from ppolab.algos.policy_loss import clip_bounds
     from ppolab.widgets.common import actor_config, optimizer_step_batch, resolve_run
@@ -95,32 +99,35 @@ def dual_binding_opt_steps(run=None, step: int = 9, c: float | None = None) -> l
     return out
 
 
-@exercise("05.4", "Predict, then verify: the dual-clip explorer opens on recorded step 9, optimizer step 6, where "
-                  "the run's clip_ratio_c = 1.2 bounds one real token. At which optimizer steps of step 9 does the "
-                  "dual clip bind (pg_clipfrac_lower > 0)? Answer the list of optimizer steps, e.g. [1, 5].",
+@exercise("05.4", f"Predict, then verify: the dual-clip explorer opens on recorded step {DUAL_STEP}, optimizer step "
+                  f"{DUAL_OPEN}, where the run's clip_ratio_c = 1.2 bounds one real token. At which optimizer steps of "
+                  f"step {DUAL_STEP} does the dual clip bind (pg_clipfrac_lower > 0)? Answer the list of optimizer "
+                  "steps, e.g. [1, 5].",
           hints=("A token can only be dual-clipped at the optimizer steps that train its row: its mini-batch comes "
                  "back once per epoch (4 mini-batches per epoch here, so every 4th optimizer step). Is its ratio "
-                 "above 1.2 at each of those visits? Move the opt step slider to check.",
-                 "[k for k in range(16) if masked_sum(ppo_clip_terms(old, log_prob, A, 0.1, 0.1, 1.2)"
-                 "['dual_clipped'], response_mask) > 0] on optimizer_step_batch(run.step(9), k)."),
+                 "above 1.2 at each of those visits — the first one included: by then the optimizer steps on the other "
+                 "mini-batches have already moved the policy. Move the opt step slider to check.",
+                 "[k for k in range(16) if masked_sum(ppo_clip_terms(old, log_prob, A, 0.07, 0.07, 1.2)"
+                 f"['dual_clipped'], response_mask) > 0] on optimizer_step_batch(run.step({DUAL_STEP}), k)."),
           context=("run",))
 def _e4(run=None) -> list[int]:
     return dual_binding_opt_steps(run)
 
 
-@exercise("05.5", "Write code: recompute actor/pg_clipfrac_lower of recorded step 24, optimizer step 9, at the run's "
-                  "clip_ratio_c = 1.2 (a fraction of that optimizer step's real response tokens). It must equal the "
-                  "number compute_policy_loss_vanilla reports.",
+@exercise("05.5", f"Write code: recompute actor/pg_clipfrac_lower of recorded step {DUAL_STEP}, optimizer step "
+                  f"{DUAL_CODE}, at the run's clip_ratio_c = 1.2 (a fraction of that optimizer step's real response "
+                  "tokens). It must equal the number compute_policy_loss_vanilla reports.",
           hints=("pg_clipfrac_lower counts the tokens where the dual bound is active — A < 0 and the ordinary "
                  "clipped loss above −A·c — and divides by all the real response tokens, not only those with A < 0.",
-                 "masked_mean(ppo_clip_terms(b['old_log_probs'], b['log_prob'], b['advantages'], 0.1, 0.1, 1.2)"
-                 "['dual_clipped'], b['response_mask']) with b = optimizer_step_batch(run.step(24), 9)."),
+                 "masked_mean(ppo_clip_terms(b['old_log_probs'], b['log_prob'], b['advantages'], 0.07, 0.07, 1.2)"
+                 f"['dual_clipped'], b['response_mask']) with b = optimizer_step_batch(run.step({DUAL_STEP}), "
+                 f"{DUAL_CODE})."),
           context=("run",))
 def _e5(run=None) -> float:
     from ppolab.widgets.common import actor_config, resolve_run
 
     r = resolve_run(run, default=RUN)
-    b = _batch(r, 24, 9)
+    b = _batch(r, DUAL_STEP, DUAL_CODE)
     _, metrics = algos.compute_policy_loss_vanilla(b["old_log_probs"], b["log_prob"], b["advantages"],
                                                    b["response_mask"], config=actor_config(r))
     return metrics["actor/pg_clipfrac_lower"]

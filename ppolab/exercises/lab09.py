@@ -116,3 +116,42 @@ def _e3(run=None) -> float:
           rel=1e-6, abs=1e-9, context=("run",))
 def _e4(run=None) -> float:
     return logged_clipfrac(run, 3)
+
+
+def first_update_vf_loss(run=None, step: int | None = None, half: bool = True,
+                         denominator: str = "loss_mask") -> float:
+    """vf_loss of critic optimizer step 0 of recorded step ``step`` from ``values`` and ``returns`` alone (V_new =
+    V_old there): ½·Σ (V_old − G)²·response_mask ÷ Σ ``denominator`` over its global mini-batch (the rows whose
+    ``critic_vpreds[0]`` are not NaN)."""
+    _, rec = _record(run, step)
+    t = rec.tensors
+    rows = ~torch.isnan(t["critic_vpreds"][0]).all(-1)
+    m = t["response_mask"][rows].double()
+    v, g = t["values"][rows].double(), t["returns"][rows].double()
+    total = ((v - g).square() * m).sum() / t[denominator][rows].double().sum()
+    return float((0.5 if half else 1.0) * total)
+
+
+@exercise("09.5", "Predict, then verify: vf_clipfrac of critic optimizer step 0 (the first) of the first recorded "
+          "step, pooled over its global mini-batch, at the run's ε_v (2 decimals).",
+          hints=("Which critic produced `values`, and which critic makes the predictions of the first optimizer step, "
+                 "before any gradient was applied in this training step?",
+                 "V_new = V_old on every token of update 0 (critic_vpreds[0] == values), so V_clip = V_new and the two "
+                 "squared errors are equal: (V_clip − G)² > (V_new − G)² never holds — compute_value_loss(*w.batch(0)"
+                 "[:4], eps_v)[1]."),
+          rel=0.0, abs=5e-3, context=("run",))
+def _e5(run=None) -> float:
+    return clipfrac(run, 0)
+
+
+@exercise("09.6", "The vf_loss of critic optimizer step 0 of the first recorded step (token-mean, as the engine "
+          "normalises it), computed from `values` and `returns` only — no vpreds.",
+          hints=("At update 0 the critic still is the critic that wrote `values`: V_new = V_old, so the clip changes "
+                 "nothing and the loss is plain regression of V_old onto G. Mind the ½ and the engine's denominator.",
+                 "½ · Σ (values − returns)²·response_mask ÷ Σ loss_mask over the rows of update 0 (those with "
+                 "critic_vpreds[0] not NaN) — compute_value_loss(values, returns, values, response_mask, eps_v, "
+                 "batch_num_tokens=loss_mask.sum())[0] (chapter §8, §9)."),
+          rel=1e-5, abs=1e-9, context=("run",))
+def _e6(run=None) -> float:
+    # float32 recorded tensors; a learner may compute in float32 or float64: agreement to ~1e-7 relative
+    return first_update_vf_loss(run)

@@ -9,10 +9,21 @@ from ppolab import algos
 from ppolab.exercises import exercise
 
 
+#: The lab's run: synthetic padding rows and rejection sampling are both real in it.
+RUN = "ppo_fire_tiny"
+
+
 def _record(run=None):
     from ppolab.widgets.common import step_tensors
 
-    return step_tensors(run, None)
+    return step_tensors(run, None, RUN)
+
+
+def rejected_tokens(run=None) -> torch.Tensor:
+    """(N, R) bool: the tokens of the first recorded step that rejection sampling zeroed — sampled by the policy
+    (``loss_mask`` 1) but dropped from ``response_mask``."""
+    t = _record(run).tensors
+    return t["loss_mask"].bool() & ~t["response_mask"].bool()
 
 
 def nan_loss_and_mask() -> tuple[torch.Tensor, torch.Tensor]:
@@ -22,14 +33,16 @@ def nan_loss_and_mask() -> tuple[torch.Tensor, torch.Tensor]:
     return loss, mask
 
 
-@exercise("10.1", "How many token losses of row 3 of the first recorded step enter the numerator of every loss?",
-          hints=("Only positions with response_mask = 1 are multiplied by 1; the others by 0.",
-                 "int(response_mask[3].sum()) — equivalently agg_loss(ones, response_mask[3:4], 'token-sum')."),
+@exercise("10.1", "How many token losses of row 2 of the first recorded step enter the numerator of every loss?",
+          hints=("Only positions with response_mask = 1 are multiplied by 1; the others by 0 — and with rejection "
+                 "sampling on, response_mask and loss_mask can differ.",
+                 "int(response_mask[2].sum()) — equivalently agg_loss(ones, response_mask[2:3], 'token-sum'); "
+                 "loss_mask only counts the denominator (chapter §9)."),
           context=("run",))
 def _e1(run=None) -> int:
     t = _record(run).tensors
     ones = torch.ones(1, t["responses"].shape[1], dtype=torch.float64)
-    return int(algos.agg_loss(ones, t["response_mask"][3:4].double(), "token-sum").item())
+    return int(algos.agg_loss(ones, t["response_mask"][2:3].double(), "token-sum").item())
 
 
 @exercise("10.2", "With the prompt width P of the first recorded step, the logits at which sequence position score "
@@ -43,7 +56,7 @@ def _e2(run=None) -> int:
     from ppolab.widgets.common import resolve_run
 
     rec = _record(run)
-    return int(shift_table(rec, run_tokenizer(resolve_run(run)), 0)["logit position"][4])
+    return int(shift_table(rec, run_tokenizer(resolve_run(run, RUN)), 0)["logit position"][4])
 
 
 @exercise("10.3", "A NaN sits at a masked position (mask 0) of a token-loss matrix. For which of the five "
@@ -58,31 +71,49 @@ def _e3() -> set[str]:
     return {mode for mode in algos.LOSS_AGG_MODES if torch.isnan(algos.agg_loss(loss, mask, mode)).item()}
 
 
-def doctored_seq_mean(run=None, fixed_global_batch_size: bool = True) -> float:
-    """seq-mean-token-mean of ℓ = 1 on the first recorded step plus two synthetic padding rows (the trainer's
-    add_padding_samples), with B_agg = all rows (verl's fixed global_batch_size) or the fallback (non-empty rows)."""
-    from ppolab.engine import Batch
-    from ppolab.trainer import add_padding_samples
-    from ppolab.widgets.common import resolve_run
-    from ppolab.widgets.masks import run_tokenizer
-
-    rec = _record(run)
-    t = rec.tensors
-    n = t["responses"].shape[0]
-    padded = add_padding_samples(Batch({k: v for k, v in t.items() if v.shape[0] == n}), 2,
-                                 run_tokenizer(resolve_run(run)))
-    mask = padded["response_mask"].double()
-    gbs = mask.shape[0] if fixed_global_batch_size else None
-    return algos.agg_loss(torch.ones_like(mask), mask, "seq-mean-token-mean", global_batch_size=gbs).item()
+@exercise("10.4", "Predict, then verify: data.train_batch_size 60 prompts × rollout.n 1, trained on 2 ranks with "
+          "ppo_mini_batch_size 16 (actor and critic). How many synthetic padding rows (is_pad) does a step of this "
+          "run hold?",
+          hints=("balance_batch pads the batch so it divides evenly among the ranks AND into mini-batches of mini × n "
+                 "rows (of the actor, and of the critic when there is one).",
+                 "pad to the next multiple of lcm(dp_size, actor mini × n, critic mini × n) = lcm(2, 16, 16): "
+                 "int(is_pad.sum()) — or batch_plan['padding_rows'] (verl padding_utils.py, chapter §9)."),
+          context=("run",))
+def _e4(run=None) -> int:
+    return int(_record(run).tensors["is_pad"].sum())
 
 
-@exercise("10.4", "Predict, then verify: the doctored copy appends 2 synthetic padding rows to the first recorded "
-          "step. With every token loss ℓ = 1, what does seq-mean-token-mean return when B_agg counts every row of the "
-          "copy, as verl's fixed global_batch_size does? (4 decimals)",
-          hints=("Every real row has a sequence mean of exactly 1 (up to the 1e-8 in its denominator); a pad row is "
-                 "left out of the sum by q_i = 0 — but is it left out of the divisor?",
-                 "(number of non-empty rows) / (number of all rows) = agg_loss(ones, padded['response_mask'], "
-                 "'seq-mean-token-mean', global_batch_size=len(padded))."),
+@exercise("10.5", "Count the tokens of the first recorded step that rollout rejection sampling zeroed: sampled by the "
+          "policy, then dropped from response_mask.",
+          hints=("Rejection rewrites response_mask and leaves loss_mask, the copy made at generation: compare the two "
+                 "masks position by position.",
+                 "int((loss_mask.bool() & ~response_mask.bool()).sum()) — the same as loss_mask.sum() − "
+                 "response_mask.sum(); rollout_corr/rollout_rs_masked_fraction × loss_mask.sum() (verl "
+                 "rollout_corr_helper.py)."),
+          context=("run",))
+def _e5(run=None) -> int:
+    return int(rejected_tokens(run).sum())
+
+
+def first_step_log_ratio(run=None, opt_step: int = 0, mask: str = "response_mask", against: str = "old_log_probs"
+                         ) -> float:
+    """max |actor_log_probs[opt_step] − ``against``| over the tokens of optimizer step ``opt_step``'s global mini-batch
+    (first recorded step) where ``mask`` is 1."""
+    t = _record(run).tensors
+    lp = t["actor_log_probs"][opt_step]
+    rows = ~torch.isnan(lp).all(-1)
+    keep = t[mask][rows] > 0
+    return (lp[rows] - t[against][rows])[keep].abs().max().item()
+
+
+@exercise("10.6", "Predict, then verify: the largest |log π_θ − log π_old| (actor_log_probs[0] − old_log_probs) over "
+          "the tokens with response_mask 1 of the actor's first optimizer step (global mini-batch 0) of the first "
+          "recorded step. (4 decimals)",
+          hints=("Before the first gradient step the actor IS π_old. What else would have to be the same for its "
+                 "forward to give the same log-probs — and does rejection sampling change what the model reads?",
+                 "The update's forward attends with response_attention_mask (rejected tokens stay attended), so it "
+                 "recomputes old_log_probs exactly: (actor_log_probs[0] − old_log_probs)[rows][response_mask[rows] "
+                 "> 0].abs().max() is 0 — not the bf16 rollout gap, which is π_rollout vs π_old."),
           rel=0.0, abs=1e-4, context=("run",))
-def _e4(run=None) -> float:
-    return doctored_seq_mean(run, True)
+def _e6(run=None) -> float:
+    return first_step_log_ratio(run)

@@ -6,28 +6,73 @@ import torch
 from ppolab import algos
 from ppolab.exercises import exercise
 
+#: The lab's run: its global mini-batches hold synthetic padding rows and rejected tokens.
+RUN = "ppo_fire_tiny"
 
-def first_mini_batch(run=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ℓ = −advantages, response_mask) of the first mini-batch of the first recorded step, float64."""
-    from ppolab.batching import mini_batch_indices
+
+def mini_batch(run=None, opt_step: int = 0, step: int | None = None) -> dict[str, torch.Tensor]:
+    """The global mini-batch of actor optimizer step ``opt_step`` of recorded step ``step`` (default the first): the
+    rows whose ``actor_log_probs[opt_step]`` are not NaN — on several ranks, each rank's share of it. Returns ``rows``
+    and, float64 for those rows, ``loss`` (ℓ = −advantages), ``response_mask``, ``loss_mask`` and ``is_pad``."""
     from ppolab.widgets.common import step_tensors
 
-    rec = step_tensors(run, None)
-    t = rec.tensors
-    plan = rec.info["batch_plan"]
-    rows = mini_batch_indices(plan["n_trajectories"], plan["local_mini_batch"], plan["ppo_epochs"])[0][0]
-    rows = torch.as_tensor(rows)
-    return -t["advantages"][rows].double(), t["response_mask"][rows].double()
+    t = step_tensors(run, step, RUN).tensors
+    rows = (~torch.isnan(t["actor_log_probs"][opt_step]).all(-1)).nonzero().flatten()
+    return {"rows": rows, "loss": -t["advantages"][rows].double(), "response_mask": t["response_mask"][rows].double(),
+            "loss_mask": t["loss_mask"][rows].double(), "is_pad": t["is_pad"][rows].bool()}
+
+
+def first_mini_batch(run=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ℓ = −advantages, response_mask) of the global mini-batch of the first optimizer step of the first recorded
+    step, float64."""
+    b = mini_batch(run, 0)
+    return b["loss"], b["response_mask"]
+
+
+def padded_mini_batch_step(run=None) -> int:
+    """The first actor optimizer step of the first recorded step whose global mini-batch holds a padding row."""
+    from ppolab.widgets.common import step_tensors
+
+    t = step_tensors(run, None, RUN).tensors
+    pad = t["is_pad"].bool()
+    return next(k for k in range(t["actor_log_probs"].shape[0])
+                if (pad & ~torch.isnan(t["actor_log_probs"][k]).all(-1)).any())
+
+
+def global_batch_size(run=None) -> int:
+    """B_agg of the trainer: actor.ppo_mini_batch_size × rollout.n (verl passes it as global_batch_size)."""
+    from ppolab.widgets.common import resolve_run
+
+    arr = resolve_run(run, RUN).config["actor_rollout_ref"]
+    return int(arr["actor"]["ppo_mini_batch_size"]) * int(arr["rollout"]["n"])
 
 
 def weight_ratio(run=None, mode: str = "token-mean") -> float:
-    """Weight of a longest row over weight of a shortest row of :func:`first_mini_batch` under ``mode``."""
+    """Weight of a longest row over weight of a shortest non-empty row of :func:`first_mini_batch` under ``mode``."""
     from ppolab.widgets.aggregation import trajectory_weights
 
     loss, mask = first_mini_batch(run)
     lengths = mask.sum(-1)
-    _, w = trajectory_weights(loss, mask, mode)
+    nonempty = lengths > 0
+    _, w = trajectory_weights(loss[nonempty], mask[nonempty], mode)
+    lengths = lengths[nonempty]
     return (w[lengths.argmax()] / w[lengths.argmin()]).item()
+
+
+def ones_token_mean(run=None, opt_step: int = 0, denominator: str = "loss_mask") -> float:
+    """token-mean of ℓ = 1 on a global mini-batch, with batch_num_tokens = Σ ``denominator`` (the engine: loss_mask)."""
+    b = mini_batch(run, opt_step)
+    m = b["response_mask"]
+    return algos.agg_loss(torch.ones_like(m), m, "token-mean", batch_num_tokens=b[denominator].sum()).item()
+
+
+def ones_seq_mean(run=None, opt_step: int | None = None, fixed: bool = True) -> float:
+    """seq-mean-token-mean of ℓ = 1 on the padded global mini-batch, with B_agg = global_batch_size (verl's fixed
+    mini × n, padding rows counted) or, with ``fixed`` false, the fallback (the non-empty rows)."""
+    b = mini_batch(run, padded_mini_batch_step(run) if opt_step is None else opt_step)
+    m = b["response_mask"]
+    gbs = global_batch_size(run) if fixed else None
+    return algos.agg_loss(torch.ones_like(m), m, "seq-mean-token-mean", global_batch_size=gbs).item()
 
 
 @exercise("11.1", "Under token-mean, a batch holds a 3-token and a 9-token trajectory. What share of the total weight "
@@ -44,40 +89,37 @@ def _e1() -> float:
     return (w[0] / w.sum()).item()
 
 
-@exercise("11.2", "Four trajectories of 5 tokens each, every token loss 1. Rollout rejection drops one whole "
-          "trajectory (its response_mask becomes 0, loss_mask stays). What does token-mean return when, as in the "
-          "engine, batch_num_tokens = loss_mask.sum()?",
-          hints=("The numerator loses a row; does the denominator?",
-                 "agg_loss(ones, response_mask, 'token-mean', batch_num_tokens=loss_mask.sum()) = 15 / 20 "
-                 "(chapter §9, §10.1)."))
-def _e2() -> float:
-    loss_mask = torch.ones(4, 5, dtype=torch.float64)
-    response_mask = loss_mask.clone()
-    response_mask[0] = 0
-    return algos.agg_loss(torch.ones(4, 5, dtype=torch.float64), response_mask, "token-mean",
-                          batch_num_tokens=loss_mask.sum()).item()
+@exercise("11.2", "Predict, then verify: every token loss ℓ = 1 on the global mini-batch of actor optimizer step 0 of "
+          "the first recorded step. What does token-mean return with the engine's batch_num_tokens = Σ loss_mask of "
+          "that mini-batch? (4 decimals)",
+          hints=("The numerator counts the tokens response_mask keeps; does the denominator lose the tokens rejection "
+                 "sampling dropped?",
+                 "Σ response_mask / Σ loss_mask over the mini-batch = agg_loss(ones, response_mask, 'token-mean', "
+                 "batch_num_tokens=loss_mask.sum()) (chapter §9, §10.1)."),
+          rel=0.0, abs=1e-4, context=("run",))
+def _e2(run=None) -> float:
+    return ones_token_mean(run, 0)
 
 
-@exercise("11.3", "Predict, then verify: in the first mini-batch of the first recorded step, the weight of a longest "
-          "trajectory divided by the weight of a shortest one — under token-mean and under seq-mean-token-mean. "
-          "A pair of numbers.",
+@exercise("11.3", "Predict, then verify: in the global mini-batch of optimizer step 0 of the first recorded step, the "
+          "weight of a longest trajectory divided by the weight of a shortest non-empty one — under token-mean and "
+          "under seq-mean-token-mean. A pair of numbers.",
           hints=("token-mean weighs tokens equally, seq-mean-token-mean weighs non-empty trajectories equally. "
                  "The cell above printed the shortest and longest response lengths.",
                  "(T_max / T_min, 1.0): trajectory_weights(loss, mask, mode) for both modes, at the rows with the "
-                 "largest and the smallest response_mask.sum(-1)."),
+                 "largest and the smallest non-zero response_mask.sum(-1)."),
           rel=1e-6, abs=1e-9, context=("run",))
 def _e3(run=None) -> tuple[float, float]:
     return weight_ratio(run, "token-mean"), weight_ratio(run, "seq-mean-token-mean")
 
 
-@exercise("11.4", "Predict, then verify: seq-mean-token-mean of ℓ = −advantages on the first mini-batch of the first "
-          "recorded step (a GRPO run; to 6 decimals).",
-          hints=("GRPO gives every token of a trajectory the same advantage, and normalises the advantages inside "
-                 "each group of rollout.n trajectories. What is a trajectory's token mean then, and what do the "
-                 "means of one group add up to?",
-                 "Each sequence mean is −A_i; Σ_i (s_i − μ)/(σ + ε) = 0 within a group, and the mini-batch holds "
-                 "whole groups: agg_loss(−advantages, response_mask, 'seq-mean-token-mean') ≈ 0."),
-          rel=0.0, abs=1e-6, context=("run",))
+@exercise("11.4", "Predict, then verify: every token loss ℓ = 1 on the global mini-batch that holds the synthetic "
+          "padding rows (the first recorded step). What does seq-mean-token-mean return with the trainer's "
+          "B_agg = global_batch_size = ppo_mini_batch_size × rollout.n? (4 decimals)",
+          hints=("Every non-empty row has a sequence mean of 1 (up to the 1e-8 in its denominator); q_i = 0 removes a "
+                 "padding row from the sum — but is it removed from B_agg?",
+                 "(number of non-empty rows) / global_batch_size = agg_loss(ones, response_mask, "
+                 "'seq-mean-token-mean', global_batch_size=16) on that mini-batch (chapter §10.3–§10.4)."),
+          rel=0.0, abs=1e-4, context=("run",))
 def _e4(run=None) -> float:
-    loss, mask = first_mini_batch(run)
-    return algos.agg_loss(loss, mask, "seq-mean-token-mean").item()
+    return ones_seq_mean(run)

@@ -9,6 +9,9 @@ from ppolab.exercises import exercise
 
 #: The lab's run, and the recorded step its explorers open on.
 RUN, STEP = "ppo_fire_tiny", 12
+#: Exercise 16.8's optimizer step: the last one of the last recorded step, whose mini-batch holds the 4 synthetic
+#: padding rows and a real row that rejection sampling emptied.
+AGG_STEP, AGG_OPT = 30, 15
 
 
 def _loss_mask(rec):
@@ -140,21 +143,22 @@ def _e7(run=None) -> int:
     return int(_loss_mask(rec)[b["rows"]].sum() - b["response_mask"].sum())
 
 
-@exercise("16.8", "Predict, then verify — mistake 7 with padding rows: on recorded step 9, optimizer step 15 (its "
-                  "mini-batch holds the 4 synthetic padding rows), in seq-mean-token-mean with the trainer's "
-                  "global_batch_size = ppo_mini_batch_size × n = 16, what total weight do the real trajectories carry "
-                  "in the loss? (4 decimals)",
+@exercise("16.8", f"Predict, then verify — mistake 7 with padding rows: on recorded step {AGG_STEP}, optimizer step "
+                  f"{AGG_OPT} (its mini-batch holds the 4 synthetic padding rows), in seq-mean-token-mean with the "
+                  "trainer's global_batch_size = ppo_mini_batch_size × n = 16, what total weight do the real "
+                  "trajectories carry in the loss? (4 decimals)",
           hints=("Every trajectory with at least one token in the loss weighs 1/global_batch_size, and the count "
                  "includes the padding rows. Does every real row still have a token? Rejection sampling can empty a "
                  "whole row (seq_max_k2).",
                  "(number of rows of the mini-batch with Σ_t response_mask > 0) / 16 — or the sum of the weights "
-                 "reproduce('agg_mode_weights', RUN, 9, 15).pair[1] (its details: seq_mean_weight_sum)."),
+                 f"reproduce('agg_mode_weights', RUN, {AGG_STEP}, {AGG_OPT}).pair[1] (its details: "
+                 "seq_mean_weight_sum)."),
           rel=0.0, abs=5e-5, context=("run",))
 def _e8(run=None) -> float:
     from ppolab.widgets.common import optimizer_step_batch, resolve_run
 
     r = resolve_run(run, default=RUN)
-    b = optimizer_step_batch(r.step(9), 15)
+    b = optimizer_step_batch(r.step(AGG_STEP), AGG_OPT)
     x = torch.ones_like(b["response_mask"], requires_grad=True)
     c = r.config
     gbs = c["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] * c["actor_rollout_ref"]["rollout"]["n"]

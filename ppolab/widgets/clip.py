@@ -100,7 +100,7 @@ def clip_explorer(
     eps_high: float | None = None,
 ) -> W.VBox:
     """Lab 04 (§4.1–4.3): the clipped surrogate for A > 0 and A < 0, and the clipped tokens of a recorded
-    batch (default run: ``ppo_fire_tiny``, trained at ε = 0.1, where the clip binds on a few % of the tokens).
+    batch (default run: ``ppo_fire_tiny``, trained at ε = 0.07, where the clip binds on a few % of the tokens).
 
     Controls: ``eps_low``, ``eps_high`` (clip_ratio_low / clip_ratio_high), ``opt_step``.
     Figures: ``surrogate`` (objective −loss over the ratio for A = +1 and A = −1, the six cases shaded),

@@ -117,9 +117,10 @@ def kl_explorer(
     ``opt_step``, ``series`` (a KL metric of the run), ``init_kl_coef``, ``target_kl``, ``horizon``.
     Figures: ``values`` and ``grads`` (the canonical estimators, the chosen one bold), ``pairs`` (the chosen
     estimator per token on the loss-side and the reward-side pairs), ``controller`` (β replayed on the
-    series).
+    series — only the training steps that logged it, as :func:`adaptive_kl_trace`; at the run's own settings the
+    replay on ``actor/reward_kl_penalty`` is the logged β — and the logged ``actor/reward_kl_penalty_coeff``).
     ``state`` holds ``loss_side`` (agg_loss token-mean of the loss-side estimate), ``reward_side`` (batch mean
-    of per-sequence means, as apply_kl_penalty), ``betas``.
+    of per-sequence means, as apply_kl_penalty), ``betas``, ``series``, ``steps``, ``n_steps``.
     """
     r = resolve_run(run)
     rec = step_tensors(r, step)
@@ -203,7 +204,6 @@ def kl_explorer(
     )
     f_pairs.add_histogram(x=[], name="loss-side: actor vs ref", opacity=0.6, nbinsx=60)
     f_pairs.add_histogram(x=[], name="reward-side: old vs ref", opacity=0.6, nbinsx=60)
-    steps = [int(s) for s in metrics.index]
     f_ctrl = go.FigureWidget(
         layout=dict(
             height=340,
@@ -212,8 +212,13 @@ def kl_explorer(
             yaxis2=dict(title="KL series", overlaying="y", side="right"),
         )
     )
-    f_ctrl.add_scatter(x=steps, y=[], mode="lines", name="β")
-    f_ctrl.add_scatter(x=steps, y=[], mode="lines", name="KL series", yaxis="y2", line=dict(dash="dot"))
+    f_ctrl.add_scatter(x=[], y=[], mode="lines", name="β replayed")
+    f_ctrl.add_scatter(x=[], y=[], mode="lines", name="KL series", yaxis="y2", line=dict(dash="dot"))
+    # the β the run's reward-side penalty used, as logged (only a run with use_kl_in_reward logs it)
+    beta_col = metrics.get("actor/reward_kl_penalty_coeff")
+    beta_logged = {} if beta_col is None else beta_col.dropna().to_dict()
+    f_ctrl.add_scatter(x=[int(s) for s in beta_logged], y=[float(b) for b in beta_logged.values()],
+                       mode="markers", name="β logged (reward_kl_penalty_coeff)", marker=dict(size=5))
     readout = W.HTML()
     state: dict[str, Any] = {}
 
@@ -268,14 +273,16 @@ def kl_explorer(
         )
 
     def update_ctrl(*_):
-        s = metrics[controls["series"].value].astype(float).fillna(0.0).tolist()
+        # the training steps that logged the series: the validation-only step 0 is no update and feeds no KL
+        logged = metrics[controls["series"].value].dropna().astype(float)
+        s, steps = logged.tolist(), [int(i) for i in logged.index]
         betas = replay_adaptive_kl(
             s, controls["init_kl_coef"].value, controls["target_kl"].value, controls["horizon"].value, n_seq
         )
-        state.update(betas=betas, series=s, n_steps=n_seq)
+        state.update(betas=betas, series=s, steps=steps, n_steps=n_seq)
         with f_ctrl.batch_update():
-            f_ctrl.data[0].y = betas
-            f_ctrl.data[1].y = s
+            f_ctrl.data[0].x, f_ctrl.data[0].y = steps, betas
+            f_ctrl.data[1].x, f_ctrl.data[1].y = steps, s
             f_ctrl.layout.shapes = [dict(_hline(controls["target_kl"].value, "red", "dash"), yref="y2")]
             f_ctrl.layout.title.text = (
                 f"AdaptiveKLController replayed on {controls['series'].value} "
