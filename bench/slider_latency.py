@@ -42,8 +42,8 @@ NOT_FORMULA = {"invariance_explorer"}  # each new setting is a real optimizer st
 
 def values(ctl, n: int = 6) -> list:
     """The values a sweep sets: every option of a choice, both states of a checkbox, n points of a slider."""
-    if hasattr(ctl, "options"):
-        return list(ctl.options)
+    if hasattr(ctl, "options"):  # (label, value) pairs or plain values
+        return [o[1] if isinstance(o, tuple) and len(o) == 2 else o for o in ctl.options]
     if not hasattr(ctl, "min"):
         return [not ctl.value, ctl.value]
     pts = np.linspace(ctl.min, ctl.max, n)

@@ -230,6 +230,11 @@ class _Bin:
         return (self.total, len(self.items), self.items) < (other.total, len(other.items), other.items)
 
 
+#: One shared, never-mutated empty bin: a seed state holds k bins of which at most one (or k with equal_size) is
+#: non-empty, and allocating the empty ones dominated the run time for many partitions.
+_EMPTY = _Bin()
+
+
 class _State:
     """A k-way partial partition. Bins are kept in descending order (largest first)."""
 
@@ -246,7 +251,12 @@ class _State:
         # Pair our largest bin with their smallest, and so on: this is the "differencing" step of LDM.
         k = len(self.bins)
         for i in range(k):
-            self.bins[i].absorb(other.bins[k - 1 - i])
+            src = other.bins[k - 1 - i]
+            if not src.items:  # absorbing an empty bin changes nothing
+                continue
+            if self.bins[i] is _EMPTY:  # the shared empty bin is never mutated: give this slot its own
+                self.bins[i] = _Bin()
+            self.bins[i].absorb(src)
         self.bins.sort(reverse=True)
 
     def __lt__(self, other: _State) -> bool:
@@ -275,8 +285,9 @@ def karmarkar_karp(seqlen_list: IntSeq, k_partitions: int, equal_size: bool) -> 
     heap: list[_State] = []
     step = k_partitions if equal_size else 1
     for start in range(0, len(order), step):
-        bins = [_Bin() for _ in range(k_partitions)]
-        for b, (v, i) in zip(bins, order[start:start + step]):
+        seeds = order[start:start + step]
+        bins = [_Bin() for _ in seeds] + [_EMPTY] * (k_partitions - len(seeds))
+        for b, (v, i) in zip(bins, seeds):
             b.items.append((i, v))
             b.total += v
         heapq.heappush(heap, _State(bins))

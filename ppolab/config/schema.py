@@ -314,7 +314,8 @@ class TrainerConfig:
     seed: int = 1
     """Global seed (torch, sampling, data shuffle unless data.seed)."""
     run_dir: Optional[str] = None
-    """Output directory; None = runs/<experiment_name>-<timestamp>, chosen by the trainer."""
+    """Output directory; None = runs/<experiment_name>-<timestamp> (-2, -3 … if taken), chosen by the trainer. A
+    directory that already holds a run is refused unless ``resume`` is true: runs are never mixed or overwritten."""
     project_name: str = "ppolab"
     """Project name (tensorboard grouping)."""
     experiment_name: str = "run"
@@ -330,7 +331,8 @@ class TrainerConfig:
     device: str = "auto"
     """auto (cuda if available), cpu or cuda."""
     resume: bool = False
-    """Resume from the latest checkpoint in run_dir."""
+    """Resume from the latest complete checkpoint in run_dir (a damaged latest one is named, and the previous
+    complete one is taken with a warning); the run's files are untouched if the resume fails."""
     val_before_train: bool = True
     """Validate once before the first step."""
     critic_warmup: int = 0
