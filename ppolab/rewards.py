@@ -123,12 +123,6 @@ def compute_score(
     return fn(solution_str, ground_truth, **kwargs)
 
 
-def score_value(result: float | dict) -> float:
-    """The scalar score of a reward call: verl's reward functions return a float or a dict with ``"score"``
-    (and extra info, which the score does not depend on)."""
-    return float(result["score"] if isinstance(result, dict) else result)
-
-
 def load_custom_reward_fn(path: str | os.PathLike, name: str = "compute_score") -> RewardFn:
     """Load function ``name`` from the Python file at ``path`` (verl's custom_reward_function)."""
     path = Path(path)

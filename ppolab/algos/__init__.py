@@ -35,16 +35,18 @@ from ppolab.algos.aggregation import agg_loss
 from ppolab.algos.correction import (
     ROLLOUT_IS_LEVELS,
     ROLLOUT_RS_OPTIONS,
+    parse_is_threshold,
     parse_rollout_rs,
+    raw_is_weights,
     rollout_corr_metrics,
     rollout_is_weights,
     rollout_probs_diff,
     rollout_rejection_mask,
+    truncate_is_weights,
 )
 from ppolab.algos.correction_metrics import (
     batch_normalize_is_weights,
     offpolicy_metrics,
-    parse_is_threshold,
     rollout_correction_and_rejection_mask,
     rollout_is_weight_metrics,
 )

@@ -22,12 +22,60 @@ IS_LOG_RATIO_CLAMP = 20.0
 ROLLOUT_IS_LEVELS = ("token", "sequence")
 
 
-def _parse_threshold(threshold: float | str) -> tuple[float | None, float]:
-    """``2.0`` → TIS (upper bound only); ``"0.5_5.0"`` → IcePop (lower, upper)."""
-    if isinstance(threshold, str) and "_" in threshold:
-        lo, hi = (float(x) for x in threshold.split("_"))
-        return lo, hi
-    return None, float(threshold)
+def parse_is_threshold(spec: float | str) -> tuple[float, float | None]:
+    """``rollout_is_threshold`` → (upper, lower): a number or ``"2.0"`` is TIS (lower None), ``"lo_hi"`` IcePop.
+
+    Raises as verl `rollout_corr_helper.py::_parse_rollout_is_threshold`: TypeError for a bool or another type,
+    ValueError for an empty or non-numeric string, a non-positive bound or lower > upper.
+    """
+    if isinstance(spec, bool):
+        raise TypeError("rollout_is_threshold must be specified as a float or a string threshold specification, "
+                        "not a boolean.")
+    if isinstance(spec, (int, float)):
+        upper, lower = float(spec), None
+    elif isinstance(spec, str):
+        text = spec.strip()
+        if not text:
+            raise ValueError("rollout_is_threshold must not be an empty string.")
+        try:
+            if "_" in text:
+                lo, hi = text.split("_", 1)
+                lower, upper = float(lo), float(hi)
+            else:
+                upper, lower = float(text), None
+        except ValueError as exc:
+            raise ValueError(f"Invalid rollout_is_threshold '{spec}'.") from exc
+    else:
+        raise TypeError("rollout_is_threshold must be a float or a string threshold specification.")
+    if upper <= 0:
+        raise ValueError(f"rollout_is_threshold upper bound must be positive, got {upper}.")
+    if lower is not None and lower <= 0:
+        raise ValueError(f"rollout_is_threshold lower bound must be positive, got {lower}.")
+    if lower is not None and lower > upper:
+        raise ValueError("rollout_is_threshold lower bound must be <= upper bound.")
+    return upper, lower
+
+
+def raw_is_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor,
+                   level: str = "token") -> tuple[torch.Tensor, torch.Tensor]:
+    """Untruncated IS weights × mask, (bs, T), and the log-ratio they came from: per token (bs, T), or the
+    sequence sums (bs, 1). token: exp(clamp(lr_t, ±20)); sequence: exp(clamp(Σ_t lr·m, ±20)) on every token."""
+    if level not in ROLLOUT_IS_LEVELS:
+        raise ValueError(f"rollout_is={level!r} is not valid; choose one of {', '.join(ROLLOUT_IS_LEVELS)}")
+    log_ratio = old_log_probs - rollout_log_probs
+    if level == "token":
+        raw = torch.exp(torch.clamp(log_ratio, -IS_LOG_RATIO_CLAMP, IS_LOG_RATIO_CLAMP))
+    else:
+        log_ratio = masked_sum(log_ratio, response_mask, axis=-1).unsqueeze(-1)
+        raw = torch.exp(torch.clamp(log_ratio, -IS_LOG_RATIO_CLAMP, IS_LOG_RATIO_CLAMP)).expand_as(response_mask)
+    return raw * response_mask, log_ratio
+
+
+def truncate_is_weights(raw: torch.Tensor, upper: float, lower: float | None = None) -> torch.Tensor:
+    """TIS (``lower`` None): min(w, upper); IcePop: w where lower ≤ w ≤ upper, else 0."""
+    if lower is None:
+        return torch.clamp(raw, max=upper)
+    return torch.where((raw >= lower) & (raw <= upper), raw, torch.zeros_like(raw))
 
 
 @torch.no_grad()
@@ -46,18 +94,8 @@ def rollout_is_weights(
     Then TIS: w = min(w, threshold); or IcePop (``"lo_hi"``): w = 0 outside [lo, hi].
     Shapes: (bs, T) → (bs, T).
     """
-    if level not in ROLLOUT_IS_LEVELS:
-        raise ValueError(f"rollout_is={level!r} is not valid; choose one of {', '.join(ROLLOUT_IS_LEVELS)}")
-    log_ratio = old_log_probs - rollout_log_probs
-    if level == "token":
-        log_w = log_ratio
-    else:
-        log_w = masked_sum(log_ratio, response_mask, axis=-1).unsqueeze(-1).expand_as(log_ratio)
-    weights = torch.exp(torch.clamp(log_w, -IS_LOG_RATIO_CLAMP, IS_LOG_RATIO_CLAMP)) * response_mask
-    lo, hi = _parse_threshold(threshold)
-    if lo is None:
-        return torch.clamp(weights, max=hi)
-    return torch.where((weights >= lo) & (weights <= hi), weights, torch.zeros_like(weights))
+    upper, lower = parse_is_threshold(threshold)
+    return truncate_is_weights(raw_is_weights(old_log_probs, rollout_log_probs, response_mask, level)[0], upper, lower)
 
 
 @torch.no_grad()

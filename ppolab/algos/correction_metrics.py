@@ -14,55 +14,11 @@ import math
 
 import torch
 
-from ppolab.algos.correction import IS_LOG_RATIO_CLAMP, rollout_is_weights, rollout_rejection_mask
+from ppolab.algos.correction import (IS_LOG_RATIO_CLAMP, parse_is_threshold, raw_is_weights, rollout_rejection_mask,
+                                     truncate_is_weights)
 from ppolab.algos.masked import masked_mean, masked_sum
 
 PREFIX = "rollout_corr/"
-
-
-def parse_is_threshold(spec: float | str) -> tuple[float, float | None]:
-    """``rollout_is_threshold`` → (upper, lower): a number or ``"2.0"`` is TIS (lower None), ``"lo_hi"`` IcePop.
-
-    Raises as verl `rollout_corr_helper.py::_parse_rollout_is_threshold`: TypeError for a bool or another type,
-    ValueError for an empty or non-numeric string, a non-positive bound or lower > upper.
-    """
-    if isinstance(spec, bool):
-        raise TypeError("rollout_is_threshold must be specified as a float or a string threshold specification, "
-                        "not a boolean.")
-    if isinstance(spec, (int, float)):
-        upper, lower = float(spec), None
-    elif isinstance(spec, str):
-        text = spec.strip()
-        if not text:
-            raise ValueError("rollout_is_threshold must not be an empty string.")
-        try:
-            if "_" in text:
-                lo, hi = text.split("_", 1)
-                lower, upper = float(lo), float(hi)
-            else:
-                upper, lower = float(text), None
-        except ValueError as exc:
-            raise ValueError(f"Invalid rollout_is_threshold '{spec}'.") from exc
-    else:
-        raise TypeError("rollout_is_threshold must be a float or a string threshold specification.")
-    if upper <= 0:
-        raise ValueError(f"rollout_is_threshold upper bound must be positive, got {upper}.")
-    if lower is not None and lower <= 0:
-        raise ValueError(f"rollout_is_threshold lower bound must be positive, got {lower}.")
-    if lower is not None and lower > upper:
-        raise ValueError("rollout_is_threshold lower bound must be <= upper bound.")
-    return upper, lower
-
-
-def _raw_is(log_ratio: torch.Tensor, response_mask: torch.Tensor, level: str):
-    """(raw weights × mask before truncation, the log-ratio the metrics read: per token, or (bs, 1) sums)."""
-    if level == "token":
-        for_metrics = log_ratio
-        raw = torch.exp(torch.clamp(log_ratio, -IS_LOG_RATIO_CLAMP, IS_LOG_RATIO_CLAMP))
-    else:
-        for_metrics = masked_sum(log_ratio, response_mask, axis=-1).unsqueeze(-1)
-        raw = torch.exp(torch.clamp(for_metrics, -IS_LOG_RATIO_CLAMP, IS_LOG_RATIO_CLAMP)).expand_as(log_ratio)
-    return raw * response_mask, for_metrics
 
 
 def rollout_is_weight_metrics(weights: torch.Tensor, raw: torch.Tensor, log_ratio_for_metrics: torch.Tensor,
@@ -188,9 +144,8 @@ def rollout_correction_and_rejection_mask(
         if rollout_is not in ("token", "sequence"):
             raise ValueError(f"Invalid rollout_is: {rollout_is}. Must be one of {{'token', 'sequence'}}.")
         upper, lower = parse_is_threshold(rollout_is_threshold)
-        raw, for_metrics = _raw_is(old_log_prob - rollout_log_prob, response_mask, rollout_is)
-        weights = rollout_is_weights(old_log_prob, rollout_log_prob, response_mask, rollout_is,
-                                     upper if lower is None else f"{lower}_{upper}")
+        raw, for_metrics = raw_is_weights(old_log_prob, rollout_log_prob, response_mask, rollout_is)
+        weights = truncate_is_weights(raw, upper, lower)
         metrics.update(rollout_is_weight_metrics(weights, raw, for_metrics, response_mask, rollout_is, upper, lower))
         if lower is not None:
             metrics["rollout_is_oob_ratio"] = float(masked_mean(((raw < lower) | (raw > upper)).float(),
