@@ -35,9 +35,13 @@ EXPLORERS: dict[str, tuple[tuple, tuple]] = {
     "batch_calculator": ((), ()),
     "metrics_dashboard": (("grpo_tiny",), ()),
     "mistakes_explorer": (("grpo_tiny",), ()),
+    "gradient_gallery": (("ppo_fire_tiny",), ()),
     "invariance_explorer": (("grpo_tiny",), ()),
 }
-NOT_FORMULA = {"invariance_explorer"}  # each new setting is a real optimizer step (a replay), cached after
+#: Each new setting of these is a real optimizer step (a replay of the reference and the chosen micro-batching),
+#: cached after; held to REPLAY_GOAL_MS instead.
+NOT_FORMULA = {"invariance_explorer"}
+REPLAY_GOAL_MS = 1000.0
 
 
 def values(ctl, n: int = 6) -> list:
@@ -80,8 +84,10 @@ def main(names: list[str]) -> int:
     import torch
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; goal: formula sliders p95 ≤ {GOAL_MS} ms")
-    print(f"{'explorer':22s} {'control':18s} {'moves':>5s} {'median ms':>10s} {'p95 ms':>8s}")
-    worst = 0.0
+    print(f"replay-backed explorers ({', '.join(sorted(NOT_FORMULA))}): every move, the first of each setting "
+          f"included, ≤ {REPLAY_GOAL_MS:.0f} ms")
+    print(f"{'explorer':22s} {'control':18s} {'moves':>5s} {'median ms':>10s} {'p95 ms':>8s} {'max ms':>8s}")
+    worst, worst_replay = 0.0, 0.0
     for name in names or list(EXPLORERS):
         args, skip = EXPLORERS[name]
         try:
@@ -91,12 +97,18 @@ def main(names: list[str]) -> int:
             continue
         for cname, t in timings.items():
             p95 = float(np.percentile(t, 95))
-            if name not in NOT_FORMULA:
+            if name in NOT_FORMULA:
+                worst_replay = max(worst_replay, max(t))
+                flag = "" if max(t) <= REPLAY_GOAL_MS else "  > goal"
+            else:
                 worst = max(worst, p95)
-            flag = "" if name in NOT_FORMULA or p95 <= GOAL_MS else "  > goal"
-            print(f"{name:22s} {cname:18s} {len(t):5d} {statistics.median(t):10.1f} {p95:8.1f}{flag}")
+                flag = "" if p95 <= GOAL_MS else "  > goal"
+            print(f"{name:22s} {cname:18s} {len(t):5d} {statistics.median(t):10.1f} {p95:8.1f} {max(t):8.1f}{flag}")
     verdict = "within" if worst <= GOAL_MS else "OVER"
     print(f"worst formula-slider p95: {worst:.1f} ms ({verdict} the {GOAL_MS} ms goal)")
+    if worst_replay:
+        verdict = "within" if worst_replay <= REPLAY_GOAL_MS else "OVER"
+        print(f"slowest replay-backed move: {worst_replay:.0f} ms ({verdict} the {REPLAY_GOAL_MS:.0f} ms goal)")
     return 0
 
 

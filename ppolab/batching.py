@@ -368,7 +368,8 @@ def balance_metrics(seq_lens: IntSeq, partitions: list[list[int]], prefix: str =
 
 
 def plan_dynamic_micro_batches(seq_lens: IntSeq, max_token_len: int, min_num_micro_batch: int | None = None,
-                               num_batches_divided_by: int | None = None) -> list[list[int]]:
+                               num_batches_divided_by: int | None = None, *, prompt_lens: IntSeq | None = None,
+                               response_lens: IntSeq | None = None) -> list[list[int]]:
     """Index lists of the ``use_dynamic_bsz`` micro-batches of one local mini-batch (verl `rearrange_micro_batches`,
     0.9.1).
 
@@ -380,6 +381,13 @@ def plan_dynamic_micro_batches(seq_lens: IntSeq, max_token_len: int, min_num_mic
     micro-batch's token sum ≤ max_token_len. Micro-batches are sorted by descending workload sum (ties: first
     index), then reordered evens-reversed + odds so the smallest sit at both ends (pipeline warm-up and
     cool-down). Indices inside a micro-batch are ascending. Undo the order with :func:`restore_order`.
+
+    ``prompt_lens`` / ``response_lens`` (B,) (effective lengths, summing to ``seq_lens``): also bound what a padded
+    micro-batch materialises. verl removes padding, so its budget is the token sum; ppolab pads each micro-batch to
+    its longest prompt and response, so a partition holds rows × (max prompt + max response) token slots
+    (:func:`padded_tokens`). When a partition's padded size exceeds the budget, the same retry adds micro-batches;
+    where every padded size is already within it (every shipped run's recorded steps) the partitions are exactly
+    verl's.
     """
     lens = [int(x) for x in _as_list(seq_lens)]
     if not lens:
@@ -397,13 +405,27 @@ def plan_dynamic_micro_batches(seq_lens: IntSeq, max_token_len: int, min_num_mic
     if num_micro > len(lens):
         raise ValueError(f"{num_micro} micro-batches requested (min_num_micro_batch / num_batches_divided_by) "
                          f"but only {len(lens)} rows")
+    if (prompt_lens is None) != (response_lens is None):
+        raise ValueError("give both prompt_lens and response_lens, or neither")
+    if prompt_lens is not None:
+        p_lens, r_lens = [int(x) for x in _as_list(prompt_lens)], [int(x) for x in _as_list(response_lens)]
+        if len(p_lens) != len(lens) or len(r_lens) != len(lens):
+            raise ValueError(f"prompt_lens / response_lens have {len(p_lens)} / {len(r_lens)} entries for "
+                             f"{len(lens)} rows")
+
+    def fits(part: list[int]) -> bool:
+        if sum(lens[i] for i in part) > max_token_len:
+            return False
+        return prompt_lens is None or padded_tokens(part, p_lens, r_lens) <= max_token_len
+
     workloads = calculate_workload(lens).tolist()
     step = num_batches_divided_by or 1  # verl keeps the count a multiple of the VPP size while it retries
     while True:
         parts = get_seqlen_balanced_partitions(workloads, num_micro, equal_size=False)
         # KK balances workload, not tokens, so a partition can overshoot the token budget; 0.9.1 retries with
-        # more micro-batches. It always ends: at num_micro = B every partition is one row ≤ max_token_len.
-        if all(sum(lens[i] for i in p) <= max_token_len for p in parts):
+        # more micro-batches. It always ends: at num_micro = B every partition is one row, whose padded size is its
+        # own length ≤ max_token_len.
+        if all(fits(p) for p in parts):
             break
         if num_micro + step > len(lens):
             raise ValueError(f"cannot keep every micro-batch within ppo_max_token_len_per_gpu = {max_token_len} "
@@ -411,6 +433,12 @@ def plan_dynamic_micro_batches(seq_lens: IntSeq, max_token_len: int, min_num_mic
         num_micro += step
     parts.sort(key=lambda p: (sum(workloads[i] for i in p), p[0]), reverse=True)
     return parts[::2][::-1] + parts[1::2]
+
+
+def padded_tokens(rows: Sequence[int], prompt_lens: Sequence[int], response_lens: Sequence[int]) -> int:
+    """Token slots a micro-batch of ``rows`` occupies once padded to its own longest prompt and response:
+    len(rows) × (max prompt + max response) — the width ppolab's forward really runs (``engine.trimmed_inputs``)."""
+    return len(rows) * (max(prompt_lens[i] for i in rows) + max(response_lens[i] for i in rows))
 
 
 def restore_order(micro_indices: list[list[int]]) -> list[int]:
@@ -468,3 +496,13 @@ def fixed_micro_batches(n_rows: int, micro_batch_size: int) -> list[list[int]]:
     _check_positive("n_rows", n_rows)
     _check_positive("ppo_micro_batch_size_per_gpu", micro_batch_size)
     return [list(range(s, min(s + micro_batch_size, n_rows))) for s in range(0, n_rows, micro_batch_size)]
+
+
+def total_steps(trainer_cfg, steps_per_epoch: int) -> int:
+    """When the run stops: ``total_training_steps`` or ``total_epochs`` passes over the data (``steps_per_epoch`` =
+    ⌊prompts / train_batch_size⌋), whichever comes first — verl's outer loop over epochs returning at the step
+    limit."""
+    limits = [trainer_cfg.total_training_steps] if trainer_cfg.total_training_steps is not None else []
+    if trainer_cfg.total_epochs is not None:
+        limits.append(trainer_cfg.total_epochs * steps_per_epoch)
+    return min(limits)

@@ -9,10 +9,15 @@ gathered back; the advantage is computed on the full batch everywhere. Updates r
 optimizer step are averaged over ranks. Only rank 0 writes the run directory.
 
 Without a process group (one process) every helper here is the identity.
+
+Devices (:func:`requested_device`, :func:`select_device`): on CUDA each rank trains on ``cuda:LOCAL_RANK`` and the
+group talks NCCL; on CPU gloo. ``PPOLAB_DEVICE`` sets the device of every run whose caller did not pass
+``trainer.device=…`` (how the labs, whose tiny presets say cpu, run on a GPU).
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -26,6 +31,7 @@ class DistInfo:
 
     rank: int = 0
     world_size: int = 1
+    local_rank: int = 0  # the GPU index on this node (torchrun's LOCAL_RANK)
 
     @property
     def enabled(self) -> bool:
@@ -36,18 +42,79 @@ class DistInfo:
         return self.rank == 0
 
 
+#: The process-group backend on GPUs: NCCL for CUDA tensors, gloo for CPU tensors and objects.
+CUDA_BACKEND = "cpu:gloo,cuda:nccl"
+
+#: The environment variable that picks the device of runs whose caller did not pass ``trainer.device``.
+DEVICE_ENV = "PPOLAB_DEVICE"
+
+
+def _check_device_name(name: str, source: str) -> str:
+    if name in ("auto", "cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit()):
+        return name
+    raise ValueError(f"{source}={name!r}: choose auto, cpu, cuda or cuda:N")
+
+
+def requested_device(configured: str, overrides: Sequence[str] = (), env: Mapping[str, str] | None = None) -> str:
+    """The device a run asks for, by the usual precedence: command line > environment > config file.
+
+    1. ``trainer.device=…`` among ``overrides`` (what the caller typed): the configured value, as given.
+    2. else ``PPOLAB_DEVICE`` when set (auto, cpu, cuda or cuda:N): it replaces the preset's or file's value —
+       the tiny presets say cpu so the labs reproduce on any laptop, and ``PPOLAB_DEVICE=cuda`` moves every lab's
+       training to the GPU (the GPU CI job).
+    3. else the config's ``trainer.device`` (default auto).
+    """
+    env = os.environ if env is None else env
+    if any(o.split("=", 1)[0].lstrip("+~") == "trainer.device" for o in overrides):
+        return _check_device_name(configured, "trainer.device")
+    value = env.get(DEVICE_ENV, "").strip()
+    if value:
+        return _check_device_name(value, DEVICE_ENV)
+    return _check_device_name(configured, "trainer.device")
+
+
+def select_device(requested: str, local_rank: int = 0, cuda_available: bool | None = None,
+                  world_size: int = 1) -> tuple[torch.device, str]:
+    """(device, process-group backend) of one rank: the one place the device decision is made.
+
+    ``auto`` is cuda when a GPU is visible, else cpu. On CUDA each rank takes ``cuda:LOCAL_RANK`` (one GPU per
+    process, as torchrun lays them out) and the group is ``cpu:gloo,cuda:nccl``: gradients (CUDA tensors) go over
+    NCCL, while the CPU-side traffic — token counts, the gathered batch and metrics as pickled objects — goes over
+    gloo instead of a round trip through GPU memory. On CPU plain gloo. An explicit ``cuda:N`` is honoured in
+    one process; with several ranks it would put them all on one GPU, so it is refused. ``cuda`` without a GPU is an
+    error here rather than a failed ``.to('cuda')`` somewhere later.
+    """
+    requested = _check_device_name(requested, "trainer.device")
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    if requested == "cpu" or (requested == "auto" and not cuda_available):
+        return torch.device("cpu"), "gloo"
+    if not cuda_available:
+        raise RuntimeError(f"trainer.device={requested} but torch sees no CUDA device (torch.cuda.is_available() is "
+                           "False): install a CUDA build of torch, or use trainer.device=cpu")
+    if requested.startswith("cuda:"):
+        if world_size > 1:
+            raise ValueError(f"trainer.device={requested} with {world_size} ranks would put every rank on one GPU; "
+                             "use trainer.device=cuda (rank k trains on cuda:LOCAL_RANK)")
+        return torch.device(requested), CUDA_BACKEND
+    return torch.device("cuda", local_rank), CUDA_BACKEND
+
+
 def init_from_env(device: str = "cpu") -> DistInfo:
-    """Join the process group described by torchrun/accelerate's environment (``WORLD_SIZE``, ``RANK``, …);
-    gloo on CPU, nccl on CUDA. One process without those variables: no group, rank 0 of 1."""
+    """Join the process group described by torchrun/accelerate's environment (``WORLD_SIZE``, ``RANK``,
+    ``LOCAL_RANK``): :func:`select_device` picks this rank's device and the backend (NCCL for CUDA tensors, gloo
+    on CPU), and the rank's GPU becomes the current one before the group forms. One process without those
+    variables: no group, rank 0 of 1."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return DistInfo()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    rank_device, backend = select_device(device, local_rank, torch.cuda.is_available(), world)
+    if rank_device.type == "cuda":
+        torch.cuda.set_device(rank_device)  # NCCL binds each rank to the current device
     if not dist.is_initialized():
-        backend = "nccl" if device.startswith("cuda") and torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend)
-    if device.startswith("cuda") and torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    return DistInfo(dist.get_rank(), dist.get_world_size())
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank)
 
 
 def finish(info: DistInfo, close: Callable[[], None] | None = None) -> None:

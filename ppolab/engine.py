@@ -1,22 +1,17 @@
-"""The worker side of an update: a batch of padded tensors, its micro-batches, and the
-zero-grad → forward/backward per micro-batch → clip → step loop (chapter §11–§13; verl
-`TrainingWorker.train_mini_batch`, `rearrange_micro_batches`).
+"""A batch of padded tensors and how it is cut: :class:`Batch` (verl's DataProto, trimmed), its micro-batches,
+padding samples and concatenation, (chapter §9, §11–§13; verl
+`rearrange_micro_batches`, `padding_utils.py`).
 
-No formula lives here: losses come from ``ppolab.algos``; this module only decides which rows go
-through the model together and with which global counts.
+No formula lives here, and no model: the update loop that uses these is :meth:`ppolab.worker.Worker.update`.
 """
 from __future__ import annotations
 
-import math
-from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Sequence
 
-import numpy as np
 import torch
 
-from ppolab.algos import SUM_METRICS
-from ppolab.batching import fixed_micro_batches, mini_batch_indices, plan_dynamic_micro_batches
+from ppolab.batching import balance_metrics, balance_partitions, fixed_micro_batches, plan_dynamic_micro_batches
 
 
 @dataclass
@@ -54,10 +49,14 @@ class Batch:
         in tool observations (attended, but ``response_mask`` = 0), else the response mask itself."""
         return self.tensors.get("response_attention_mask", self["response_mask"])
 
+    def lengths(self) -> tuple[list[int], list[int]]:
+        """(prompt lengths, response lengths) without padding: the tokens the model attends to — the one definition
+        of a trajectory's length for balancing, dynamic micro-batches and the widgets."""
+        return (self["prompt_mask"].sum(-1).long().tolist(), self.response_attention().sum(-1).long().tolist())
+
     def seq_lens(self) -> list[int]:
-        """Effective prompt + response lengths (no padding), the workload unit of balancing (verl
-        `padding_utils.py`)."""
-        return (self["prompt_mask"].sum(-1) + self.response_attention().sum(-1)).long().tolist()
+        """Effective prompt + response lengths, the workload unit of balancing (verl `padding_utils.py`)."""
+        return [p + r for p, r in zip(*self.lengths())]
 
 
 def trimmed_inputs(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -83,91 +82,62 @@ def micro_batches(batch: Batch, micro_batch_size: int | None, max_token_len: int
     """Row indices of each micro-batch: fixed chunks, or token-budget partitions when size is None (§11.5)."""
     if micro_batch_size is not None:
         return fixed_micro_batches(len(batch), micro_batch_size)
-    return plan_dynamic_micro_batches(batch.seq_lens(), max_token_len)
+    prompt_lens, response_lens = batch.lengths()
+    return plan_dynamic_micro_batches(batch.seq_lens(), max_token_len, prompt_lens=prompt_lens,
+                                      response_lens=response_lens)
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:
     return Batch({k: v.to(device) for k, v in batch.tensors.items()}, batch.lists)
 
 
-def reduce_metrics(per_step: Iterable[dict[str, float]]) -> dict[str, float]:
-    """Average over optimizer steps (np.max / np.min for keys naming max / min), as verl's reduce_metrics."""
-    collected: dict[str, list[float]] = defaultdict(list)
-    for metrics in per_step:
-        for k, v in metrics.items():
-            collected[k].append(v)
-    out = {}
-    for k, values in collected.items():
-        reducer = np.max if "max" in k else np.min if "min" in k else np.mean
-        out[k] = float(reducer(values))
-    return out
+def concat_padded(batches: list[Batch], pad_id: int) -> Batch:
+    """Concatenate batches whose prompt (left-padded) and response (right-padded) widths differ."""
+    p_width = max(b["prompts"].shape[1] for b in batches)
+    r_width = max(b["responses"].shape[1] for b in batches)
+    out = []
+    for b in batches:
+        t = dict(b.tensors)
+        for key in ("prompts", "prompt_mask"):
+            fill = pad_id if key == "prompts" else 0
+            t[key] = torch.nn.functional.pad(t[key], (p_width - t[key].shape[1], 0), value=fill)
+        for key in ("responses", "response_mask", "rollout_log_probs", "response_attention_mask"):
+            if key not in t:
+                continue
+            fill = pad_id if key == "responses" else 0
+            t[key] = pad_right(t[key], r_width, fill)
+        out.append(Batch(t, b.lists))
+    return Batch.concat(out)
 
 
-def accumulate_micro_metrics(micro: list[dict[str, float]]) -> dict[str, float]:
-    """Within one mini-batch: loss metrics SUM over micro-batches (each is a share of the global value),
-    ratios (clipfrac, ppo_kl, …) a plain MEAN — not token-weighted (chapter §15)."""
-    collected: dict[str, list[float]] = defaultdict(list)
-    for metrics in micro:
-        for k, v in metrics.items():
-            collected[k].append(v)
-    return {k: float(np.sum(v) if k in SUM_METRICS else np.mean(v)) for k, v in collected.items()}
+def add_padding_samples(batch: Batch, count: int, tokenizer) -> Batch:
+    """Synthetic rows so the batch divides (verl `padding_utils.py`): a 1-token prompt, a 1-token EOS response with
+    response_mask = 0, score 0, rollout log-prob 0, all in one fresh group of their own."""
+    if count == 0:
+        return batch
+    first = batch.select([0])
+    pad = Batch({k: v.repeat(count, *([1] * (v.dim() - 1))) for k, v in first.tensors.items()},
+                {k: v * count for k, v in first.lists.items()})
+    for key in ("prompt_mask", "response_mask", "loss_mask", "rollout_log_probs", "token_level_scores",
+                "response_attention_mask"):
+        if key in pad:
+            pad[key] = torch.zeros_like(pad[key])
+    pad["prompt_mask"][:, -1] = 1
+    pad["responses"] = torch.full_like(pad["responses"], tokenizer.pad_token_id)
+    pad["responses"][:, 0] = tokenizer.eos_token_id
+    pad["uid"] = torch.full_like(pad["uid"], int(batch["uid"].max()) + 1)
+    pad["is_pad"] = torch.ones_like(pad["is_pad"])
+    return Batch.concat([batch, pad])
 
 
-def train_mini_batches(
-    batch: Batch,
-    mini_batch_rows: int,
-    epochs: int,
-    shuffle: bool,
-    seed: int,
-    micro_batch_size: int | None,
-    max_token_len: int | None,
-    params: list[torch.nn.Parameter],
-    optimizer: torch.optim.Optimizer,
-    clip_grad: float,
-    micro_loss: Callable[[Batch, dict[str, Any]], tuple[torch.Tensor, dict[str, float]]],
-    dp_size: int = 1,
-    all_reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    prefix: str = "actor",
-    on_optimizer_step: Callable[[int, list[int]], None] | None = None,
-    grad_sync: Callable[[list[torch.nn.Parameter]], None] | None = None,
-) -> list[dict[str, float]]:
-    """verl's ``train_mini_batch``: for every epoch and mini-batch one optimizer step.
-
-    Per mini-batch: zero grad; ``batch_num_tokens`` = Σ loss_mask over the *global* mini-batch (summed
-    over ranks) and ``global_batch_size`` = mini × n are computed **before** the micro-batch loop; each
-    micro-batch's loss is normalised by them and back-propagated (gradients accumulate); then clip the
-    global grad norm and step — or skip the step if the norm is not finite. Returns one metrics dict
-    per optimizer step.
-    """
-    local_rows = mini_batch_rows // dp_size
-    step_metrics = []
-    for epoch, minis in enumerate(mini_batch_indices(len(batch), local_rows, epochs, shuffle, seed)):
-        for rows in minis:
-            mini = batch.select(rows)
-            optimizer.zero_grad(set_to_none=True)
-            num_tokens = mini["loss_mask"].sum()
-            if all_reduce_sum is not None:
-                num_tokens = all_reduce_sum(num_tokens)
-            global_info = {"dp_size": dp_size, "batch_num_tokens": float(num_tokens),
-                           "global_batch_size": mini_batch_rows}
-            micro_metrics = []
-            total_loss = 0.0
-            for micro_rows in micro_batches(mini, micro_batch_size, max_token_len):
-                loss, metrics = micro_loss(mini.select(micro_rows), global_info)
-                loss.backward()
-                total_loss += float(loss.detach())
-                micro_metrics.append(metrics)
-            if grad_sync is not None:  # data parallel: average gradients over ranks (what DDP/FSDP do)
-                grad_sync(params)
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_grad)
-            if math.isfinite(float(grad_norm)):
-                optimizer.step()
-            else:  # verl: a non-finite norm skips the update (and the gradients are dropped)
-                optimizer.zero_grad(set_to_none=True)
-            metrics = accumulate_micro_metrics(micro_metrics)
-            metrics.update({f"{prefix}/grad_norm": float(grad_norm), f"{prefix}/loss": total_loss,
-                            f"{prefix}/lr": optimizer.param_groups[0]["lr"]})
-            step_metrics.append(metrics)
-            if on_optimizer_step is not None:
-                on_optimizer_step(len(step_metrics) - 1, [int(r) for r in rows])
-    return step_metrics
+def pad_and_balance(batch: Batch, multiple: int, dp_size: int, tokenizer) -> tuple[Batch, dict[str, float]]:
+    """Stage 3 on a whole step batch: pad with synthetic samples to a multiple of ``multiple`` (lcm(dp, mini×n)),
+    order rows so that rank k's equal-size chunk k is a Karmarkar–Karp partition balanced on the attention workload
+    (verl V1 `trainer_base.py` stage 3, `padding_utils.py`), and number the rows (``row_id``). Returns the batch and
+    verl's ``global_seqlen/*`` metrics."""
+    batch = add_padding_samples(batch, (-len(batch)) % multiple, tokenizer)
+    partitions = balance_partitions(batch.seq_lens(), dp_size)
+    metrics = balance_metrics(batch.seq_lens(), partitions)
+    batch = batch.select([i for part in partitions for i in part])
+    batch["row_id"] = torch.arange(len(batch))
+    return batch, metrics

@@ -11,27 +11,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from ppolab import rewards
 from ppolab.data import RLDataset, load_rl_dataset
 from ppolab.models import SHIPPED_ARITH, SHIPPED_MODEL, load_tokenizer_and_model
-from ppolab.rollout.base import eos_token_ids, left_pad
 
 
-def _cut(row: list[int], eos_ids: list[int], pad_id: int) -> list[int]:
-    """The response up to and including the first EOS, without padding."""
-    out = []
-    for t in row:
-        if t in eos_ids:
-            out.append(t)
-            break
-        if t != pad_id:
-            out.append(t)
-    return out
-
-
-@torch.no_grad()
 def generate(
     model: Any,
     tokenizer: Any,
@@ -44,31 +31,23 @@ def generate(
     batch_size: int = 256,
     generator_seed: int | None = None,
 ) -> list[list[int]]:
-    """Batched, left-padded ``model.generate``; one response per prompt, ending with EOS if it stopped.
+    """One response per prompt, ending with EOS if it stopped (the hf engine's ``generate_tokens``, cut at the first
+    EOS). ``top_k=-1`` means no top-k (as in verl); ``generator_seed`` makes sampling repeatable without touching
+    the global RNG state."""
+    from ppolab.rollout.base import SamplingParams, eos_token_ids
+    from ppolab.rollout.hf import generate_tokens
 
-    ``top_k=-1`` means no top-k (as in verl); ``generator_seed`` makes sampling repeatable without
-    touching the global RNG state.
-    """
     device = next(model.parameters()).device
-    pad, eos_ids = tokenizer.pad_token_id, eos_token_ids(model, tokenizer)
-    kw: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, pad_token_id=pad,
-                              eos_token_id=eos_ids)
-    if do_sample:
-        # transformers fills an unset top_k with 50; 0 switches it off.
-        kw.update(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else 0)
-    responses: list[list[int]] = []
     rng = contextlib.nullcontext()
     if generator_seed is not None:
         rng = torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
     with rng:
         if generator_seed is not None:
             torch.manual_seed(generator_seed)
-        for start in range(0, len(prompt_ids), batch_size):
-            ids, mask = left_pad(prompt_ids[start : start + batch_size], pad)
-            width = ids.shape[1]
-            seqs = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kw)
-            responses += [_cut(row, eos_ids, pad) for row in seqs[:, width:].tolist()]
-    return responses
+        tokens, _, mask = generate_tokens(model, tokenizer, prompt_ids, max_new_tokens,
+                                          SamplingParams(temperature, top_p, top_k, do_sample),
+                                          eos_token_ids(model, tokenizer), batch_size)
+    return [row[:n].tolist() for row, n in zip(tokens, mask.sum(-1).long().tolist())]
 
 
 def evaluate(
@@ -92,15 +71,13 @@ def evaluate(
         model, tokenizer, [it["input_ids"] for it in items], max_new_tokens, do_sample, temperature,
         batch_size=batch_size, generator_seed=seed if do_sample else None,
     )
-    scores, examples, flexible, marked = [], [], [], []
-    for it, resp in zip(items, responses):
-        text = tokenizer.decode(resp, skip_special_tokens=True)
-        flexible.append(rewards.gsm8k_compute_score(text, str(it["ground_truth"]), "flexible") == 1.0)
-        marked.append("####" in text)
-        s = rewards.call_reward(reward_fn, it["data_source"], text, it["ground_truth"], it["extra_info"])
-        scores.append(s)
-        if len(examples) < n_examples:
-            examples.append((it["raw_prompt"][-1]["content"], text, it["ground_truth"], s))
+    texts = [tokenizer.decode(resp, skip_special_tokens=True) for resp in responses]
+    scores, _ = rewards.score_responses(reward_fn, items, texts)
+    flexible = [rewards.gsm8k_compute_score(text, str(it["ground_truth"]), "flexible") == 1.0
+                for it, text in zip(items, texts)]
+    marked = ["####" in text for text in texts]
+    examples = [(it["raw_prompt"][-1]["content"], text, it["ground_truth"], s)
+                for it, text, s in list(zip(items, texts, scores))[:n_examples]]
     n = max(len(items), 1)
     return {
         "accuracy": sum(s == 1.0 for s in scores) / n,
@@ -111,6 +88,20 @@ def evaluate(
         "n": len(items),
         "examples": examples,
     }
+
+
+def validation_metrics(items: Sequence[dict[str, Any]], scores: Sequence[float], response_lengths: torch.Tensor,
+                       n: int) -> dict[str, float]:
+    """verl's validation metrics of ``n`` responses per prompt: ``val/accuracy`` (share of scores equal to 1.0),
+    ``val/reward_mean``, ``val/response_length_mean`` and ``val-core/<data_source>/reward/mean@<n>``."""
+    by_source: dict[str, list[float]] = {}
+    for item, s in zip(items, scores):
+        by_source.setdefault(item["data_source"], []).append(s)
+    metrics = {"val/accuracy": float(np.mean([s == 1.0 for s in scores])), "val/reward_mean": float(np.mean(scores)),
+               "val/response_length_mean": float(response_lengths.float().mean())}
+    for source, values in by_source.items():
+        metrics[f"val-core/{source}/reward/mean@{n}"] = float(np.mean(values))
+    return metrics
 
 
 def main(argv: Sequence[str] | None = None) -> None:

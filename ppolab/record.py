@@ -184,6 +184,37 @@ class Recorder:
     def checkpoint_dir(self, step: int) -> Path:
         return self.run_dir / "checkpoints" / STEP_FILE.format(step)
 
+    def save_checkpoint(self, step: int, state: dict[str, Any], *, rank: int = 0, save_adapters=None,
+                        barrier=None) -> Path:
+        """Write ``PPOTrainer.state_dict()`` to ``checkpoints/step_<k>/``: ``trainable.safetensors`` (weights),
+        ``optim_<worker>.safetensors`` (optimizer tensors), ``rng_rank<r>.safetensors`` (each rank's torch RNG: ranks
+        sample different rollouts) and ``state.json`` (progress, optimizer param groups and schedulers, Python
+        and NumPy RNG) written last, so a folder without it is an interrupted save that resume skips.
+        ``save_adapters(dir)``: the adapters as ``save_pretrained`` writes them, for use outside ppolab. Called on
+        every rank; the others write only their RNG file (``barrier`` makes rank 0 wait for them)."""
+        directory = self.checkpoint_dir(step)
+        directory.mkdir(parents=True, exist_ok=True)
+        if self.write:  # re-saving a step (after a resume): never leave an old state.json over new files
+            (directory / "state.json").unlink(missing_ok=True)
+        write_tensors(directory / f"rng_rank{rank}.safetensors", {"torch": state["rng"]["torch"]})
+        if barrier is not None:
+            barrier()
+        if not self.write:
+            return directory
+        if save_adapters is not None:
+            save_adapters(directory / "adapters")
+        write_tensors(directory / "trainable.safetensors", state["weights"])
+        optimizers = {}
+        for name, worker in state["workers"].items():
+            sd = worker["optimizer"]
+            tensors = {f"{i}.{k}": v for i, st in sd["state"].items() for k, v in st.items()}
+            write_tensors(directory / f"optim_{name}.safetensors", tensors or {"_empty": torch.zeros(0)})
+            optimizers[name] = {"param_groups": sd["param_groups"], "scheduler": worker["scheduler"]}
+        write_json(directory / "state.json", {**state["progress"], "optimizers": optimizers,
+                                              "python_random": state["rng"]["python"],
+                                              "numpy_random": state["rng"]["numpy"]})
+        return directory
+
 
 _REDO = "re-record the run (python -m ppolab.train with a new trainer.run_dir)"
 
@@ -250,6 +281,27 @@ def checkpoint_problem(directory: str | os.PathLike) -> str | None:
         if problem:
             return problem
     return None
+
+
+def read_checkpoint(directory: str | os.PathLike, rank: int = 0) -> dict[str, Any]:
+    """A checkpoint folder as ``PPOTrainer.state_dict()`` (inverse of :meth:`Recorder.save_checkpoint`); the torch
+    RNG of ``rank`` (rank 0's when the run had fewer ranks)."""
+    directory = Path(directory)
+    meta = json.loads((directory / "state.json").read_text())
+    workers = {}
+    for name, saved in meta["optimizers"].items():
+        per_param: dict[int, dict[str, torch.Tensor]] = {}
+        for key, value in load_file(str(directory / f"optim_{name}.safetensors")).items():
+            if key != "_empty":
+                idx, name_in_state = key.split(".", 1)
+                per_param.setdefault(int(idx), {})[name_in_state] = value
+        workers[name] = {"optimizer": {"state": per_param, "param_groups": saved["param_groups"]},
+                         "scheduler": saved["scheduler"]}
+    rng_file = directory / f"rng_rank{rank}.safetensors"
+    rng_torch = load_file(str(rng_file if rng_file.exists() else directory / "rng_rank0.safetensors"))["torch"]
+    progress = {k: meta[k] for k in ("global_step", "data_epoch", "data_cursor", "kl_ctrl_value")}
+    return {"weights": load_file(str(directory / "trainable.safetensors")), "workers": workers, "progress": progress,
+            "rng": {"torch": rng_torch, "python": meta["python_random"], "numpy": meta["numpy_random"]}}
 
 
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
@@ -333,6 +385,7 @@ class Run:
         self.config: dict[str, Any] = meta.pop("config")
         self.info: dict[str, Any] = meta
         self._cache: dict[int, StepRecord] = {}
+        self._ppo_config = None
         if (self.path / "metrics.jsonl").exists():
             _read_jsonl(self.path / "metrics.jsonl")  # a torn line is reported when the run is opened
 
@@ -391,13 +444,35 @@ class Run:
         return read_json(path) if path.exists() else {}
 
     def ppo_config(self):
-        """The run's config as a :class:`ppolab.config.PPOConfig` (to re-run or compare)."""
+        """The run's config as a :class:`ppolab.config.PPOConfig` — the one way widgets, exercises and replay read
+        a run's settings. Parsed once per Run; each call returns its own copy, so a caller cannot change another's."""
+        import copy
+
         from ppolab.config import from_dict
 
-        return from_dict(self.config)
+        if self._ppo_config is None:
+            self._ppo_config = from_dict(self.config)
+        return copy.deepcopy(self._ppo_config)
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r}, steps recorded: {self.steps})"
+
+
+#: The demo runs shipped in ``data/runs`` (``python -m ppolab.train ... trainer.run_dir=data/runs/<name>``).
+SHIPPED_RUNS = {name: Path(__file__).resolve().parents[1] / "data" / "runs" / name
+                for name in ("grpo_tiny", "ppo_gae_tiny", "grpo_tool_tiny", "grpo_tiny_vllm_bf16", "ppo_fire_tiny")}
+
+
+def resolve_run(run: Run | str | os.PathLike | None = None, default: str = "grpo_tiny") -> Run:
+    """A :class:`Run` from a Run, a shipped run's name (``"grpo_tiny"``, ``"ppo_fire_tiny"``, …), a path, or None
+    (the shipped ``default``)."""
+    if isinstance(run, Run):
+        return run
+    if run is None:
+        run = default
+    if isinstance(run, str) and run in SHIPPED_RUNS:
+        return Run(SHIPPED_RUNS[run])
+    return Run(run)
 
 
 def load_run(path: str | os.PathLike) -> Run:

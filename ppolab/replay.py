@@ -2,16 +2,18 @@
 
 Why only recorded step 1 (mini-batch 0) is exact: a recorded step stores the batch the update trained on, not
 the weights. The LoRA adapter at the start of step 1's update is its seeded initial state (B = 0, A drawn
-from ``trainer.seed``), so a fresh ``PPOTrainer(run.ppo_config())`` holds exactly the weights that step 1's
+from ``trainer.seed``), so the models built from ``run.ppo_config()`` hold exactly the weights that step 1's
 first optimizer step started from. Every later optimizer step (mini-batch 1 of step 1, or any later step)
 started from weights the run does not record; :func:`replay_actor_update` refuses those unless
 ``strict=False``, which replays them from the initial weights (a valid experiment, but not the run's state).
 
-What runs is ``PPOTrainer.update_actor`` itself — the engine's zero-grad → micro-batch forward/backward with
-the global ``batch_num_tokens`` / ``global_batch_size`` → clip → step loop and ``algos.ppo_loss`` — on one
-mini-batch for one epoch, with the AdamW optimizer swapped for ``SGD(lr=1)`` and ``clip_grad`` set huge, so the
-optimizer step is the plain gradient and ``update = −grad``. The weights and the trainer's config are restored
-after every replay; the trainer is cached per run (model load takes a few seconds).
+What runs is the trainer's own actor update, :meth:`ppolab.worker.Worker.update` — zero-grad → micro-batch
+forward/backward with the global ``batch_num_tokens`` / ``global_batch_size`` → clip → step, and
+``algos.ppo_loss`` — by an :class:`~ppolab.worker.ActorWorker` built from the recorded config: one mini-batch, one
+epoch, ``SGD(lr=1)`` and ``clip_grad`` set huge, so the optimizer step is the plain gradient and
+``update = −grad``. The settings are a changed *copy* of the recorded actor config; the weights are restored after
+every replay. Nothing else of a trainer is built — no dataset, reward function or rollout engine — and the model
+is loaded once per run (a few seconds), so a replay costs one update.
 
     out = replay_actor_update("grpo_tiny", micro_batch_size=1)
     out["grads"]          # list of tensors, one per actor parameter (the LoRA A/B matrices), shapes as the params
@@ -20,15 +22,15 @@ after every replay; the trainer is cached per run (model load takes a few second
 """
 from __future__ import annotations
 
+import dataclasses
 import os
-import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from ppolab.engine import Batch, micro_batches
-from ppolab.record import Run
+from ppolab.record import Run, resolve_run
+from ppolab.worker import ActorWorker, build_models
 
 #: Sentinel: keep the run's own ``actor.loss_scale_factor`` (``None`` is a meaningful value of that field).
 KEEP = object()
@@ -37,30 +39,17 @@ NO_CLIP = 1e30
 #: Recorded tensors that are histories of the update, not inputs to it.
 _HISTORIES = ("actor_log_probs", "critic_vpreds")
 
-#: Runs shipped in ``data/runs`` that may be named instead of given as a path.
-SHIPPED = ("grpo_tiny", "ppo_gae_tiny")
-
-_TRAINERS: dict[str, Any] = {}
+_MODELS: dict[str, Any] = {}
 
 
-def _resolve(run: Run | str | os.PathLike | None) -> Run:
-    """A Run, a shipped run's name (``"grpo_tiny"``, ``"ppo_gae_tiny"``; None → grpo_tiny) or a run directory."""
-    if isinstance(run, Run):
-        return run
-    run = "grpo_tiny" if run is None else run
-    shipped = Path(__file__).resolve().parent.parent / "data" / "runs" / str(run)
-    return Run(shipped if isinstance(run, str) and run in SHIPPED and shipped.exists() else run)
-
-
-def cached_trainer(run: Run | str | os.PathLike | None = None):
-    """A ``PPOTrainer(run.ppo_config())`` built once per run directory: the run's model and seeded initial adapter."""
-    from ppolab.trainer import PPOTrainer
-
-    r = _resolve(run)
+def run_models(run: Run | str | os.PathLike | None = None):
+    """The run's models (``PolicyModels``) at their seeded initial state, loaded once per run directory."""
+    r = resolve_run(run)
     key = str(r.path.resolve())
-    if key not in _TRAINERS:
-        _TRAINERS[key] = PPOTrainer(r.ppo_config())
-    return _TRAINERS[key]
+    if key not in _MODELS:
+        cfg = r.ppo_config()
+        _MODELS[key] = build_models(cfg)
+    return _MODELS[key]
 
 
 def mini_batch_rows(run: Run | str | os.PathLike | None = None, step: int = 1, mini_batch: int = 0) -> list[int]:
@@ -68,7 +57,7 @@ def mini_batch_rows(run: Run | str | os.PathLike | None = None, step: int = 1, m
     (``mini_batch_indices`` with the run's shuffle and seed; the batch plan's local mini-batch size)."""
     from ppolab.batching import mini_batch_indices
 
-    r = _resolve(run)
+    r = resolve_run(run)
     rec = r.step(step)
     a = r.ppo_config().actor_rollout_ref.actor
     n_rows = rec.tensors["responses"].shape[0]
@@ -83,7 +72,7 @@ def replay_actor_update(run: Run | str | os.PathLike | None = None, step: int = 
                         micro_batch_size: int | None = None, use_dynamic_bsz: bool = False,
                         max_token_len: int | None = None, loss_agg_mode: str | None = None,
                         loss_scale_factor: Any = KEEP, mini_batch: int = 0, strict: bool = True) -> dict[str, Any]:
-    """One optimizer step of ``PPOTrainer.update_actor`` on the recorded rows of ``mini_batch`` of ``step``.
+    """One optimizer step of the actor worker's update on the recorded rows of ``mini_batch`` of ``step``.
 
     Settings default to the run's own (``micro_batch_size=None`` → ``ppo_micro_batch_size_per_gpu``;
     ``max_token_len=None`` → ``ppo_max_token_len_per_gpu``; ``loss_scale_factor`` omitted → the run's value,
@@ -97,7 +86,7 @@ def replay_actor_update(run: Run | str | os.PathLike | None = None, step: int = 
     optimizer step computed), ``seq_lens`` and ``response_lens`` (per position), ``widths`` (padded response
     width T of each micro-batch), ``exact`` and the resolved ``settings``.
     """
-    r = _resolve(run)
+    r = resolve_run(run)
     if 1 not in r.steps:
         raise ValueError(f"{r.path} has no recorded step 1; only step 1 can be replayed from the seeded adapter")
     exact = step == 1 and mini_batch == 0
@@ -112,44 +101,37 @@ def replay_actor_update(run: Run | str | os.PathLike | None = None, step: int = 
     batch = Batch(tensors).select(rows)
     batch["row_id"] = torch.arange(len(rows))  # local positions: the history is indexed by them
 
-    trainer = cached_trainer(r)
-    a = trainer.config.actor_rollout_ref.actor
-    n = trainer.config.actor_rollout_ref.rollout.n
-    saved = (a.ppo_epochs, a.shuffle, a.ppo_mini_batch_size, a.ppo_micro_batch_size_per_gpu, a.use_dynamic_bsz,
-             a.ppo_max_token_len_per_gpu, a.loss_agg_mode, a.loss_scale_factor, a.optim.clip_grad)
-    params = trainer.models.actor_parameters()
+    cfg = r.ppo_config()
+    a, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
+    if len(rows) % n:
+        raise ValueError(f"a mini-batch of {len(rows)} rows is not a multiple of rollout.n={n}")
+    changes: dict[str, Any] = {"ppo_epochs": 1, "shuffle": False, "ppo_mini_batch_size": len(rows) // n,
+                               "use_dynamic_bsz": bool(use_dynamic_bsz),
+                               "optim": dataclasses.replace(a.optim, clip_grad=NO_CLIP)}  # one step, never clipped
+    if micro_batch_size is not None:
+        changes["ppo_micro_batch_size_per_gpu"] = int(micro_batch_size)
+    if max_token_len is not None:
+        changes["ppo_max_token_len_per_gpu"] = int(max_token_len)
+    if loss_agg_mode is not None:
+        changes["loss_agg_mode"] = loss_agg_mode
+    if loss_scale_factor is not KEEP:
+        changes["loss_scale_factor"] = loss_scale_factor
+    a = dataclasses.replace(a, **changes)
+    micro = None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu
+    parts = micro_batches(batch, micro, a.ppo_max_token_len_per_gpu)  # the worker's own call, same result
+    settings = {"micro_batch_size": micro, "use_dynamic_bsz": a.use_dynamic_bsz,
+                "max_token_len": a.ppo_max_token_len_per_gpu, "loss_agg_mode": a.loss_agg_mode,
+                "loss_scale_factor": a.loss_scale_factor}
+    models = run_models(r)
+    params = models.actor_parameters()
     before = [p.detach().clone() for p in params]
-    optimizer, scheduler_state = trainer.actor_optimizer, trainer.actor_scheduler.state_dict()
+    worker = ActorWorker(a, models, temperature=cfg.actor_rollout_ref.rollout.temperature, rollout_n=n,
+                         optimizer=torch.optim.SGD(params, lr=1.0))
     try:
-        if len(rows) % n:
-            raise ValueError(f"a mini-batch of {len(rows)} rows is not a multiple of rollout.n={n}")
-        a.ppo_epochs, a.shuffle, a.ppo_mini_batch_size = 1, False, len(rows) // n  # one mini-batch, one step
-        a.use_dynamic_bsz = bool(use_dynamic_bsz)
-        if micro_batch_size is not None:
-            a.ppo_micro_batch_size_per_gpu = int(micro_batch_size)
-        if max_token_len is not None:
-            a.ppo_max_token_len_per_gpu = int(max_token_len)
-        if loss_agg_mode is not None:
-            a.loss_agg_mode = loss_agg_mode
-        if loss_scale_factor is not KEEP:
-            a.loss_scale_factor = loss_scale_factor
-        a.optim.clip_grad = NO_CLIP
-        micro = None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu
-        parts = micro_batches(batch, micro, a.ppo_max_token_len_per_gpu)  # the engine's own call, same result
-        settings = {"micro_batch_size": micro, "use_dynamic_bsz": a.use_dynamic_bsz,
-                    "max_token_len": a.ppo_max_token_len_per_gpu, "loss_agg_mode": a.loss_agg_mode,
-                    "loss_scale_factor": a.loss_scale_factor}
-        trainer.actor_optimizer = torch.optim.SGD(params, lr=1.0)
-        with warnings.catch_warnings():  # the AdamW scheduler steps without its optimizer stepping: harmless here
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
-            metrics, history = trainer.update_actor(batch)
+        metrics, history = worker.update(batch)
         grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
         update = [p.detach() - b for p, b in zip(params, before)]
     finally:
-        (a.ppo_epochs, a.shuffle, a.ppo_mini_batch_size, a.ppo_micro_batch_size_per_gpu, a.use_dynamic_bsz,
-         a.ppo_max_token_len_per_gpu, a.loss_agg_mode, a.loss_scale_factor, a.optim.clip_grad) = saved
-        trainer.actor_optimizer = optimizer
-        trainer.actor_scheduler.load_state_dict(scheduler_state)  # update_actor stepped it
         with torch.no_grad():
             for p, b in zip(params, before):
                 p.copy_(b)

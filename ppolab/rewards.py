@@ -206,12 +206,6 @@ def checked_score(result: Any) -> float:
     return value
 
 
-def call_reward(fn: RewardFn, data_source: str, solution_str: str, ground_truth: str,
-                extra_info: dict | None = None) -> float:
-    """The checked score of one reward call (see :func:`call_reward_with_info`)."""
-    return call_reward_with_info(fn, data_source, solution_str, ground_truth, extra_info)[0]
-
-
 def call_reward_with_info(fn: RewardFn, data_source: str, solution_str: str, ground_truth: str,
                           extra_info: dict | None = None) -> tuple[float, dict[str, Any]]:
     """``fn(data_source, solution_str, ground_truth, extra_info)`` as (checked float score, extra info): an
@@ -234,6 +228,28 @@ def call_reward_with_info(fn: RewardFn, data_source: str, solution_str: str, gro
     # verl's reward_extra_info: every other key of a dict return (the components gdpo combines)
     extras = {k: v for k, v in result.items() if k != "score"} if isinstance(result, Mapping) else {}
     return score, extras
+
+
+def score_responses(fn: RewardFn, items: Sequence[Mapping[str, Any]], texts: Sequence[str]
+                    ) -> tuple[list[float], list[dict[str, Any]]]:
+    """Score every decoded response with verl's reward signature: ``items[i]`` holds the ``data_source``,
+    ``ground_truth`` and ``extra_info`` of ``texts[i]``. Returns (checked scores, the extra keys of each dict
+    return). The one scoring loop of ppolab: training rewards, ReMax baselines, validation and ``ppolab.eval``."""
+    scores, extras = [], []
+    for item, text in zip(items, texts, strict=True):  # a NaN, None or crash stops here, naming fn and response
+        score, extra = call_reward_with_info(fn, item["data_source"], text, item["ground_truth"], item["extra_info"])
+        scores.append(score)
+        extras.append(extra)
+    return scores, extras
+
+
+def reward_components(extras: Sequence[Mapping[str, Any]] | None) -> dict[str, list[Any]]:
+    """The keys every row's reward returned besides ``score``, as columns (verl's ``non_tensor_batch`` reward keys:
+    the components ``gdpo`` combines)."""
+    if not extras:
+        return {}
+    shared = set.intersection(*(set(e) for e in extras))
+    return {k: [e[k] for e in extras] for k in sorted(shared)}
 
 
 #: data sources whose built-in rule compares numbers: a ground truth that is not one can never be matched.

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ppolab.algos import calculate_sum_pi_squared_from_logits, entropy_from_logits, logprobs_from_logits, scale_logits
+from ppolab.algos.logprob import chunked_logprobs_entropy, use_chunked_logits
 from ppolab.models import load_tokenizer_and_model
 
 
@@ -50,6 +51,7 @@ def forward_response(
     want_entropy: bool = False,
     value_head: nn.Module | None = None,
     want_sum_pi_squared: bool = False,
+    chunked: bool | None = None,
 ) -> ResponseOutputs:
     """Run ``model`` on prompt ‖ response and read the response positions.
 
@@ -57,8 +59,12 @@ def forward_response(
     R = ``response_length``. The logits at position t predict token t+1, so the response tokens are
     predicted by the last R+1 positions minus the final one (the one-token shift, chapter §9). Logits
     are divided by the temperature before log-probs and entropy (verl `prepare_model_outputs`). Values are the value
-    head
-    on the hidden state at the same shifted positions (the value of the state *before* each token).
+    head on the hidden state at the same shifted positions (the value of the state *before* each token).
+
+    ``chunked``: compute log-probs / entropy / Σπ² a slice of positions at a time
+    (:func:`ppolab.algos.logprob.chunked_logprobs_entropy`), so a real vocabulary (151,936 tokens) costs no
+    full-size float32 copies of the logits; None decides by size (above ``CHUNK_LOGITS_THRESHOLD`` logits), which
+    the shipped tiny model never reaches — its runs keep the plain formulas below, bit for bit.
     """
     out = model(
         input_ids=input_ids,
@@ -69,9 +75,17 @@ def forward_response(
         use_cache=False,
     )
     result = ResponseOutputs()
-    if want_log_probs or want_entropy or want_sum_pi_squared:
+    responses = input_ids[:, -response_length:]
+    if chunked is None:
+        chunked = use_chunked_logits(input_ids.shape[0], response_length, out.logits.shape[-1])
+    if chunked and (want_log_probs or want_entropy or want_sum_pi_squared):
+        # the model's logits as they are (R+1 positions, model dtype): the function reads the first R
+        log_probs, entropy, spi2 = chunked_logprobs_entropy(out.logits, responses, temperature, want_entropy,
+                                                            want_sum_pi_squared)
+        result.log_probs = log_probs if want_log_probs else None
+        result.entropy, result.sum_pi_squared = entropy, spi2
+    elif want_log_probs or want_entropy or want_sum_pi_squared:
         logits = scale_logits(out.logits[:, :-1, :].float(), temperature)
-        responses = input_ids[:, -response_length:]
         if want_log_probs:
             result.log_probs = logprobs_from_logits(logits, responses)
         if want_entropy:
@@ -82,6 +96,19 @@ def forward_response(
         hidden = out.hidden_states[-1][:, -response_length - 1 : -1, :]
         result.values = value_head(hidden.to(value_head.weight.dtype)).squeeze(-1)
     return result
+
+
+def enable_gradient_checkpointing(model: nn.Module) -> None:
+    """Recompute each decoder layer's activations in backward instead of keeping them (verl
+    ``actor_rollout_ref.model.enable_gradient_checkpointing``): memory per layer drops to its input, for ~30% more
+    compute. Non-reentrant checkpointing (``use_reentrant=False``) back-propagates into LoRA weights without the
+    embedding output having to require grad, which the reentrant variant needs with a frozen base. HF applies it only
+    in train mode; Qwen2 has no dropout, so train mode changes no number."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers ≥ 5.2x's name; the old one warns
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 class ValueHead(nn.Linear):
@@ -112,8 +139,12 @@ class PolicyModels:
         critic_lora_alpha: int | None = None,
         critic_path: str | None = None,
         seed: int = 0,
+        gradient_checkpointing: bool = False,
     ):
         self.tokenizer, base = load_tokenizer_and_model(path, dtype, device)
+        self.gradient_checkpointing = gradient_checkpointing
+        if gradient_checkpointing:
+            enable_gradient_checkpointing(base)
         self.path, self.dtype = path, dtype  # a vLLM engine loads the same base weights
         self.device = torch.device(device)
         self.lora, self.lora_rank = lora_rank > 0, lora_rank
@@ -154,9 +185,15 @@ class PolicyModels:
                         f"from the actor's {path!r} ({len(self.tokenizer)} tokens): the critic reads the actor's "
                         "token ids; give a critic built on the same tokenizer, or leave critic.model.path unset")
                 self.critic_model = critic.requires_grad_(True)
+                if gradient_checkpointing:
+                    enable_gradient_checkpointing(critic)
         if use_critic:
             hidden = self.critic_model.config.hidden_size if not self.lora else base.config.hidden_size
             self.value_head = ValueHead(hidden, seed=seed).to(self.device)
+        if gradient_checkpointing:  # HF checkpoints only in train mode; forward-only stages switch to eval
+            for m in (self.model, self.critic_model):
+                if m is not None:
+                    m.train()
 
     def _activate(self, adapter: str) -> None:
         """Route the forward through ``adapter``. peft's ``set_adapter`` also clears ``requires_grad`` on

@@ -1,7 +1,8 @@
 """``ppolab.train(...)`` from a notebook, or ``python -m ppolab.train [--preset NAME] key=value ...`` in a shell.
 
-Runs :class:`ppolab.trainer.PPOTrainer` for ``trainer.total_training_steps`` steps with validation,
-recording and checkpoints, and returns the :class:`ppolab.record.Run` it wrote::
+Runs :class:`ppolab.trainer.PPOTrainer` for ``trainer.total_training_steps`` steps (or ``total_epochs`` passes over
+the data, whichever ends first) with validation, recording and checkpoints, and returns the
+:class:`ppolab.record.Run` it wrote::
 
     run = ppolab.train("grpo_tiny", ["trainer.total_training_steps=20"])
     run.metrics["val/accuracy"].dropna()
@@ -12,20 +13,17 @@ import argparse
 import functools
 import json
 import os
-import random
 import sys
 import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import numpy as np
 import torch
 
 from ppolab import distributed
 from ppolab.config import PPOConfig, load_config, to_dict
-from ppolab.record import (Recorder, Run, StepRecord, fresh_run_dir, read_json, resume_checkpoint, write_json,
-                           write_tensors)
+from ppolab.record import Recorder, Run, StepRecord, fresh_run_dir, read_checkpoint, read_json, resume_checkpoint
 
 #: Tensors of the final step batch that go into a recorded step (chapter §1: what exists after each stage).
 RECORDED_TENSORS = ("prompts", "prompt_mask", "responses", "response_mask", "response_attention_mask", "loss_mask",
@@ -78,81 +76,19 @@ def _dotlist(tree: dict, prefix: str = "") -> list[str]:
 
 
 # ====================================================================== checkpoints (safetensors + JSON)
-def save_checkpoint(trainer, directory: Path) -> None:
-    """Adapters (save_pretrained), every trainable tensor, optimizer and RNG state; state.json is written
-    last, so a folder without it is an interrupted save and is ignored on resume. Called on every rank:
-    each saves its own torch RNG state (ranks sample different rollouts); rank 0 saves the rest, which is
-    identical on all ranks (gradients are averaged)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    if trainer.dist.is_main:  # re-saving a step (after a resume): never leave an old state.json over new files
-        (directory / "state.json").unlink(missing_ok=True)
-    write_tensors(directory / f"rng_rank{trainer.dp_rank}.safetensors", {"torch": torch.get_rng_state()})
-    if trainer.dist.enabled:
-        torch.distributed.barrier()
-    if not trainer.dist.is_main:
-        return
-    trainer.models.save_adapters(directory / "adapters")
-    write_tensors(directory / "trainable.safetensors", trainer.models.trainable_state())
-    optimizers = {"actor": (trainer.actor_optimizer, trainer.actor_scheduler)}
-    if trainer.use_critic:
-        optimizers["critic"] = (trainer.critic_optimizer, trainer.critic_scheduler)
-    optim_meta = {}
-    for name, (opt, sched) in optimizers.items():
-        sd = opt.state_dict()
-        tensors = {f"{i}.{k}": v for i, st in sd["state"].items() for k, v in st.items()}
-        write_tensors(directory / f"optim_{name}.safetensors", tensors or {"_empty": torch.zeros(0)})
-        optim_meta[name] = {"param_groups": sd["param_groups"], "scheduler": sched.state_dict()}
-    np_state = np.random.get_state()
-    write_json(directory / "state.json", {
-        "global_step": trainer.global_step, "data_epoch": trainer.data_epoch, "data_cursor": trainer.data_cursor,
-        "kl_ctrl_value": trainer.kl_ctrl_in_reward.value if trainer.kl_ctrl_in_reward else None,
-        "optimizers": optim_meta, "python_random": random.getstate(),
-        "numpy_random": [np_state[0], np_state[1].tolist(), *np_state[2:]],
-    })
-
-
 def load_checkpoint(trainer, directory: Path) -> None:
-    """Inverse of :func:`save_checkpoint`: the trainer continues exactly where the checkpoint was taken. A
+    """``trainer.load_state_dict`` of a checkpoint folder: the trainer continues exactly where it was taken. A
     checkpoint that does not load (another config, a damaged file) is a RunDirError naming it."""
     from ppolab.errors import RunDirError
 
     try:
-        _load_checkpoint(trainer, Path(directory))
+        trainer.load_state_dict(read_checkpoint(directory, trainer.dp_rank))
     except Exception as e:
         run_dir = Path(directory).parent.parent
         raise RunDirError(f"cannot resume from {directory} ({type(e).__name__}: {e}); resume with the config the "
                           f"run was trained with ({run_dir / 'config.json'}), move that checkpoint folder away to "
                           "resume from an earlier one, or give a new trainer.run_dir — nothing in the run was "
                           "changed") from e
-
-
-def _load_checkpoint(trainer, directory: Path) -> None:
-    from safetensors.torch import load_file
-
-    state = json.loads((directory / "state.json").read_text())
-    trainer.models.load_trainable_state(load_file(str(directory / "trainable.safetensors")))
-    optimizers = {"actor": (trainer.actor_optimizer, trainer.actor_scheduler)}
-    if trainer.use_critic:
-        optimizers["critic"] = (trainer.critic_optimizer, trainer.critic_scheduler)
-    for name, (opt, sched) in optimizers.items():
-        tensors = load_file(str(directory / f"optim_{name}.safetensors"))
-        per_param: dict[int, dict] = {}
-        for key, value in tensors.items():
-            if key != "_empty":
-                idx, field = key.split(".", 1)
-                per_param.setdefault(int(idx), {})[field] = value
-        opt.load_state_dict({"state": per_param, "param_groups": state["optimizers"][name]["param_groups"]})
-        sched.load_state_dict(state["optimizers"][name]["scheduler"])
-    rng_file = directory / f"rng_rank{trainer.dp_rank}.safetensors"
-    torch.set_rng_state(load_file(str(rng_file if rng_file.exists() else directory / "rng_rank0.safetensors"))["torch"])
-    random.setstate(tuple(x if not isinstance(x, list) else tuple(x) for x in state["python_random"]))
-    np_state = state["numpy_random"]
-    np.random.set_state((np_state[0], np.array(np_state[1], dtype=np.uint32), *np_state[2:]))
-    trainer.global_step, trainer.data_epoch = state["global_step"], state["data_epoch"]
-    trainer._order = trainer._epoch_order(trainer.data_epoch)
-    trainer.data_cursor = state["data_cursor"]
-    if trainer.kl_ctrl_in_reward is not None:
-        trainer.kl_ctrl_in_reward.value = state["kl_ctrl_value"]
 
 
 # ====================================================================== recording
@@ -199,6 +135,9 @@ def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequen
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))  # set by torchrun / accelerate launch
     cfg = resolve_config(config, overrides, world_size=world_size)
+    device = distributed.requested_device(cfg.trainer.device, _as_list(overrides) if overrides else [])
+    if device != cfg.trainer.device:  # PPOLAB_DEVICE: part of building the config, before anything runs
+        cfg = resolve_config(cfg, [f"trainer.device={device}"], world_size=world_size)
     info = distributed.init_from_env(cfg.trainer.device)
     t, summary = cfg.trainer, {}
     if t.run_dir:
@@ -226,17 +165,17 @@ def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequen
         recorder.truncate_metrics(trainer.global_step)
     progress = progress and info.is_main
     writer = _tensorboard(cfg, run_dir) if info.is_main else None
-    watch = ConstantRewardWatch(trainer.reward_fn, min(3, t.total_training_steps)) \
+    watch = ConstantRewardWatch(trainer.reward_fn, min(3, trainer.total_steps)) \
         if checkpoint is None and info.is_main else None
     done = trainer.global_step  # the last step whose metrics are logged: what the run holds
     recording = None  # a step whose tensors are being written but whose metrics are not logged yet
-    bar = tqdm(total=t.total_training_steps, initial=trainer.global_step, disable=not progress, desc="ppolab",
+    bar = tqdm(total=trainer.total_steps, initial=trainer.global_step, disable=not progress, desc="ppolab",
                dynamic_ncols=True)
     try:
         if checkpoint is None and t.val_before_train and trainer.val_data and info.is_main:
             summary["val_before"] = trainer.validate()
             recorder.log_metrics(0, summary["val_before"])
-        while trainer.global_step < t.total_training_steps:
+        while trainer.global_step < trainer.total_steps:
             metrics, batch, histories = trainer.step()
             step = trainer.global_step
             if watch is not None:
@@ -245,13 +184,13 @@ def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequen
                     bar.clear()  # the warning on its own lines, not glued to the progress bar
                     warnings.warn(note, RewardWarning, stacklevel=2)
                     bar.refresh()
-            if info.is_main and t.test_freq > 0 and (step % t.test_freq == 0 or step == t.total_training_steps):
+            if info.is_main and t.test_freq > 0 and (step % t.test_freq == 0 or step == trainer.total_steps):
                 start = time.perf_counter()
                 metrics.update(trainer.validate())
                 metrics["timing_s/testing"] = time.perf_counter() - start
             record = None
             if info.is_main and t.record_freq > 0 and (step % t.record_freq == 0 or step == 1
-                                                       or step == t.total_training_steps):
+                                                       or step == trainer.total_steps):
                 recording = step
                 tensors, step_info = step_record(trainer, batch, histories, metrics)
                 recorder.record_step(step, tensors, step_info)
@@ -259,7 +198,9 @@ def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequen
             recorder.log_metrics(step, metrics)  # from here on the step is part of the run
             done, recording = step, None
             if t.save_freq > 0 and step % t.save_freq == 0:
-                save_checkpoint(trainer, recorder.checkpoint_dir(step))
+                recorder.save_checkpoint(step, trainer.state_dict(), rank=trainer.dp_rank,
+                                         save_adapters=trainer.models.save_adapters,
+                                         barrier=torch.distributed.barrier if info.enabled else None)
             if writer is not None:
                 for k, v in metrics.items():
                     writer.add_scalar(k, v, step)
@@ -294,6 +235,11 @@ def _real_scores(batch) -> tuple[list[float], list[str], list[str]]:
     return pick(scores), pick(batch.lists["data_source"]), pick(batch.lists["ground_truth"])
 
 
+def tensorboard_dir(cfg: PPOConfig, run_dir: Path) -> Path:
+    """``<run_dir>/tensorboard/<project_name>/<experiment_name>`` (verl: ``tensorboard_log/{project}/{experiment}``)."""
+    return Path(run_dir) / "tensorboard" / cfg.trainer.project_name / cfg.trainer.experiment_name
+
+
 def _tensorboard(cfg: PPOConfig, run_dir: Path):
     if "tensorboard" not in cfg.trainer.logger:
         return None
@@ -302,7 +248,7 @@ def _tensorboard(cfg: PPOConfig, run_dir: Path):
     except ImportError as e:
         raise ImportError("trainer.logger includes tensorboard but the tensorboard package is not installed: "
                           "pip install tensorboard, or use trainer.logger=[console]") from e
-    return SummaryWriter(str(run_dir / "tensorboard"))
+    return SummaryWriter(str(tensorboard_dir(cfg, run_dir)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -417,7 +417,8 @@ def test_rollout_is_weights_token_sequence_tis_icepop():
     assert torch.allclose(ice, torch.tensor([[1.0, 0.0, 0.0]]))
     with pytest.raises(ValueError, match="token, sequence"):
         A.rollout_is_weights(old, rollout, m, "batch")
-    metrics = A.rollout_corr_metrics(old, rollout, m, w)
+    weights, mask, metrics = A.rollout_correction_and_rejection_mask(old, rollout, m, "token", 1.5)
+    assert torch.equal(weights, w) and torch.equal(mask, m)  # the one call gives the same weights
     assert metrics["rollout_corr/kl"] == pytest.approx(-0.25)
     assert metrics["rollout_corr/rollout_is_max"] == pytest.approx(1.5)
 

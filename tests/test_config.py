@@ -307,7 +307,7 @@ VALIDATION_CASES = [  # (preset, overrides, world_size, substring the error must
     (G, ["data.val_files=[]"], 1, "data.val_files is empty"),
     (G, ["actor_rollout_ref.model.path=''"], 1, "actor_rollout_ref.model.path is empty"),
     # trainer
-    (G, ["trainer.total_training_steps=0"], 1, "trainer.total_training_steps=0 must be ≥ 1"),
+    (G, ["trainer.total_training_steps=0"], 1, "trainer.total_training_steps=0 must be a positive integer"),
     (G, ["trainer.record_freq=0"], 1, "trainer.record_freq=0 is not valid"),
     (G, ["trainer.save_freq=0"], 1, "trainer.save_freq=0 is not valid"),
     (G, ["trainer.test_freq=-2"], 1, "trainer.test_freq=-2 is not valid"),
@@ -447,12 +447,16 @@ def test_import_and_compose_do_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
-def test_fallback_names_agree_with_formula_core_registries():
-    try:
-        from ppolab.algos import ADV_ESTIMATOR_REGISTRY, KL_PENALTY_TYPES, POLICY_LOSS_REGISTRY  # noqa: F401
-    except ImportError:
-        pytest.skip("ppolab.algos does not export its registries yet")
+def test_registries_hold_exactly_the_vocabulary_and_algos_never_imports_config():
+    """One list of names (ppolab.vocab): the registries match it, validation uses it, and the formula core does not
+    import ppolab.config (config → vocab ← algos, never algos → config)."""
+    from ppolab import algos, vocab
+
+    assert sorted(algos.POLICY_LOSS_REGISTRY) == sorted(vocab.POLICY_LOSS_MODES)
+    assert sorted(algos.ADV_ESTIMATOR_REGISTRY) == sorted(vocab.ADV_ESTIMATORS)
     names = loader.registry_names()
-    for kind, fallback in loader._FALLBACK_NAMES.items():
-        assert set(fallback) <= set(names[kind]), kind
+    assert names["loss_mode"] == vocab.POLICY_LOSS_MODES and names["adv_estimator"] == vocab.ADV_ESTIMATORS
     assert "full" not in names["kl"]
+    code = ("import sys, ppolab.algos; bad = [m for m in sys.modules if m.startswith('ppolab.config')]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

@@ -1,6 +1,7 @@
 """Data parallelism across processes on CPU (gloo): dp=2 gives the same update as dp=1 (chapter §13)."""
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,9 +18,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def torchrun(nproc: int, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run torchrun in its own session; on a timeout the whole group (launcher and ranks) is killed, so a hung rank
+    does not outlive the test holding gigabytes."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"torchrun timed out after {timeout} s:\n{stdout[-4000:]}{stderr[-4000:]}")
+    out = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     return out
 

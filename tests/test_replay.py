@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ppolab.record import Run
-from ppolab.replay import cached_trainer, max_abs_diff, mini_batch_rows, replay_actor_update
+from ppolab.replay import max_abs_diff, mini_batch_rows, replay_actor_update, run_models
 from ppolab.widgets.common import SHIPPED_RUNS
 
 RUN = Run(SHIPPED_RUNS["grpo_tiny"])
@@ -57,7 +57,7 @@ def test_sum_norm_without_a_fixed_factor_breaks_invariance():
 
 def test_replay_sees_the_recorded_log_probs_and_restores_the_weights(token_mean):
     rec = RUN.step(1)
-    before = [p.detach().clone() for p in cached_trainer(RUN).models.actor_parameters()]
+    before = [p.detach().clone() for p in run_models(RUN).actor_parameters()]
     own = replay_actor_update(RUN)  # the run's own micro-batching: the very forward the run made
     assert own["exact"] and own["settings"]["micro_batch_size"] == 32 and len(own["micro_batches"]) == 2
     recorded = rec["actor_log_probs"][0][own["rows"]]
@@ -70,7 +70,7 @@ def test_replay_sees_the_recorded_log_probs_and_restores_the_weights(token_mean)
     one = token_mean["micro=1"]["log_probs"]  # 64 separate forwards: same numbers on the real tokens
     assert float((one[mask] - recorded[mask]).abs().max()) <= CROSS_MACHINE_LOGPROB_ATOL
     assert float((one[mask] - own["log_probs"][mask]).abs().max()) <= 1e-5  # same process: other shapes only
-    after = cached_trainer(RUN).models.actor_parameters()
+    after = run_models(RUN).actor_parameters()
     assert all(torch.equal(a, b) for a, b in zip(after, before))
 
 
@@ -82,8 +82,9 @@ def test_only_step_1_mini_batch_0_is_exact():
 
 
 def test_explorer_figures_are_replay_outputs(token_mean):
-    from ppolab.widgets import invariance_explorer
+    from ppolab.widgets import invariance, invariance_explorer
 
+    invariance._CACHE.clear()  # other tests' replays must not pre-fill the bars the lazy refresh leaves empty
     w = invariance_explorer(RUN)
     gap, micro = w.figures["gap"], w.figures["micro_batches"]
     assert list(gap.data[0].x[:7]) == ["1", "2", "4", "8", "16", "32", "64"]
@@ -100,6 +101,8 @@ def test_explorer_figures_are_replay_outputs(token_mean):
     assert w.state["invariant"]
     w.controls["scale"].value = "None"
     assert not w.state["invariant"] and w.state["gap"] > 1e-3
+    assert gap.data[0].y[0] is None  # a control move replays only the chosen micro-batching and the reference
+    w.controls["replay_all"].click()
     assert gap.data[0].y[0] > 1e-3 and gap.data[0].y[6] == 0.0
     w.controls["dynamic"].value = False
     for size in w.controls["micro_batch_size"].options:  # cached replays: cheap
@@ -109,3 +112,19 @@ def test_explorer_figures_are_replay_outputs(token_mean):
     assert w.state["invariant"]
     with pytest.raises(ValueError, match="step 1"):
         invariance_explorer(RUN, step=5)
+
+
+def test_replay_builds_a_worker_not_a_trainer():
+    """ppolab.replay is the actor worker on a recorded batch: importing it (and replaying) loads no dataset, reward
+    or rollout module, and the recorded config is never written into."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from ppolab.replay import replay_actor_update; "
+            "replay_actor_update('grpo_tiny', micro_batch_size=64, loss_agg_mode='token-mean'); "
+            "bad = [m for m in sys.modules if m.split('.')[:2] in (['ppolab', 'data'], ['ppolab', 'rewards'], "
+            "['ppolab', 'rollout'], ['ppolab', 'trainer'])]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    before = RUN.ppo_config()
+    replay_actor_update(RUN, micro_batch_size=2, loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=None)
+    assert RUN.ppo_config() == before

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from ppolab.rollout.base import SamplingParams
-from ppolab.rollout.vllm import rollout_output_from_samples, vllm_lora_rank, vllm_sampling_kwargs
+from ppolab.rollout.vllm import (rollout_output_from_samples, vllm_executor_backend, vllm_lora_rank,
+                                 vllm_sampling_kwargs)
 
 from helpers import logged
 
@@ -67,10 +68,43 @@ def test_missing_log_probs_are_an_error_not_zeros():
 
 def test_sampling_knobs_in_vllm_spelling():
     kw = vllm_sampling_kwargs(8, SamplingParams(temperature=0.7, top_p=0.9, top_k=20), 16, [3])
-    assert kw == dict(n=8, max_tokens=16, logprobs=0, stop_token_ids=[3], temperature=0.7, top_p=0.9, top_k=20)
+    # every knob explicit: penalties and min-p off whatever the model's generation_config.json says
+    assert kw == dict(n=8, max_tokens=16, logprobs=0, stop_token_ids=[3], temperature=0.7, top_p=0.9, top_k=20,
+                      min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
+                      detokenize=False)
     kw = vllm_sampling_kwargs(1, SamplingParams(temperature=0.7, top_p=0.9, top_k=20, do_sample=False), 16, [3])
     assert (kw["temperature"], kw["top_p"], kw["top_k"]) == (0.0, 1.0, -1)  # greedy
     assert vllm_sampling_kwargs(1, SamplingParams(top_k=-1), 4, [3])["top_k"] == -1
+
+
+def test_each_rank_engine_uses_its_own_gpu_under_torchrun():
+    """In-process engines under torchrun on GPUs need vLLM's external launcher (each takes cuda:LOCAL_RANK); one
+    process, or CPU ranks, keep vLLM's default executor."""
+    assert vllm_executor_backend(2, "cuda") == "external_launcher"
+    assert vllm_executor_backend(8, "cuda") == "external_launcher"
+    assert vllm_executor_backend(1, "cuda") is None
+    assert vllm_executor_backend(2, "cpu") is None
+
+
+def test_a_moved_vllm_api_is_named(monkeypatch):
+    """The vLLM names the engine uses sit behind vllm_api(); a release that moved one fails with the range to
+    install, not deep inside a rollout."""
+    import builtins
+
+    from ppolab.rollout import vllm as engine_module
+
+    real_import = builtins.__import__
+
+    def moved(name, *args, **kwargs):
+        if name == "vllm.lora.request":
+            raise ImportError("No module named 'vllm.lora.request'", name="vllm.lora.request")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", moved)
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(__version__="9.9.9", LLM=object, SamplingParams=object))
+    monkeypatch.setitem(sys.modules, "vllm.inputs", SimpleNamespace(TokensPrompt=object))
+    with pytest.raises(ImportError, match=r"vllm>=0.32,<0.34.*9\.9\.9.*vllm\.lora\.request"):
+        engine_module.vllm_api()
 
 
 @pytest.mark.parametrize("rank,reserved", [(1, 8), (8, 8), (12, 16), (16, 16), (64, 64), (300, 320)])
@@ -183,6 +217,46 @@ def test_a_short_training_run_on_the_vllm_engine_keeps_a_rounding_level_gap(tmp_
     assert all(r["training/rollout_probs_diff_max"] < 1e-4 for r in steps)
     assert all(math.isfinite(r["actor/pg_loss"]) for r in steps)
     assert run.config["actor_rollout_ref"]["rollout"]["name"] == "vllm"
+
+
+@needs_vllm
+def test_a_second_training_in_one_process_releases_the_first_engine_and_repeats_the_run(tmp_path, monkeypatch, engine):
+    """vLLM serves one (sleep-mode) engine per process. A new engine closes the live one first — here the test
+    module's own engine — and each ppolab.train closes its engine when it ends, so two trainings in one process (a
+    notebook) run one after the other on fresh engines: the closed engine's objects are gone (weak references
+    dead) before the next one starts, a closed engine refuses to generate, and the second run, with the same seed,
+    repeats the first exactly."""
+    import gc
+    import weakref
+
+    import ppolab
+    from ppolab.rollout import vllm as engine_module
+
+    models, fixture_rollout = engine
+    started, dead_before_start = [], []
+    real_init = engine_module.VLLMRollout.__init__
+
+    def tracked_init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        gc.collect()
+        dead_before_start.append([ref() is None for ref in started])  # engines before this one, after it started
+        started.append(weakref.ref(self.llm))
+
+    monkeypatch.setattr(engine_module.VLLMRollout, "__init__", tracked_init)
+    runs = []
+    for i in range(2):
+        ppolab.train("grpo_tiny", ["actor_rollout_ref.rollout.name=vllm", "trainer.total_training_steps=2",
+                                   "trainer.test_freq=-1", "trainer.val_before_train=false",
+                                   f"trainer.run_dir={tmp_path / f'run{i}'}"], progress=False)
+        runs.append([r for r in logged(tmp_path / f"run{i}") if "training/rollout_probs_diff_max" in r])
+        assert engine_module._live is None  # the training closed its engine on the way out
+    assert fixture_rollout.closed  # the first training's engine released the module's engine
+    with pytest.raises(RuntimeError, match="closed"):
+        fixture_rollout.generate(prompt_ids(models, 1), 1, SamplingParams(), 4)
+    assert dead_before_start == [[], [True]]
+    assert all(r["training/rollout_probs_diff_max"] < 1e-4 for run in runs for r in run)  # fresh adapter ids
+    keys = ("actor/pg_loss", "critic/score/mean", "training/rollout_probs_diff_max", "actor/grad_norm")
+    assert [[r[k] for k in keys] for r in runs[0]] == [[r[k] for k in keys] for r in runs[1]]
 
 
 # ------------------------------------------------------------------------------------ the shipped vLLM run

@@ -158,15 +158,9 @@ def test_loss_assembly_matches_ppo_loss(run):
     w.controls["opt_step"].value = 1
     b = optimizer_step_batch(w.record, 1)
     cfg = actor_config(run, entropy_coeff=0.01, kl_loss_coef=0.1, use_kl_loss=True)
-    loss, metrics = ppo_loss(
-        cfg,
-        b["log_prob"],
-        b["old_log_probs"],
-        b["advantages"],
-        b["response_mask"],
-        b["entropy"],
-        b["ref_log_prob"],
-    )
+    args = dict(old_log_prob=b["old_log_probs"], log_prob=b["log_prob"], advantages=b["advantages"],
+                response_mask=b["response_mask"], entropy=b["entropy"], ref_log_prob=b["ref_log_prob"])
+    loss, metrics = ppo_loss(cfg, **args)
     pg, ent, kl, total = w.figures["terms"].data[0].y
     assert total == pytest.approx(float(loss), abs=1e-6)
     assert pg == pytest.approx(metrics["actor/pg_loss"])
@@ -175,16 +169,15 @@ def test_loss_assembly_matches_ppo_loss(run):
     assert pg + ent + kl == pytest.approx(total, abs=1e-6)
     # every registered loss runs on the same advantages
     assert list(w.figures["modes"].data[0].x) == list(POLICY_LOSS_REGISTRY)
-    args = (b["log_prob"], b["old_log_probs"], b["advantages"], b["response_mask"], b["entropy"], b["ref_log_prob"])
     for mode, shown in zip(POLICY_LOSS_REGISTRY, w.figures["modes"].data[0].y):
         c = actor_config(run, entropy_coeff=0.01, kl_loss_coef=0.1, use_kl_loss=True, loss_mode=mode)
         if mode == "dro":  # the run sets no dro_beta (verl's None raises): the widget shows DRO_BETA_SHOWN
             with pytest.raises(ValueError, match="dro_beta"):
-                ppo_loss(c, *args)
+                ppo_loss(c, **args)
             c.policy_loss.dro_beta = DRO_BETA_SHOWN
         with torch.random.fork_rng():  # clip_cov's random draw, seeded as the widget seeds it
             torch.manual_seed(0)
-            expected = ppo_loss(c, *args)[1]["actor/pg_loss"]
+            expected = ppo_loss(c, **args)[1]["actor/pg_loss"]
         assert shown == pytest.approx(expected)
     assert not any(math.isnan(v) for v in w.figures["modes"].data[0].y)
     sweep_all(w, n=4)

@@ -5,6 +5,7 @@ import torch
 from ppolab.algos import POLICY_LOSS_REGISTRY, ppo_loss
 from ppolab.config import ActorConfig
 from ppolab.exercises.lab06 import e1_metrics, toy_batch
+from ppolab.widgets.gradients import gradient_weights
 from ppolab.widgets.common import optimizer_step_batch, resolve_run, step_tensors
 
 
@@ -40,8 +41,8 @@ def no_ratio_modes():
     lp, adv, mask = toy_batch()
     out = set()
     for mode in POLICY_LOSS_REGISTRY:
-        a = ppo_loss(_config(mode), lp, lp - 0.5, adv, mask)[0].item()
-        b = ppo_loss(_config(mode), lp, lp + 0.3, adv, mask)[0].item()
+        a = ppo_loss(_config(mode), old_log_prob=lp - 0.5, log_prob=lp, advantages=adv, response_mask=mask)[0].item()
+        b = ppo_loss(_config(mode), old_log_prob=lp + 0.3, log_prob=lp, advantages=adv, response_mask=mask)[0].item()
         if a == b:
             out.add(mode)
     return out
@@ -52,9 +53,14 @@ def same_gradient_modes():
     grads = {}
     for mode in POLICY_LOSS_REGISTRY:
         x = lp.clone().requires_grad_(True)
-        ppo_loss(_config(mode), x, lp.clone(), adv, mask)[0].backward()
+        ppo_loss(_config(mode), old_log_prob=lp.clone(), log_prob=x, advantages=adv, response_mask=mask)[0].backward()
         grads[mode] = x.grad
     return {m for m, g in grads.items() if torch.allclose(g, grads["vanilla"], rtol=1e-9, atol=1e-12)}
+
+
+def zero_weight_modes():
+    return {mode for mode in POLICY_LOSS_REGISTRY
+            if gradient_weights(mode, [1.3], 1.0, ActorConfig(), old_prob=0.5).item() == 0.0}
 
 
 SOLUTIONS = {
@@ -62,6 +68,7 @@ SOLUTIONS = {
     "06.2": no_ratio_modes,
     "06.3": pg_loss_at_ratio_one,
     "06.4": same_gradient_modes,
+    "06.5": zero_weight_modes,
 }
 
 #: Plausible wrong answers: each must be told "not yet".
@@ -74,4 +81,9 @@ WRONG = {
              lambda run=None: e1_metrics(run)[1]["actor/pg_loss"]],
     # vanilla alone; the modes whose *value* equals vanilla's at r = 1; every mode
     "06.4": [{"vanilla"}, {"vanilla", "gspo", "bypass_mode", "kl_cov"}, set(POLICY_LOSS_REGISTRY)],
+    # cispo "clips" too (but only bounds the weight); the trust-region modes "drop" a big move (not this one: the
+    # probability moved 0.15 ≤ δ); bypass_mode forgotten (it is vanilla against the rollout log-probs)
+    "06.5": [{"vanilla", "gspo", "clip_cov", "geo_mean", "bypass_mode", "cispo"},
+             {"vanilla", "gspo", "clip_cov", "geo_mean", "bypass_mode", "dppo_tv", "dppo_kl"},
+             {"vanilla", "gspo", "clip_cov", "geo_mean"}, {"vanilla"}],
 }

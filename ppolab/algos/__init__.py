@@ -30,15 +30,14 @@ from ppolab.algos.advantages_vectorized import (
     compute_rloo_vectorized_outcome_advantage,
     group_mean_std,
 )
-from ppolab.algos.actor_loss import SUM_METRICS, ppo_loss, value_loss
-from ppolab.algos.aggregation import agg_loss
+from ppolab.algos.losses import SUM_METRICS, ppo_loss, value_loss
+from ppolab.algos.aggregation import GlobalBatchInfo, agg_loss, batch_info_kwargs
 from ppolab.algos.correction import (
     ROLLOUT_IS_LEVELS,
     ROLLOUT_RS_OPTIONS,
     parse_is_threshold,
     parse_rollout_rs,
     raw_is_weights,
-    rollout_corr_metrics,
     rollout_is_weights,
     rollout_probs_diff,
     rollout_rejection_mask,
@@ -61,10 +60,14 @@ from ppolab.algos.kl import (
     kl_penalty_forward,
 )
 from ppolab.algos.logprob import (
+    CHUNK_LOGITS_THRESHOLD,
     calculate_sum_pi_squared_from_logits,
+    chunked_logprobs_entropy,
     entropy_from_logits,
     logprobs_from_logits,
     scale_logits,
+    top_k_top_p_filter,
+    use_chunked_logits,
 )
 from ppolab.algos.masked import MASKED_EPS, masked_mean, masked_sum, masked_var, masked_whiten
 from ppolab.algos.policy_loss import (
@@ -86,8 +89,8 @@ from ppolab.algos.policy_loss_trust import (
     compute_policy_loss_dro,
     compute_policy_loss_geo_mean,
 )
-from ppolab.algos.value_loss import clip_by_value, compute_value_loss, explained_variance, value_clip_terms
-from ppolab.config.actor import LOSS_AGG_MODES
+from ppolab.algos.value import clip_by_value, compute_value_loss, explained_variance, value_clip_terms
+from ppolab.vocab import LOSS_AGG_MODES
 
 import types as _types
 

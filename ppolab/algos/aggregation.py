@@ -11,10 +11,44 @@ With those arguments left at None the normalisation falls back to the local batc
 """
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+from typing import Any
+
 import torch
 
 from ppolab.algos.masked import MASKED_EPS, masked_sum
-from ppolab.config.actor import check_loss_agg_mode
+from ppolab.vocab import check_loss_agg_mode
+
+
+@dataclass(frozen=True)
+class GlobalBatchInfo:
+    """The counts of one *global* mini-batch that every micro-batch's loss is normalised by (chapter §13).
+
+    The engine computes it once per mini-batch, before the micro-batch loop (``batch_num_tokens`` summed over the
+    data-parallel ranks), and passes it to the losses as an argument — the GRPO-Zero way, in plain sight. verl's
+    ``TrainingWorker`` writes the same four numbers into ``config.global_batch_info``.
+    """
+
+    dp_size: int = 1
+    """Data-parallel ranks; ``agg_loss`` multiplies by it because DDP/FSDP average the ranks' gradients."""
+    batch_num_tokens: float | None = None
+    """Σ loss_mask over the global mini-batch (all ranks): the token-mean denominator. None: count locally."""
+    global_batch_size: int | None = None
+    """Rows of the global mini-batch (ppo_mini_batch_size × rollout.n): the seq-mean denominator. None: locally."""
+    loss_scale_factor: float | None = None
+    """seq-mean-token-sum-norm's divisor (the role config's ``loss_scale_factor``); None: the padded width."""
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`agg_loss`."""
+        return asdict(self)
+
+
+def batch_info_kwargs(config: Any, global_batch_info: GlobalBatchInfo | None) -> dict[str, Any]:
+    """``agg_loss`` keywords of a loss call: the explicit ``global_batch_info`` when given (what ppolab's engine
+    passes), else a ``config.global_batch_info`` dict (verl's channel; set by hand in tests), else none (local)."""
+    if global_batch_info is not None:
+        return global_batch_info.as_kwargs()
+    return dict(getattr(config, "global_batch_info", None) or {})
 
 
 def _seq_mean(seq_losses: torch.Tensor, seq_mask: torch.Tensor, dp_size: int, global_batch_size: int | None):

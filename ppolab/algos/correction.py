@@ -16,10 +16,10 @@ import math
 import torch
 
 from ppolab.algos.masked import masked_mean, masked_sum
+from ppolab.vocab import ROLLOUT_IS_LEVELS, ROLLOUT_RS_OPTIONS  # noqa: F401 (re-exported)
 
 #: Log-ratio clamp before exp, as for the PPO ratio.
 IS_LOG_RATIO_CLAMP = 20.0
-ROLLOUT_IS_LEVELS = ("token", "sequence")
 
 
 def parse_is_threshold(spec: float | str) -> tuple[float, float | None]:
@@ -99,49 +99,6 @@ def rollout_is_weights(
 
 
 @torch.no_grad()
-def rollout_corr_metrics(
-    old_log_probs: torch.Tensor,
-    rollout_log_probs: torch.Tensor,
-    response_mask: torch.Tensor,
-    weights: torch.Tensor | None = None,
-) -> dict[str, float]:
-    """Off-policy diagnostics between the rollout engine and the trainer (all ``rollout_corr/`` metrics).
-
-    kl = mean(rollout − old) (k1 of KL(π_rollout‖π_old) on tokens sampled by π_rollout), k3_kl,
-    training/rollout perplexity (exp of minus the per-sequence mean log-prob, averaged over rows),
-    their log difference and ratio, chi2_token = E[ρ²] − 1 and chi2_seq over sequence ratios ρ = π_old/π_rollout.
-    With ``weights``: their mean/max/min over valid tokens.
-    """
-    mask = response_mask.to(old_log_probs.dtype)
-    log_ratio = torch.clamp(old_log_probs - rollout_log_probs, -IS_LOG_RATIO_CLAMP, IS_LOG_RATIO_CLAMP)
-    rows = mask.sum(-1) > 0
-    train_lp = masked_mean(old_log_probs, mask, axis=-1)[rows]
-    roll_lp = masked_mean(rollout_log_probs, mask, axis=-1)[rows]
-    seq_log_ratio = masked_sum(log_ratio, mask, axis=-1)[rows].clamp(-IS_LOG_RATIO_CLAMP, IS_LOG_RATIO_CLAMP)
-    metrics = {
-        "rollout_corr/kl": float(masked_mean(-log_ratio, mask)),
-        "rollout_corr/k3_kl": float(masked_mean(torch.exp(log_ratio) - log_ratio - 1, mask)),
-        "rollout_corr/training_ppl": float(torch.exp(-train_lp).mean()) if rows.any() else math.nan,
-        "rollout_corr/rollout_ppl": float(torch.exp(-roll_lp).mean()) if rows.any() else math.nan,
-        "rollout_corr/log_ppl_diff": float((roll_lp - train_lp).mean()) if rows.any() else math.nan,
-        "rollout_corr/ppl_ratio": float(torch.exp(roll_lp - train_lp).mean()) if rows.any() else math.nan,
-        "rollout_corr/chi2_token": float(masked_mean(torch.exp(2 * log_ratio), mask) - 1),
-        "rollout_corr/chi2_seq": float(torch.exp(2 * seq_log_ratio).mean() - 1) if rows.any() else math.nan,
-    }
-    if weights is not None:
-        valid = response_mask.bool()
-        w = weights[valid]
-        metrics.update(
-            {
-                "rollout_corr/rollout_is_mean": float(w.mean()) if w.numel() else math.nan,
-                "rollout_corr/rollout_is_max": float(w.max()) if w.numel() else math.nan,
-                "rollout_corr/rollout_is_min": float(w.min()) if w.numel() else math.nan,
-            }
-        )
-    return metrics
-
-
-@torch.no_grad()
 def rollout_probs_diff(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
                        response_mask: torch.Tensor) -> dict[str, float]:
     """``training/rollout_probs_diff_{max,mean,std}``: |π_old − π_rollout| in probability space over the valid
@@ -155,11 +112,6 @@ def rollout_probs_diff(old_log_probs: torch.Tensor, rollout_log_probs: torch.Ten
 
 
 # ====================================================================== rejection sampling (rollout_rs)
-#: Every ``algorithm.rollout_correction.rollout_rs`` option (verl ``SUPPORTED_ROLLOUT_RS_OPTIONS``).
-ROLLOUT_RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
-                      "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
-
-
 def parse_rollout_rs(rollout_rs: str,
                      rollout_rs_threshold: float | str | None) -> dict[str, tuple[float | None, float]]:
     """``rollout_rs`` (comma list) and ``rollout_rs_threshold`` → {option: (lower, upper)} in ratio space, in order.

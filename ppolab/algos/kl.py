@@ -12,11 +12,8 @@ from __future__ import annotations
 import torch
 
 from ppolab.algos.masked import masked_mean
+from ppolab.vocab import KL_ESTIMATORS, KL_PENALTY_TYPES  # noqa: F401 (re-exported)
 
-#: Base estimator names (each also accepted with a trailing '+', the straight-through variant).
-KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-#: Every name ``kl_penalty`` accepts; ``full`` is recognised but raises NotImplementedError.
-KL_PENALTY_TYPES = KL_ESTIMATORS + tuple(name + "+" for name in KL_ESTIMATORS)
 #: k3 clamps its inner log-ratio to ±20 and its output to ±10 (verl `core_algos.kl_penalty`).
 K3_LOG_RATIO_CLAMP = 20.0
 K3_VALUE_CLAMP = 10.0

@@ -3,9 +3,12 @@
 
 Every loss has verl's signature ``fn(old_log_prob, log_prob, advantages, response_mask,
 loss_agg_mode="token-mean", config=None, rollout_is_weights=None) -> (pg_loss, metrics)``, with all
-tensors (bs, T). ``config`` is a :class:`ppolab.config.ActorConfig`; its ``global_batch_info``
-(dp_size, batch_num_tokens, global_batch_size, loss_scale_factor — filled by the trainer per
-micro-batch) is handed to :func:`agg_loss`, so on a bare config the normalisation is local.
+tensors (bs, T) and ``config`` a :class:`ppolab.config.ActorConfig`, plus one keyword: ``global_batch_info``, a
+:class:`GlobalBatchInfo` with the global mini-batch counts (dp_size, batch_num_tokens, global_batch_size,
+loss_scale_factor) that :func:`agg_loss` normalises by. The engine computes it once per mini-batch, before the
+micro-batch loop, and passes it in plain sight. verl instead writes it into ``config.global_batch_info`` at run
+time; a config built by hand with that dict is still read (how the parity tests drive both libraries), and with
+neither the normalisation is local to the micro-batch.
 
 The advantage estimator and the loss mode are orthogonal (chapter §5.1): ``adv_estimator=grpo``
 still runs the ``vanilla`` clipped loss unless ``policy_loss.loss_mode`` says otherwise.
@@ -16,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from ppolab.algos.aggregation import agg_loss
+from ppolab.algos.aggregation import GlobalBatchInfo, agg_loss, batch_info_kwargs
 from ppolab.algos.masked import masked_mean
 
 #: Log-ratio clamp before exp (vanilla, sapo, cispo): keeps the ratio in [e^-20, e^20] (chapter §3).
@@ -62,12 +65,12 @@ def clip_bounds(config) -> tuple[float, float]:
     return low, high
 
 
-def _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights):
-    """Multiply the (detached) rollout IS weights in after clipping, then aggregate (verl
+def _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights, global_batch_info):
+    """Multiply the (detached) rollout IS weights in after clipping, then aggregate with the global counts (verl
     `core_algos.compute_policy_loss_vanilla` step 7–8)."""
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights
-    return agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
+    return agg_loss(pg_losses, response_mask, loss_agg_mode, **batch_info_kwargs(config, global_batch_info))
 
 
 def _float(x: torch.Tensor) -> float:
@@ -121,6 +124,8 @@ def compute_policy_loss_vanilla(
     loss_agg_mode: str = "token-mean",
     config=None,
     rollout_is_weights: torch.Tensor | None = None,
+    *,
+    global_batch_info: GlobalBatchInfo | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate with asymmetric and dual clip (chapter §3, §4.1–4.4; verl
     `core_algos.compute_policy_loss_vanilla`).
@@ -138,7 +143,8 @@ def compute_policy_loss_vanilla(
     clip_ratio_c = config.get("clip_ratio_c", 3.0)
     assert clip_ratio_c > 1.0, f"clip_ratio_c must be > 1.0 for dual clip, got {clip_ratio_c}"
     terms = ppo_clip_terms(old_log_prob, log_prob, advantages, eps_low, eps_high, clip_ratio_c)
-    pg_loss = _aggregate(terms["pg_losses"], response_mask, loss_agg_mode, config, rollout_is_weights)
+    pg_loss = _aggregate(terms["pg_losses"], response_mask, loss_agg_mode, config, rollout_is_weights,
+                         global_batch_info)
     return pg_loss, {
         "actor/pg_clipfrac": _float(masked_mean(terms["clipped"], response_mask)),
         "actor/ppo_kl": _float(masked_mean(-terms["log_ratio"], response_mask)),
@@ -155,6 +161,8 @@ def compute_policy_loss_gspo(
     loss_agg_mode: str = "token-mean",
     config=None,
     rollout_is_weights: torch.Tensor | None = None,
+    *,
+    global_batch_info: GlobalBatchInfo | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GSPO: one sequence-level ratio s_i = exp(Σ_t (lp−old)·m / max(T_i, 1)) per trajectory (verl `core_algos` policy
     losses).
@@ -174,7 +182,7 @@ def compute_policy_loss_gspo(
     pg_losses1 = -advantages * ratio
     pg_losses2 = -advantages * torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
     pg_losses = torch.maximum(pg_losses1, pg_losses2)
-    pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
+    pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights, global_batch_info)
     return pg_loss, {
         "actor/pg_clipfrac": _float(masked_mean(torch.gt(pg_losses2, pg_losses1).float(), response_mask)),
         "actor/ppo_kl": _float(masked_mean(-negative_approx_kl, response_mask)),
@@ -191,6 +199,8 @@ def compute_policy_loss_cispo(
     loss_agg_mode: str = "token-mean",
     config=None,
     rollout_is_weights: torch.Tensor | None = None,
+    *,
+    global_batch_info: GlobalBatchInfo | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """CISPO: L = −sg(clip(r, 1−ε_low, 1+ε_high))·A·log π_θ (verl `core_algos` policy losses).
 
@@ -203,7 +213,7 @@ def compute_policy_loss_cispo(
     ratio = torch.exp(negative_approx_kl)
     clipped_ratio = torch.clamp(ratio, 1 - eps_low, 1 + eps_high).detach()
     pg_losses = -clipped_ratio * advantages * log_prob
-    pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
+    pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights, global_batch_info)
     return pg_loss, {
         "actor/pg_clipfrac": _float(masked_mean((ratio != clipped_ratio).float(), response_mask)),
         "actor/ppo_kl": _float(masked_mean(-negative_approx_kl, response_mask)),
@@ -220,11 +230,13 @@ def compute_policy_loss_gpg(
     loss_agg_mode: str = "token-mean",
     config=None,
     rollout_is_weights: torch.Tensor | None = None,
+    *,
+    global_batch_info: GlobalBatchInfo | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GPG: L = −log π_θ·A, no ratio and no clip; returns no metrics (verl `core_algos` policy losses)."""
     assert config is not None, "compute_policy_loss_gpg needs an ActorConfig"
     pg_losses = -log_prob * advantages
-    return _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights), {}
+    return _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights, global_batch_info), {}
 
 
 @register_policy_loss("sapo")
@@ -236,6 +248,8 @@ def compute_policy_loss_sapo(
     loss_agg_mode: str = "token-mean",
     config=None,
     rollout_is_weights: torch.Tensor | None = None,
+    *,
+    global_batch_info: GlobalBatchInfo | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """SAPO: a smooth sigmoid gate replaces the hard clip (verl `core_algos` policy losses).
 
@@ -249,7 +263,8 @@ def compute_policy_loss_sapo(
     tau = torch.where(advantages > 0, torch.full_like(ratio, config.tau_pos), torch.full_like(ratio, config.tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
     pg_losses = -gate * advantages
-    pg_loss = _aggregate(pg_losses, response_mask, "seq-mean-token-mean", config, rollout_is_weights)
+    pg_loss = _aggregate(pg_losses, response_mask, "seq-mean-token-mean", config, rollout_is_weights,
+                         global_batch_info)
     return pg_loss, {
         "actor/pg_clipfrac": 0.0,
         "actor/ppo_kl": _float(masked_mean(-negative_approx_kl, response_mask)),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ppolab.algos.aggregation import agg_loss
+from ppolab.algos.aggregation import GlobalBatchInfo, agg_loss, batch_info_kwargs
 from ppolab.algos.correction_metrics import rollout_correction_and_rejection_mask
 from ppolab.algos.masked import masked_mean
 from ppolab.algos.policy_loss import _float, compute_policy_loss_vanilla, register_policy_loss
@@ -28,6 +28,8 @@ def compute_policy_loss_reinforce(
     loss_agg_mode: str = "seq-mean-token-sum",
     config=None,
     rollout_is_weights: torch.Tensor | None = None,
+    *,
+    global_batch_info: GlobalBatchInfo | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """REINFORCE with optional IS correction, the ``reinforce`` branch of bypass mode — *not* a registry entry
     (chapter §5.1; verl `core_algos.py::compute_policy_loss_reinforce`).
@@ -35,14 +37,14 @@ def compute_policy_loss_reinforce(
         L = −A · log π_θ · w      (w = detached IS weights π_θ/π_rollout, or 1)
 
     Shapes: all (bs, T) → (scalar, metrics). Aggregated with ``loss_agg_mode`` (its own default is
-    ``seq-mean-token-sum``; bypass mode passes the actor's) and ``config.global_batch_info``.
+    ``seq-mean-token-sum``; bypass mode passes the actor's) and the global counts ``global_batch_info``.
     Metric ``actor/ppo_kl`` = masked mean of rollout − lp.
     """
     assert config is not None, "ActorConfig must be provided for REINFORCE loss"
     pg_losses = -advantages * log_prob
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **batch_info_kwargs(config, global_batch_info))
     return pg_loss, {"actor/ppo_kl": _float(masked_mean(rollout_log_prob - log_prob, response_mask))}
 
 
@@ -59,6 +61,8 @@ def compute_policy_loss_bypass_mode(
     loss_agg_mode: str = "token-mean",
     config=None,
     rollout_is_weights: torch.Tensor | None = None,
+    *,
+    global_batch_info: GlobalBatchInfo | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Bypass-mode loss: correction computed here, then PPO-clip or REINFORCE (chapter §2.2; verl
     `core_algos.py::compute_policy_loss_bypass_mode`).
@@ -93,10 +97,10 @@ def compute_policy_loss_bypass_mode(
     )
     if loss_type == "reinforce":
         pg_loss, metrics = compute_policy_loss_reinforce(rollout_log_prob, log_prob, advantages, mask, loss_agg_mode,
-                                                         config, weights)
+                                                         config, weights, global_batch_info=global_batch_info)
     elif loss_type == "ppo_clip":
         pg_loss, metrics = compute_policy_loss_vanilla(rollout_log_prob, log_prob, advantages, mask, loss_agg_mode,
-                                                       config, None)
+                                                       config, None, global_batch_info=global_batch_info)
     else:
         raise ValueError(f"Invalid loss_type: {loss_type}. Must be 'reinforce' or 'ppo_clip'.")
     metrics.update(corr_metrics)

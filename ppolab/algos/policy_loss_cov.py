@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ppolab.algos.masked import masked_mean
+from ppolab.algos.aggregation import GlobalBatchInfo
 from ppolab.algos.policy_loss import _aggregate, _float, clip_bounds, register_policy_loss
 
 #: Fallbacks that apply only when the config value is None (the config defaults are the same numbers,
@@ -35,6 +36,8 @@ def compute_policy_loss_clip_cov(
     loss_agg_mode: str = "token-mean",
     config=None,
     rollout_is_weights: torch.Tensor | None = None,
+    *,
+    global_batch_info: GlobalBatchInfo | None = None,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clip-Cov: the plain PPO clip, plus the gradient of a few random high-covariance tokens switched off
@@ -48,9 +51,9 @@ def compute_policy_loss_clip_cov(
         L = max(L1, L2) · corr                                 (no dual clip)
 
     The draw is ``torch.randperm(#candidates, generator=generator)`` over the candidates in row-major order, so a
-    seeded ``torch.Generator`` makes it reproducible; with ``generator=None`` it falls back to
-    ``config.get("clip_cov_generator")`` (a generator the trainer may attach to the ActorConfig instance — not a
-    YAML key) and then to torch's global RNG, as verl. No candidate → no draw (the RNG is not advanced).
+    seeded ``torch.Generator`` makes it reproducible; with ``generator=None`` the draw uses torch's global RNG, as
+    verl does (the trainer seeds it from ``trainer.seed``, so a run is reproducible either way). No candidate → no
+    draw (the RNG is not advanced).
     Metrics: ``actor/pg_clipfrac`` = share of valid tokens zeroed, ``actor/ppo_kl`` = masked mean of old − lp.
     """
     assert config is not None, "compute_policy_loss_clip_cov needs an ActorConfig"
@@ -59,8 +62,6 @@ def compute_policy_loss_clip_cov(
     clip_cov_lb, clip_cov_ub = _or(pl.clip_cov_lb, CLIP_COV_LB_FALLBACK), _or(pl.clip_cov_ub, CLIP_COV_UB_FALLBACK)
     assert clip_cov_ratio > 0, "clip_ratio should be larger than 0."
     eps_low, eps_high = clip_bounds(config)
-    if generator is None:
-        generator = config.get("clip_cov_generator")
 
     negative_approx_kl = log_prob - old_log_prob
     ratio = torch.exp(negative_approx_kl)
@@ -84,7 +85,7 @@ def compute_policy_loss_clip_cov(
         corr[chosen[:, 0], chosen[:, 1]] = 0
 
     pg_losses = torch.maximum(pg_losses1, pg_losses2) * corr
-    pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
+    pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights, global_batch_info)
     return pg_loss, {
         "actor/pg_clipfrac": _float(masked_mean((corr == 0).float(), response_mask)),
         "actor/ppo_kl": _float(masked_mean(-negative_approx_kl, response_mask)),
@@ -100,6 +101,8 @@ def compute_policy_loss_kl_cov(
     loss_agg_mode: str = "token-mean",
     config=None,
     rollout_is_weights: torch.Tensor | None = None,
+    *,
+    global_batch_info: GlobalBatchInfo | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """KL-Cov: the unclipped surrogate, plus a |log-ratio| penalty on the top-k tokens by covariance (chapter
     §5.2; verl `core_algos.py::compute_policy_loss_kl_cov`).
@@ -138,5 +141,5 @@ def compute_policy_loss_kl_cov(
         pg_losses = pg_losses.clone()
         pg_losses[rows, cols] = pg_losses_kl[rows, cols]
 
-    pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
+    pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights, global_batch_info)
     return pg_loss, {"actor/ppo_kl": _float(masked_mean(abs_kl, response_mask))}

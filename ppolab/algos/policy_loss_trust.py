@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 
 from ppolab.algos.masked import MASKED_EPS, masked_mean
+from ppolab.algos.aggregation import GlobalBatchInfo
 from ppolab.algos.policy_loss import LOG_RATIO_CLAMP, _aggregate, _float, clip_bounds, register_policy_loss
 
 #: ``clip_ratio_c`` fallback of DPPO when the config has no such key. ppolab's ActorConfig (like verl's) always
@@ -29,6 +30,7 @@ GEO_MEAN_IS_EPS = 1e-10
 
 
 def _dppo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights,
+          global_batch_info,
           valid_fn: Callable[[torch.Tensor, torch.Tensor, float, float], tuple[torch.Tensor, torch.Tensor]]):
     """Shared body of the two DPPO losses; ``valid_fn(prob, old_prob, δ_low, δ_high)`` → (valid if A>0, if A≤0)."""
     assert config is not None, "DPPO losses need an ActorConfig"
@@ -40,7 +42,7 @@ def _dppo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, conf
     valid_pos, valid_neg = valid_fn(torch.exp(log_prob), torch.exp(old_log_prob), div_low, div_high)
     valid = torch.where(advantages > 0, valid_pos, valid_neg).detach().float()
     pg_losses = -advantages * truncated_ratio * log_prob * valid
-    pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
+    pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights, global_batch_info)
     return pg_loss, {
         "actor/pg_clipfrac": _float(masked_mean(1.0 - valid, response_mask)),
         "actor/ppo_kl": _float(masked_mean(-negative_approx_kl, response_mask)),
@@ -57,6 +59,8 @@ def compute_policy_loss_dppo_tv(
     loss_agg_mode: str = "token-mean",
     config=None,
     rollout_is_weights: torch.Tensor | None = None,
+    *,
+    global_batch_info: GlobalBatchInfo | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """DPPO-Binary-TV: keep a token only while its probability moved by at most δ (chapter §5.2; verl
     `core_algos.py::compute_policy_loss_dppo_tv`).
@@ -76,7 +80,8 @@ def compute_policy_loss_dppo_tv(
     def tv(prob, old_prob, low, high):
         return (prob - old_prob) <= high, (prob - old_prob) >= -low
 
-    return _dppo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights, tv)
+    return _dppo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights,
+                 global_batch_info, tv)
 
 
 @register_policy_loss("dppo_kl")
@@ -88,6 +93,8 @@ def compute_policy_loss_dppo_kl(
     loss_agg_mode: str = "token-mean",
     config=None,
     rollout_is_weights: torch.Tensor | None = None,
+    *,
+    global_batch_info: GlobalBatchInfo | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """DPPO-Binary-KL: as ``dppo_tv`` with the binary KL between Bernoulli(p_old) and Bernoulli(p) (chapter §5.2;
     verl `core_algos.py::compute_policy_loss_dppo_kl`).
@@ -105,7 +112,7 @@ def compute_policy_loss_dppo_kl(
         return (bkl <= high) | (prob <= old_prob), (bkl <= low) | (prob >= old_prob)
 
     return _dppo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights,
-                 binary_kl)
+                 global_batch_info, binary_kl)
 
 
 @register_policy_loss("geo_mean")
@@ -117,6 +124,8 @@ def compute_policy_loss_geo_mean(
     loss_agg_mode: str = "token-mean",
     config=None,
     rollout_is_weights: torch.Tensor | None = None,
+    *,
+    global_batch_info: GlobalBatchInfo | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GMPO: one ratio per sequence, the geometric mean of its token ratios, clipped token-wise in log space
     (chapter §5.2; verl `core_algos.py::compute_policy_loss_geo_mean`).
@@ -166,6 +175,8 @@ def compute_policy_loss_dro(
     loss_agg_mode: str = "token-mean",
     config=None,
     rollout_is_weights: torch.Tensor | None = None,
+    *,
+    global_batch_info: GlobalBatchInfo | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Direct Reward Optimisation: policy gradient plus a quadratic log-ratio penalty (chapter §5.2; verl
     `core_algos.py::compute_policy_loss_dro`).
@@ -181,5 +192,5 @@ def compute_policy_loss_dro(
         raise ValueError("policy_loss.dro_beta must be a positive value when using DRO")
     log_ratio = log_prob - old_log_prob
     pg_losses = -(log_prob * advantages - 0.5 * beta * log_ratio.square())
-    pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
+    pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights, global_batch_info)
     return pg_loss, {"actor/ppo_kl": _float(masked_mean(-log_ratio, response_mask))}

@@ -1,28 +1,15 @@
 """The actor's config (verl's ``actor_rollout_ref.actor``): the one config object the policy losses read.
 
 Field names and defaults follow verl's resolved ``ppo_trainer.yaml`` (verl `ppo_trainer.yaml`). The formula core
-reads only the clip ratios, ``clip_ratio_c``, ``tau_pos/tau_neg``, ``loss_agg_mode``, the mode-specific knobs of
-``policy_loss`` and ``global_batch_info``; the trainer reads the rest.
+reads only the clip ratios, ``clip_ratio_c``, ``tau_pos/tau_neg``, ``loss_agg_mode`` and the mode-specific knobs
+of ``policy_loss``; the workers and the trainer read the rest.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-#: The five loss aggregation modes verl's ActorConfig accepts (chapter §10).
-LOSS_AGG_MODES = (
-    "token-mean",
-    "token-sum",
-    "seq-mean-token-sum",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum-norm",
-)
-
-
-def check_loss_agg_mode(mode: str, field_name: str = "loss_agg_mode") -> None:
-    """Raise ``ValueError`` naming the field and the five valid modes if ``mode`` is not one of them."""
-    if mode not in LOSS_AGG_MODES:
-        raise ValueError(f"{field_name}={mode!r} is not valid; choose one of {', '.join(LOSS_AGG_MODES)}")
+from ppolab.vocab import BYPASS_LOSS_TYPES, LOSS_AGG_MODES, check_loss_agg_mode  # noqa: F401 (re-exported)
 
 
 @dataclass
@@ -43,29 +30,36 @@ class OptimConfig:
 
 #: ``policy_loss.rollout_correction.loss_type`` values of ``loss_mode=bypass_mode`` (verl
 #: `core_algos.compute_policy_loss_bypass_mode`).
-BYPASS_LOSS_TYPES = ("ppo_clip", "reinforce")
-
-
 @dataclass
-class LossRolloutCorrectionConfig:
-    """verl's ``actor.policy_loss.rollout_correction`` (a ``RolloutCorrectionConfig``), read only by
-    ``loss_mode=bypass_mode``. Same keys as ``algorithm.rollout_correction``, but verl's *dataclass* defaults
-    apply here (actor.yaml sets none), so ``rollout_is`` defaults to ``"sequence"``."""
+class RolloutCorrectionConfig:
+    """verl's ``RolloutCorrectionConfig`` (chapter §2–§3; verl `trainer/config/algorithm.py`), one class in two places:
+
+    * ``algorithm.rollout_correction`` — the rollout/old gap at stage 7 (IS weights old/rollout, rejection), or
+      ``bypass_mode`` (old := rollout). verl's ppo_trainer.yaml sets ``rollout_is: null`` there.
+    * ``actor_rollout_ref.actor.policy_loss.rollout_correction`` — read only by ``loss_mode=bypass_mode``, which
+      computes the correction against the *current* log-probs. verl's dataclass defaults apply (actor.yaml sets
+      none), so ``rollout_is`` is ``"sequence"`` there.
+
+    ``loss_type`` acts only under policy_loss, ``bypass_mode`` only under algorithm: setting either in the other
+    place is refused (verl V1 reads neither there)."""
 
     rollout_is: Optional[str] = "sequence"
-    """IS weights π_θ/π_rollout computed inside bypass_mode: None (off), token or sequence."""
+    """IS weights: None (off), token or sequence (π_old/π_rollout at stage 7; π_θ/π_rollout in bypass_mode)."""
     rollout_is_threshold: Any = 2.0
-    """TIS upper bound (a number) or IcePop ``"lower_upper"`` (a string)."""
+    """TIS upper bound (a number: w = min(w, threshold)) or IcePop ``"lower_upper"`` (a string)."""
     rollout_is_batch_normalize: bool = False
     """Divide the IS weights by their batch mean (token or sequence level) when it is > 1e-8."""
     rollout_rs: Optional[str] = None
-    """Rejection sampling options (comma list, see algorithm.rollout_correction.rollout_rs); None = off."""
+    """Rejection sampling: None (off) or a comma list of token_k1/k2/k3, seq_sum_k1/k2/k3, seq_mean_k1/k2/k3,
+    seq_max_k2/k3; a token or row failing any option is zeroed in response_mask (loss_mask is kept)."""
     rollout_rs_threshold: Any = None
-    """Thresholds of rollout_rs; required when rollout_rs is set."""
+    """Thresholds of rollout_rs: one shared, or one per option comma separated; *_k1 take "lower_upper" ratio
+    bounds or u (= [1/u, u]), the others an upper bound. Required when rollout_rs is set."""
     bypass_mode: bool = False
-    """Carried for parity with verl's class; the loss does not read it."""
+    """(algorithm only) Use the rollout log-probs as old log-probs and skip the old-log-prob forward."""
     loss_type: str = "ppo_clip"
-    """ppo_clip: vanilla PPO on the rejection-modified mask, no IS weights; reinforce: −A·log π·w."""
+    """(policy_loss only) ppo_clip: vanilla PPO on the rejection-modified mask, no IS weights; reinforce:
+    −A·log π·w."""
 
 
 @dataclass
@@ -87,12 +81,12 @@ class PolicyLossConfig:
     """kl_cov: weight of the |lp − old| penalty on the selected tokens."""
     dro_beta: Optional[float] = None
     """dro: β of the quadratic log-ratio penalty; required (> 0) when loss_mode=dro."""
-    rollout_correction: LossRolloutCorrectionConfig = field(default_factory=LossRolloutCorrectionConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     """bypass_mode: IS weights, rejection sampling and loss_type computed inside the loss."""
 
     def __post_init__(self) -> None:
         if isinstance(self.rollout_correction, dict):
-            self.rollout_correction = LossRolloutCorrectionConfig(**self.rollout_correction)
+            self.rollout_correction = RolloutCorrectionConfig(**self.rollout_correction)
 
     def get(self, key: str, default: Any = None) -> Any:
         """Dict-style read, as verl's config objects allow."""
@@ -151,7 +145,10 @@ class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimiser of the actor."""
     global_batch_info: dict[str, Any] = field(default_factory=dict)
-    """Filled per micro-batch by the trainer: dp_size, batch_num_tokens, global_batch_size, loss_scale_factor."""
+    """verl's run-time channel for the global mini-batch counts (its engine writes them here per mini-batch). ppolab
+    passes them to the losses as an argument (``ppolab.algos.GlobalBatchInfo``) and never writes this dict; a loss
+    reads it only when called without that argument (a config built by hand, the parity tests). Not a config-file
+    key: a non-empty value in a config is refused."""
 
     def __post_init__(self) -> None:
         check_loss_agg_mode(self.loss_agg_mode, "actor.loss_agg_mode")

@@ -33,7 +33,7 @@ from omegaconf.errors import OmegaConfBaseException
 from ppolab.config.actor import check_loss_agg_mode
 from ppolab.config.schema import ConfigError, ConfigNotice, PPOConfig
 
-from ppolab.config.validation import _FALLBACK_NAMES, check_config, registry_names  # noqa: F401
+from ppolab.config.validation import check_config, registry_names  # noqa: F401
 
 PRESET_DIR = Path(__file__).parent / "presets"
 _A, _R, _REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"

@@ -11,15 +11,12 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ppolab.config.actor import ActorConfig, OptimConfig
+from ppolab.config.actor import ActorConfig, OptimConfig, RolloutCorrectionConfig
+from ppolab.vocab import GROUP_ADV_ESTIMATORS  # noqa: F401 (re-exported)
 
 #: LoRA targets of a Llama/Qwen-style decoder: every attention and MLP projection.
 DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
-#: Advantage estimators that normalise within a group of rollouts of one prompt (need rollout.n ≥ 2).
-GROUP_ADV_ESTIMATORS = ("grpo", "grpo_vectorized", "gdpo", "rloo", "rloo_vectorized", "grpo_passk",
-                        "reinforce_plus_plus_baseline", "opo", "gpg", "optimal_token_baseline",
-                        "tir_optimal_token_baseline")
 
 
 class ConfigError(ValueError):
@@ -76,6 +73,10 @@ class ModelConfig:
     """Module names LoRA wraps: a list of names or the string "all-linear"."""
     dtype: str = "float32"
     """Parameter dtype: float32 (CPU default), bfloat16 or float16."""
+    enable_gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward instead of storing them (non-reentrant): activation
+    memory of the actor (and a full-fine-tuning critic) drops to one layer's input per layer, for ~30% more compute.
+    Gradients are unchanged. verl's key, default off."""
 
 
 @dataclass
@@ -250,24 +251,6 @@ class KLCtrlConfig:
 
 
 @dataclass
-class RolloutCorrectionConfig:
-    """verl's ``algorithm.rollout_correction``: off-policy correction between rollout and old policy (§13)."""
-
-    rollout_is: Optional[str] = None
-    """Importance weights old/rollout: None (off), token or sequence."""
-    rollout_is_threshold: float = 2.0
-    """Truncation of the IS weights (TIS): w = min(w, threshold)."""
-    rollout_rs: Optional[str] = None
-    """Rejection sampling: None (off) or a comma list of token_k1/k2/k3, seq_sum_k1/k2/k3, seq_mean_k1/k2/k3,
-    seq_max_k2/k3; a token or row failing any option is zeroed in response_mask (loss_mask is kept)."""
-    rollout_rs_threshold: Any = None
-    """Thresholds of rollout_rs: one shared, or one per option comma separated; *_k1 take "lower_upper" ratio
-    bounds or u (= [1/u, u]), the others an upper bound. Required when rollout_rs is set."""
-    bypass_mode: bool = False
-    """Use the rollout log-probs as old log-probs and skip the old-log-prob forward."""
-
-
-@dataclass
 class AlgorithmConfig:
     """verl's ``algorithm``: advantage estimator and reward-side KL."""
 
@@ -285,8 +268,9 @@ class AlgorithmConfig:
     """Estimator of the reward-side KL (kl/k1, abs, mse/k2, low_var_kl/k3, optional '+')."""
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
     """Reward-KL coefficient controller."""
-    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
-    """Rollout/old policy mismatch correction."""
+    rollout_correction: RolloutCorrectionConfig = field(
+        default_factory=lambda: RolloutCorrectionConfig(rollout_is=None))
+    """Rollout/old policy mismatch correction (verl's ppo_trainer.yaml: ``rollout_is: null`` here)."""
     gdpo_reward_keys: Optional[list[str]] = None
     """gdpo: the reward components (keys of the dict compute_score returns) normalised one by one; required."""
     gdpo_reward_weights: Optional[list[float]] = None
@@ -307,17 +291,20 @@ class CustomRewardFunctionConfig:
 class TrainerConfig:
     """verl's ``trainer``: loop length, logging, recording and devices."""
 
-    total_training_steps: int = 100
-    """Training steps to run (one rollout batch each)."""
+    total_training_steps: Optional[int] = 100
+    """Training steps to run (one rollout batch each); None = ``total_epochs`` passes over train_files."""
     total_epochs: Optional[int] = None
-    """Also stop after this many passes over train_files; None = no epoch limit."""
+    """Passes over train_files (each ⌊len(train_files) / train_batch_size⌋ steps: the tail is dropped). Training
+    stops at whichever of the two limits comes first, as verl's loop does (an outer loop over total_epochs that
+    returns at total_training_steps); None = no epoch limit."""
     seed: int = 1
     """Global seed (torch, sampling, data shuffle unless data.seed)."""
     run_dir: Optional[str] = None
     """Output directory; None = runs/<experiment_name>-<timestamp> (-2, -3 … if taken), chosen by the trainer. A
     directory that already holds a run is refused unless ``resume`` is true: runs are never mixed or overwritten."""
     project_name: str = "ppolab"
-    """Project name (tensorboard grouping)."""
+    """Project name: tensorboard logs go to ``<run_dir>/tensorboard/<project_name>/<experiment_name>`` (verl's
+    ``tensorboard_log/{project_name}/{experiment_name}``), so runs of one project group together."""
     experiment_name: str = "run"
     """Run name (default run_dir prefix)."""
     logger: list[str] = field(default_factory=lambda: ["console"])
@@ -337,10 +324,11 @@ class TrainerConfig:
     """Validate once before the first step."""
     critic_warmup: int = 0
     """Steps during which only the critic is updated."""
-    n_gpus_per_node: int = 1
-    """GPUs per node."""
-    nnodes: int = 1
-    """Number of nodes."""
+    n_gpus_per_node: Optional[int] = None
+    """Processes (GPUs) per node. ppolab's ranks come from the launcher (torchrun / accelerate), so this is a check:
+    when given, nnodes × n_gpus_per_node must equal the launched world size. None = whatever was launched."""
+    nnodes: Optional[int] = None
+    """Number of nodes (a check, as n_gpus_per_node); None = whatever was launched."""
 
 
 # ----------------------------------------------------------------------------------------------- root

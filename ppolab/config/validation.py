@@ -8,37 +8,26 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import sys
 from collections.abc import Iterable
 from typing import Any
 
-from ppolab.config.actor import LOSS_AGG_MODES
-from ppolab.config.schema import GROUP_ADV_ESTIMATORS, PPOConfig
+from ppolab.config.schema import PPOConfig
+from ppolab.vocab import (ADV_ESTIMATORS, BYPASS_LOSS_TYPES, GROUP_ADV_ESTIMATORS, KL_PENALTY_TYPES, LOSS_AGG_MODES,
+                          POLICY_LOSS_MODES, ROLLOUT_RS_OPTIONS)
 
 _A, _R, _REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
 
-# verl's names, used only while ppolab.algos does not export its registries (tests compare them when it does).
-_KL_BASE = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-_FALLBACK_NAMES = {
-    "loss_mode": ("vanilla", "dppo_tv", "dppo_kl", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "dro",
-                  "cispo", "bypass_mode"),
-    "adv_estimator": ("gae", "grpo", "grpo_vectorized", "gdpo", "grpo_passk", "reinforce_plus_plus_baseline",
-                      "rloo", "opo", "reinforce_plus_plus", "remax", "gpg", "rloo_vectorized",
-                      "optimal_token_baseline", "tir_optimal_token_baseline"),
-    "kl": _KL_BASE + tuple(k + "+" for k in _KL_BASE),
-}
-
-
 def registry_names() -> dict[str, tuple[str, ...]]:
-    """Valid ``loss_mode``, ``adv_estimator`` and KL-estimator names, from the formula core's registries.
-
-    Imported lazily: ``ppolab.algos`` imports torch, which ``import ppolab.config`` must not.
-    """
-    try:
-        from ppolab.algos import ADV_ESTIMATOR_REGISTRY, KL_PENALTY_TYPES, POLICY_LOSS_REGISTRY
-    except ImportError:
-        return dict(_FALLBACK_NAMES)
-    return {"loss_mode": tuple(POLICY_LOSS_REGISTRY), "adv_estimator": tuple(ADV_ESTIMATOR_REGISTRY),
-            "kl": tuple(k for k in KL_PENALTY_TYPES if k.rstrip("+") != "full")}
+    """Valid ``loss_mode``, ``adv_estimator`` and KL-estimator names: verl's (``ppolab.vocab``), plus any a user
+    registered with ``register_policy_loss`` / ``register_adv_est`` once ``ppolab.algos`` is loaded (looked up, not
+    imported: ``import ppolab.config`` stays torch-free)."""
+    names = {"loss_mode": POLICY_LOSS_MODES, "adv_estimator": ADV_ESTIMATORS, "kl": KL_PENALTY_TYPES}
+    algos = sys.modules.get("ppolab.algos")
+    if algos is not None:
+        names["loss_mode"] += tuple(k for k in algos.POLICY_LOSS_REGISTRY if k not in POLICY_LOSS_MODES)
+        names["adv_estimator"] += tuple(k for k in algos.ADV_ESTIMATOR_REGISTRY if k not in ADV_ESTIMATORS)
+    return names
 
 
 class _Checks:
@@ -290,8 +279,6 @@ def _check_policy_loss(c: _Checks) -> None:
         c.at_least(f"{key}.ppo_kl_coef", 0)
     if mode == "bypass_mode":
         rc = pl.rollout_correction
-        from ppolab.config.actor import BYPASS_LOSS_TYPES
-
         c.choice(f"{key}.rollout_correction.loss_type", BYPASS_LOSS_TYPES)
         c.choice(f"{key}.rollout_correction.rollout_is", (None, "token", "sequence"))
         if rc.rollout_rs is not None:
@@ -333,18 +320,40 @@ def _check_algorithm_trainer(c: _Checks) -> None:
          f"{_R}.calculate_log_probs=true (bypass mode uses the rollout log-probs as old log-probs)")
     c.ok(logp or not rc.rollout_is, f"algorithm.rollout_correction.rollout_is={rc.rollout_is!r} needs {_R}."
          "calculate_log_probs=true (the IS weights are old / rollout probabilities)")
-    c.at_least("algorithm.rollout_correction.rollout_is_threshold", 0, strict=True)
+    if isinstance(rc.rollout_is_threshold, str):  # IcePop "lower_upper": verl's parser decides
+        from ppolab.algos.correction import parse_is_threshold
+
+        try:
+            parse_is_threshold(rc.rollout_is_threshold)
+        except ValueError as e:
+            c.errors.append(f"algorithm.rollout_correction.rollout_is_threshold: {e}")
+    else:
+        c.at_least("algorithm.rollout_correction.rollout_is_threshold", 0, strict=True)
+    c.ok(rc.loss_type == "ppo_clip", f"algorithm.rollout_correction.loss_type={rc.loss_type!r} has no effect (verl V1 "
+         f"reads it only under loss_mode=bypass_mode): set {_A}.policy_loss.rollout_correction.loss_type instead")
+    c.ok(not cfg.actor_rollout_ref.actor.policy_loss.rollout_correction.bypass_mode,
+         f"{_A}.policy_loss.rollout_correction.bypass_mode has no effect (the loss never reads it): set "
+         "algorithm.rollout_correction.bypass_mode=true for V1 bypass, or policy_loss.loss_mode=bypass_mode")
     if rc.rollout_rs is not None:
         _check_rollout_rs(c, logp)
-    c.ok(isinstance(cfg.trainer.total_training_steps, int) and cfg.trainer.total_training_steps >= 1,
-         f"trainer.total_training_steps={cfg.trainer.total_training_steps!r} must be ≥ 1")
+    t = cfg.trainer
+    c.positive("trainer.total_training_steps", optional=True)
     c.positive("trainer.total_epochs", optional=True)
+    c.ok(t.total_training_steps is not None or t.total_epochs is not None, "trainer.total_training_steps and "
+         "trainer.total_epochs are both null: give at least one (the run would never stop)")
     for key in ("trainer.save_freq", "trainer.test_freq", "trainer.record_freq"):
         c.ok(c.get(key) == -1 or c.get(key) >= 1,
              f"{key}={c.get(key)!r} is not valid: use a step interval ≥ 1, or -1 for never (not 0)")
     c.at_least("trainer.critic_warmup", 0)
-    c.positive("trainer.n_gpus_per_node")
-    c.positive("trainer.nnodes")
+    c.positive("trainer.n_gpus_per_node", optional=True)
+    c.positive("trainer.nnodes", optional=True)
+    if t.n_gpus_per_node is not None or t.nnodes is not None:
+        nodes, per_node = t.nnodes or 1, t.n_gpus_per_node or 1
+        c.ok(nodes * per_node == c.world_size, f"trainer.nnodes × trainer.n_gpus_per_node = {nodes} × {per_node} "
+             f"= {nodes * per_node}, but {c.world_size} process(es) were launched: start "
+             f"torchrun --nnodes {nodes} --nproc_per_node {per_node} (or leave both null to take the launcher's)")
+    c.ok(not cfg.actor_rollout_ref.actor.global_batch_info, f"{_A}.global_batch_info is set per mini-batch by the "
+         "worker (verl writes it at run time); it is not a config key — remove it")
 
 
 def _check_rollout_rs(c: _Checks, logp: bool) -> None:
@@ -353,7 +362,7 @@ def _check_rollout_rs(c: _Checks, logp: bool) -> None:
     c.ok(logp, f"{key}={rc.rollout_rs!r} needs {_R}.calculate_log_probs=true (rejection compares the old and the "
          "rollout log-probs)")
     try:
-        from ppolab.algos.correction import ROLLOUT_RS_OPTIONS, parse_rollout_rs
+        from ppolab.algos.correction import parse_rollout_rs
     except ImportError:  # the formula core is not importable: nothing more can be checked here
         return
     for option in (o.strip() for o in str(rc.rollout_rs).split(",") if o.strip()):

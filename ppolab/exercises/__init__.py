@@ -12,16 +12,26 @@ nudge, then the formula. An unanswered exercise (``...``) is reported as such; `
 Each lab's exercises live in ``ppolab/exercises/labNN.py`` and register themselves with :func:`exercise`;
 the solutions live outside the notebooks, in ``labs/solutions/NN.py`` (``SOLUTIONS`` and ``WRONG``), and
 ``tests/test_exercises.py`` asserts every solution is accepted and every plausible wrong answer is not.
+
+In Chinese (``set_language("zh")``, the same function as :func:`ppolab.i18n.set_language`) the hints and
+:func:`prompt` come from ``ppolab/exercises/zh/NN.json``, which ``tools/build_zh_labs.py`` writes from the labs'
+translation files; the English text registered here stays the source.
 """
 from __future__ import annotations
 
 import importlib
+import json
 import math
 import pkgutil
 from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["Exercise", "Verdict", "check", "exercise", "registry", "reset", "truth", "UNANSWERED"]
+from ppolab.i18n import get_language, set_language, tr
+
+__all__ = ["Exercise", "Verdict", "check", "exercise", "hints", "prompt", "registry", "reset", "set_language", "truth",
+           "UNANSWERED"]
 
 #: What an unanswered exercise holds: ``answer = ...``.
 UNANSWERED = Ellipsis
@@ -120,6 +130,32 @@ def _get(id: str) -> Exercise:
     return reg[id]
 
 
+@lru_cache(maxsize=None)
+def _zh(lab: str) -> dict[str, dict]:
+    """The Chinese prompts and hints of one lab's exercises (empty if the lab has no translation file)."""
+    path = Path(__file__).with_name("zh") / f"{lab}.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def prompt(id: str) -> str:
+    """The prompt of exercise ``id`` in the current language."""
+    ex = _get(id)
+    if get_language() == "zh":
+        return _zh(ex.lab).get(id, {}).get("prompt", ex.prompt)
+    return ex.prompt
+
+
+def hints(id: str) -> tuple[str, ...]:
+    """The hints of exercise ``id`` in the current language (English where a translation is missing or stale:
+    a Chinese list of another length than the English one is not used)."""
+    ex = _get(id)
+    if get_language() == "zh":
+        zh = tuple(_zh(ex.lab).get(id, {}).get("hints", ()))
+        if len(zh) == len(ex.hints):
+            return zh
+    return ex.hints
+
+
 def matches(answer: Any, expected: Any, rel: float = 1e-6, abs: float = 1e-9) -> bool:
     """Whether ``answer`` equals ``expected``: numbers within ``rel``/``abs``, bools and strings exactly
     (strings ignoring case and surrounding blanks), sequences and dicts element by element. A bool never
@@ -158,13 +194,14 @@ def check(id: str, answer: Any, **context: Any) -> Verdict:
     """
     ex = _get(id)
     if answer is UNANSWERED:
-        return Verdict(id, False, False, f"{id}: not answered yet — replace `...` with your answer and run again.")
+        return Verdict(id, False, False,
+                       tr("{id}: not answered yet — replace `...` with your answer and run again.").format(id=id))
     expected = ex.compute(**context)
     if matches(answer, expected, ex.rel, ex.abs):
         _TRIES.pop(id, None)
-        return Verdict(id, True, True, f"{id}: right.")
+        return Verdict(id, True, True, tr("{id}: right.").format(id=id))
     tries = _TRIES.get(id, 0)
     _TRIES[id] = tries + 1
-    hints = ex.hints[: min(tries + 1, len(ex.hints))]
-    text = "\n".join(f"  hint {i + 1}: {h}" for i, h in enumerate(hints))
-    return Verdict(id, False, True, f"{id}: not yet.\n{text}")
+    shown = hints(id)[: min(tries + 1, len(ex.hints))]
+    text = "\n".join(tr("  hint {i}: {hint}").format(i=i + 1, hint=h) for i, h in enumerate(shown))
+    return Verdict(id, False, True, tr("{id}: not yet.").format(id=id) + "\n" + text)

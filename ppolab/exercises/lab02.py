@@ -11,17 +11,18 @@ def bypass_stages(run=None):
     """Stages 4 and 7 of ``ppolab.trainer.PPOTrainer`` run on recorded step 1 of ``run`` (default: the vLLM bf16
     run, which trained with ``rollout_is=token``) with ``algorithm.rollout_correction.bypass_mode=true``.
     Returns (the recorded tensors, the batch after stage 7, the config)."""
+    from dataclasses import replace
     from types import SimpleNamespace
 
-    from ppolab.config import from_dict
     from ppolab.engine import Batch
     from ppolab.trainer import PPOTrainer
     from ppolab.widgets.common import resolve_run
 
     r = resolve_run(run, default="grpo_tiny_vllm_bf16")
     rec = r.step(r.steps[0])
-    cfg = from_dict(r.config)
-    cfg.algorithm.rollout_correction.bypass_mode = True
+    raw = r.ppo_config()
+    cfg = replace(raw, algorithm=replace(raw.algorithm, rollout_correction=replace(
+        raw.algorithm.rollout_correction, bypass_mode=True)))
     produced_later = ("old_log_probs", "entropy", "rollout_is_weights", "token_level_rewards", "advantages",
                       "returns", "actor_log_probs", "critic_vpreds")
     batch = Batch({k: v.clone() for k, v in rec.tensors.items() if k not in produced_later})

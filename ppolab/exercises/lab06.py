@@ -18,8 +18,9 @@ def e1_metrics(run=None) -> tuple[float, dict[str, float]]:
     r = resolve_run(run)
     b = optimizer_step_batch(step_tensors(r, 1), 3)
     cfg = actor_config(r, **E1_OVERRIDES)
-    loss, metrics = algos.ppo_loss(cfg, b["log_prob"], b["old_log_probs"], b["advantages"], b["response_mask"],
-                                   b["entropy"], b["ref_log_prob"])
+    loss, metrics = algos.ppo_loss(cfg, old_log_prob=b["old_log_probs"], log_prob=b["log_prob"],
+                                   advantages=b["advantages"], response_mask=b["response_mask"],
+                                   entropy=b["entropy"], ref_log_prob=b["ref_log_prob"])
     return float(loss), metrics
 
 
@@ -45,7 +46,7 @@ def _runnable_modes():
         if getattr(cfg.policy_loss, "dro_beta", 0.1) is None:
             cfg.policy_loss.dro_beta = 0.1
         try:
-            algos.ppo_loss(cfg, lp, lp - 0.1, adv, mask)
+            algos.ppo_loss(cfg, old_log_prob=lp - 0.1, log_prob=lp, advantages=adv, response_mask=mask)
         except Exception:  # noqa: BLE001 — a mode that cannot run on defaults is not part of the question
             continue
         yield mode, cfg
@@ -63,14 +64,15 @@ def _e1(run=None) -> float:
 
 @exercise("06.2", "Which registered loss modes never look at old_log_prob (no ratio at all)? A set of names.",
           hints=("Change old_log_prob and keep everything else: which losses do not move?",
-                 "A mode ignores old_log_prob when ppo_loss(cfg, lp, old_a, …) == ppo_loss(cfg, lp, old_b, …) "
-                 "for two different old_log_prob tensors; loop over POLICY_LOSS_REGISTRY."))
+                 "A mode ignores old_log_prob when ppo_loss(cfg, old_log_prob=old_a, log_prob=lp, …) == "
+                 "ppo_loss(cfg, old_log_prob=old_b, log_prob=lp, …) for two different old_log_prob tensors; loop "
+                 "over POLICY_LOSS_REGISTRY."))
 def _e2() -> set[str]:
     lp, adv, mask = toy_batch()
     out = set()
     for mode, cfg in _runnable_modes():
-        a = algos.ppo_loss(cfg, lp, lp - 0.5, adv, mask)[0]
-        b = algos.ppo_loss(cfg, lp, lp + 0.3, adv, mask)[0]
+        a = algos.ppo_loss(cfg, old_log_prob=lp - 0.5, log_prob=lp, advantages=adv, response_mask=mask)[0]
+        b = algos.ppo_loss(cfg, old_log_prob=lp + 0.3, log_prob=lp, advantages=adv, response_mask=mask)[0]
         if torch.equal(a, b):
             out.add(mode)
     return out
@@ -88,8 +90,9 @@ def _e3(run=None) -> float:
 
     r = resolve_run(run)
     b = optimizer_step_batch(step_tensors(r, 1), 0)
-    return algos.ppo_loss(actor_config(r), b["log_prob"], b["old_log_probs"], b["advantages"],
-                          b["response_mask"], b.get("entropy"), b.get("ref_log_prob"))[1]["actor/pg_loss"]
+    return algos.ppo_loss(actor_config(r), old_log_prob=b["old_log_probs"], log_prob=b["log_prob"],
+                          advantages=b["advantages"], response_mask=b["response_mask"], entropy=b.get("entropy"),
+                          ref_log_prob=b.get("ref_log_prob"))[1]["actor/pg_loss"]
 
 
 @exercise("06.4", "On the batch lp, adv, mask = toy_batch() at ratio exactly 1 (old_log_prob = lp) with "
@@ -97,8 +100,9 @@ def _e3(run=None) -> float:
           "vanilla (vanilla included)? A set of names.",
           hints=("Differentiate each loss at r = 1: most become −A·∇log π, whatever their value. Then look for the "
                  "ones that aggregate differently, or change individual tokens.",
-                 "Loop over POLICY_LOSS_REGISTRY: x = lp.clone().requires_grad_(True); ppo_loss(cfg, x, lp, adv, "
-                 "mask)[0].backward(); compare x.grad with vanilla's (torch.allclose). Give dro a dro_beta. SAPO "
+                 "Loop over POLICY_LOSS_REGISTRY: x = lp.clone().requires_grad_(True); ppo_loss(cfg, "
+                 "old_log_prob=lp, log_prob=x, advantages=adv, response_mask=mask)[0].backward(); compare x.grad "
+                 "with vanilla's (torch.allclose). Give dro a dro_beta. SAPO "
                  "always uses seq-mean-token-mean, geo_mean a plain mean over sequences, and clip_cov drops the loss "
                  "of a random token whose covariance lies in (clip_cov_lb, clip_cov_ub)."))
 def _e4() -> set[str]:
@@ -106,9 +110,30 @@ def _e4() -> set[str]:
 
     def grad(cfg):
         x = lp.clone().requires_grad_(True)
-        algos.ppo_loss(cfg, x, lp.clone(), adv, mask)[0].backward()
+        algos.ppo_loss(cfg, old_log_prob=lp.clone(), log_prob=x, advantages=adv, response_mask=mask)[0].backward()
         return x.grad
 
     modes = dict(_runnable_modes())
     reference = grad(modes["vanilla"])
     return {mode for mode, cfg in modes.items() if torch.allclose(grad(cfg), reference, rtol=1e-9, atol=1e-12)}
+
+
+#: The token of exercise 06.5: ratio, advantage and old probability π_old, under a bare ActorConfig (ε = 0.2, c = 3).
+E5_TOKEN = dict(ratio=1.3, advantage=1.0, old_prob=0.5)
+
+
+@exercise("06.5", "A token with ratio r = 1.3, advantage A = +1 and old probability π_old = 0.5, alone in its "
+          "sequence, under a default ActorConfig (ε = 0.2, clip_ratio_c = 3; dro_beta = 0.1): which registered loss "
+          "modes give it a gradient weight of exactly 0? A set of names.",
+          hints=("r = 1.3 is past 1 + ε with A > 0. Which modes switch the token off there, which only bound its "
+                 "weight (a stop-gradient clipped ratio), and which measure the move in probability, not in ratio?",
+                 "For each mode, gradient_weights(mode, [1.3], 1.0, ActorConfig(), old_prob=0.5) from "
+                 "ppolab.widgets.gradients (autograd through POLICY_LOSS_REGISTRY[mode]); keep the modes where it is "
+                 "0. dppo_tv drops a token only when π_θ − π_old > δ: here 0.5·0.3 = 0.15 ≤ 0.2."))
+def _e5() -> set[str]:
+    from ppolab.config import ActorConfig
+    from ppolab.widgets.gradients import gradient_weights
+
+    t = E5_TOKEN
+    return {mode for mode in algos.POLICY_LOSS_REGISTRY
+            if gradient_weights(mode, [t["ratio"]], t["advantage"], ActorConfig(), old_prob=t["old_prob"]).item() == 0}

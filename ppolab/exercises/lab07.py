@@ -21,7 +21,7 @@ def _model(path: str):
 def _run_model(run):
     from ppolab.models import SHIPPED_MODEL
 
-    path = run.config.get("actor_rollout_ref", {}).get("model", {}).get("path")
+    path = run.ppo_config().actor_rollout_ref.model.path
     if not path or not (Path(path) / "config.json").is_file():
         path = SHIPPED_MODEL
     return _model(str(path))

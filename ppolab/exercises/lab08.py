@@ -28,7 +28,7 @@ def reward_kl_statistic(run=None, step: int = 3, mask: str = "loss_mask", real_r
     r = _run(run)
     t = r.step(step).tensors
     m = t[mask].float()
-    name = kl_penalty or r.config.get("algorithm", {}).get("kl_penalty", "kl")
+    name = kl_penalty or r.ppo_config().algorithm.kl_penalty
     kld = algos.kl_penalty(t["old_log_probs"].float(), t["ref_log_prob"].float(), name) * m
     per_row = algos.masked_mean(kld, m, axis=-1)
     if real_rows_only:
@@ -63,8 +63,8 @@ def _e2() -> dict[str, str]:
                   "old_log_probs": torch.tensor([[-1.5, -0.5]], dtype=torch.float64)}
     ref = torch.tensor([[-1.2, -1.1]], dtype=torch.float64)
     cfg = ActorConfig(use_kl_loss=True, kl_loss_type="k1")
-    _, metrics = algos.ppo_loss(cfg, candidates["log_prob"], candidates["old_log_probs"], torch.ones_like(ref),
-                                torch.ones_like(ref), None, ref)
+    _, metrics = algos.ppo_loss(cfg, old_log_prob=candidates["old_log_probs"], log_prob=candidates["log_prob"],
+                                advantages=torch.ones_like(ref), response_mask=torch.ones_like(ref), ref_log_prob=ref)
     loss_side = next(name for name, lp in candidates.items()
                      if abs((lp - ref).mean().item() - metrics["actor/kl_loss"]) < 1e-12)
     return {"reward-side": reward_side, "loss-side": loss_side}

@@ -37,7 +37,7 @@ def critic_batch(run=None, update: int = 0, step: int | None = None):
 def clipfrac(run=None, update: int = 0, cliprange_value: float | None = None, step: int | None = None) -> float:
     """vf_clipfrac of one critic optimizer step pooled over its global mini-batch (ε_v default: the run's)."""
     r, _ = _record(run, step)
-    eps = r.config["critic"]["cliprange_value"] if cliprange_value is None else cliprange_value
+    eps = r.ppo_config().critic.cliprange_value if cliprange_value is None else cliprange_value
     vp, g, v, m = critic_batch(run, update, step)
     return float(algos.compute_value_loss(vp, g, v, m, eps)[1])
 
@@ -53,8 +53,8 @@ def logged_clipfrac(run=None, update: int = 0, cliprange_value: float | None = N
 
     r, rec = _record(run, step)
     t = rec.tensors
-    critic = r.config["critic"]
-    eps = critic["cliprange_value"] if cliprange_value is None else cliprange_value
+    critic = r.ppo_config().critic
+    eps = critic.cliprange_value if cliprange_value is None else cliprange_value
     dp = int(rec.info.get("dp_size", 1) or 1)
     chunk = t["responses"].shape[0] // dp
     vp = t["critic_vpreds"][update]
@@ -65,7 +65,7 @@ def logged_clipfrac(run=None, update: int = 0, cliprange_value: float | None = N
         if len(mine) == 0:
             continue
         shares = []
-        for micro in fixed_micro_batches(len(mine), int(critic["ppo_micro_batch_size_per_gpu"])):
+        for micro in fixed_micro_batches(len(mine), int(critic.ppo_micro_batch_size_per_gpu)):
             sel = mine[micro]
             m = t["response_mask"][sel]
             vps = torch.where(m > 0, vp[sel], t["values"][sel])

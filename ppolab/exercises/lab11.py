@@ -43,8 +43,8 @@ def global_batch_size(run=None) -> int:
     """B_agg of the trainer: actor.ppo_mini_batch_size × rollout.n (verl passes it as global_batch_size)."""
     from ppolab.widgets.common import resolve_run
 
-    arr = resolve_run(run, RUN).config["actor_rollout_ref"]
-    return int(arr["actor"]["ppo_mini_batch_size"]) * int(arr["rollout"]["n"])
+    arr = resolve_run(run, RUN).ppo_config().actor_rollout_ref
+    return arr.actor.ppo_mini_batch_size * arr.rollout.n
 
 
 def weight_ratio(run=None, mode: str = "token-mean") -> float:

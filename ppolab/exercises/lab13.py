@@ -1,8 +1,8 @@
 """Lab 13 — micro-batch invariance, checked on the real update (chapter §13, §10.5, §11.5).
 
-Every truth here is a replay of ``PPOTrainer.update_actor`` on recorded step 1 (``ppolab.replay``), computed when
-the check runs; replays are cached for the whole process (``ppolab.widgets.invariance.cached_replay``), so the
-lab's own cells, the explorer and these checks share them.
+Every truth here is a replay of the actor worker's update (what ``PPOTrainer.update_actor`` runs) on recorded
+step 1 (``ppolab.replay``), computed when the check runs; replays are cached for the whole process
+(``ppolab.widgets.invariance.cached_replay``), so the lab's own cells, the explorer and these checks share them.
 """
 from __future__ import annotations
 

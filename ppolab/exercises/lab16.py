@@ -70,7 +70,7 @@ def _e3(run=None) -> float:
     r = resolve_run(run, default=RUN)
     rec = r.step(r.steps[-1])
     t, real = rec.tensors, real_rows(rec)
-    kld = algos.kl_penalty(t["old_log_probs"], t["ref_log_prob"], r.config["algorithm"]["kl_penalty"]) * _loss_mask(rec)
+    kld = algos.kl_penalty(t["old_log_probs"], t["ref_log_prob"], r.ppo_config().algorithm.kl_penalty) * _loss_mask(rec)
     return float(t["token_level_scores"].sum(-1)[real].mean() / kld.sum(-1)[real].mean())
 
 
@@ -119,11 +119,11 @@ def _e6(run=None) -> float:
 
     r = resolve_run(run, default=RUN)
     rec = r.step(STEP)
-    t, alg = rec.tensors, r.config["algorithm"]
+    t, alg = rec.tensors, r.ppo_config().algorithm
     ctrl = algos.AdaptiveKLController(float(r.metrics.loc[STEP, "actor/reward_kl_penalty_coeff"]),
-                                      alg["kl_ctrl"]["target_kl"], alg["kl_ctrl"]["horizon"])
+                                      alg.kl_ctrl.target_kl, alg.kl_ctrl.horizon)
     algos.apply_kl_penalty(t["token_level_scores"].float(), t["old_log_probs"].float(), t["ref_log_prob"].float(),
-                           _loss_mask(rec), ctrl, alg["kl_penalty"])
+                           _loss_mask(rec), ctrl, alg.kl_penalty)
     return float(ctrl.value)
 
 
@@ -160,7 +160,7 @@ def _e8(run=None) -> float:
     r = resolve_run(run, default=RUN)
     b = optimizer_step_batch(r.step(AGG_STEP), AGG_OPT)
     x = torch.ones_like(b["response_mask"], requires_grad=True)
-    c = r.config
-    gbs = c["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] * c["actor_rollout_ref"]["rollout"]["n"]
+    arr = r.ppo_config().actor_rollout_ref
+    gbs = arr.actor.ppo_mini_batch_size * arr.rollout.n
     algos.agg_loss(x, b["response_mask"], "seq-mean-token-mean", global_batch_size=gbs).backward()
     return float((x.grad * b["response_mask"]).sum())

@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from ppolab.algos import logprobs_from_logits, scale_logits
-from ppolab.rewards import call_reward
+from ppolab.rewards import score_responses
 from ppolab.rollout.base import RolloutOutput, SamplingParams, eos_token_ids, left_pad
+from ppolab.rollout.hf import generate_tokens
 from ppolab.tokenizer import TOOL_CALL, TOOL_CALL_END, TOOL_RESPONSE, TOOL_RESPONSE_END
 from ppolab.tools import calculator
 
@@ -80,30 +80,12 @@ class ToolAgentRollout:
     def _generate_turn(self, model, contexts: list[list[int]], max_new_tokens: int, sampling: SamplingParams
                        ) -> tuple[list[list[int]], list[list[float]]]:
         """New tokens of each context up to and including its first stop token (EOS or ``<|/tool_call|>``), and
-        their temperature-scaled log-probs from the raw logits (as HFRollout)."""
-        pad = self.tokenizer.pad_token_id
-        kwargs = {"max_new_tokens": max_new_tokens, "pad_token_id": pad, "eos_token_id": self.stop_ids,
-                  "do_sample": sampling.do_sample, "output_logits": True, "return_dict_in_generate": True}
-        if sampling.do_sample:
-            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p,
-                          top_k=max(0, sampling.top_k))
-        temperature = sampling.temperature if sampling.do_sample else 1.0
-        stop = torch.as_tensor(self.stop_ids)
-        tokens, log_probs = [], []
-        for start in range(0, len(contexts), self.chunk_size):
-            ids, mask = left_pad(contexts[start:start + self.chunk_size], pad)
-            ids, mask = ids.to(self.models.device), mask.to(self.models.device)
-            out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
-            new = out.sequences[:, ids.shape[1]:].cpu()
-            lp = logprobs_from_logits(scale_logits(torch.stack(out.logits, dim=1).float(), temperature),
-                                      out.sequences[:, ids.shape[1]:]).cpu()
-            is_stop = torch.isin(new, stop)
-            for r in range(new.shape[0]):
-                hits = is_stop[r].nonzero()
-                length = int(hits[0]) + 1 if len(hits) else new.shape[1]
-                tokens.append(new[r, :length].tolist())
-                log_probs.append(lp[r, :length].tolist())
-        return tokens, log_probs
+        their temperature-scaled log-probs from the raw logits (the hf engine's ``generate_tokens``)."""
+        tokens, log_probs, mask = generate_tokens(model, self.tokenizer, contexts, max_new_tokens, sampling,
+                                                  self.stop_ids, self.chunk_size)
+        lengths = mask.sum(-1).long().tolist()
+        return ([tokens[r, :n].tolist() for r, n in enumerate(lengths)],
+                [log_probs[r, :n].tolist() for r, n in enumerate(lengths)])
 
     # ------------------------------------------------------------------ the loop
     @torch.no_grad()
@@ -202,9 +184,7 @@ def evaluate_tool_agent(model: Any, tokenizer: Any, dataset: Sequence[dict[str, 
         out = engine.generate([it["input_ids"] for it in items], 1, SamplingParams(temperature, 1.0, -1, do_sample),
                               max_response_length)
     texts = tokenizer.batch_decode(out.responses, skip_special_tokens=True)
-    scores = []
-    for it, text in zip(items, texts):
-        scores.append(call_reward(reward_fn, it["data_source"], text, it["ground_truth"], it["extra_info"]))
+    scores, _ = score_responses(reward_fn, items, texts)
     correct = torch.tensor([s == 1.0 for s in scores])
     used = out.num_tool_calls > 0
     n = max(len(items), 1)

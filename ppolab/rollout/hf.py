@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
+from transformers import GenerationConfig
 
 from ppolab.algos import logprobs_from_logits, scale_logits
+from ppolab.algos.logprob import top_k_top_p_filter
 from ppolab.engine import pad_right
 from ppolab.rollout.base import RolloutOutput, SamplingParams, eos_token_ids, left_pad, response_mask_from_ids
 
@@ -23,6 +25,13 @@ class HFRollout:
     — matmuls, and so the logits the log-probs come from, in half precision while the trainer recomputes in
     fp32. That is verl's default pairing (a bf16 vLLM rollout, an fp32 FSDP trainer) and a real off-policy gap
     for rollout correction to measure (chapter §2).
+
+    Sampling is what the config says and nothing else: during ``generate`` the model's own ``generation_config``
+    (a checkpoint's repetition penalty, top-k, min-new-tokens, …, which ``generate`` would otherwise merge into
+    every call) is swapped for a neutral one holding only the special token ids, and temperature / top-p / top-k
+    are passed explicitly. With top-p < 1 or top-k > 0 the log-probs are those of the filtered distribution the
+    tokens were drawn from (:func:`~ppolab.algos.logprob.top_k_top_p_filter`, like vLLM's ``processed_logprobs``);
+    the trainer's recomputation is unfiltered, as verl's is.
     """
 
     def __init__(self, models, chunk_size: int = 512, dtype: str | None = None):
@@ -38,38 +47,76 @@ class HFRollout:
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[Sequence[int]], n: int, sampling: SamplingParams,
                  max_response_length: int) -> RolloutOutput:
-        pad = self.tokenizer.pad_token_id
         repeated = [list(p) for p in prompt_ids for _ in range(n)]
-        prompts, prompt_mask = left_pad(repeated, pad)
-        kwargs = dict(max_new_tokens=max_response_length, pad_token_id=pad, eos_token_id=self.eos_ids,
-                      do_sample=sampling.do_sample, output_logits=True, return_dict_in_generate=True)
-        if sampling.do_sample:
-            # transformers fills an unset top_k with 50; 0 switches it off (verl's -1).
-            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p,
-                          top_k=sampling.top_k if sampling.top_k > 0 else 0)
-        temperature = sampling.temperature if sampling.do_sample else 1.0
-        device = self.models.device
-        chunks = []
+        prompts, prompt_mask = left_pad(repeated, self.tokenizer.pad_token_id)
         autocast = (torch.autocast(device_type=self.models.device.type, dtype=self.autocast_dtype)
                     if self.autocast_dtype is not None else contextlib.nullcontext())
         with self.models.actor() as model, autocast:
-            was_training = model.training
-            model.eval()
-            for start in range(0, len(repeated), self.chunk_size):
-                ids = prompts[start:start + self.chunk_size].to(device)
-                mask = prompt_mask[start:start + self.chunk_size].to(device)
-                out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
-                responses = out.sequences[:, ids.shape[1]:]
-                logits = torch.stack(out.logits, dim=1).float()
-                log_probs = logprobs_from_logits(scale_logits(logits, temperature), responses)
-                chunks.append((responses.cpu(), log_probs.cpu()))
-            model.train(was_training)
-        width = max(r.shape[1] for r, _ in chunks)
-        responses = torch.cat([pad_right(r, width, pad) for r, _ in chunks])
-        log_probs = torch.cat([pad_right(lp, width) for _, lp in chunks])
-        response_mask = response_mask_from_ids(responses, self.eos_ids)
-        responses = torch.where(response_mask.bool(), responses, torch.full_like(responses, pad))
+            responses, log_probs, response_mask = generate_tokens(model, self.tokenizer, repeated,
+                                                                  max_response_length, sampling, self.eos_ids,
+                                                                  self.chunk_size)
         return RolloutOutput(prompts, prompt_mask, responses, response_mask, log_probs * response_mask)
+
+
+@torch.no_grad()
+def generate_tokens(model, tokenizer, contexts: Sequence[Sequence[int]], max_new_tokens: int,
+                    sampling: SamplingParams, stop_ids: Sequence[int], chunk_size: int = 512
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The one batched ``model.generate`` of ppolab (the hf engine, the tool agent's turns, ``ppolab.eval``).
+
+    ``contexts`` are left-padded and generated ``chunk_size`` rows at a time, in eval mode, under the neutral
+    generation config, with every sampling knob passed explicitly. Returns ``(tokens, log_probs, mask)``, each
+    (N, L) on the CPU, right-padded with the pad id: the new tokens; their temperature-scaled log-probs from the
+    raw logits (``output_logits`` — after top-k / top-p filtering when those are on, the distribution the token was
+    drawn from); and 1 up to and including the first stop id (EOS, or the agent's ``<|/tool_call|>``), 0 after.
+    """
+    pad = tokenizer.pad_token_id
+    kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=list(stop_ids),
+                  do_sample=sampling.do_sample, output_logits=True, return_dict_in_generate=True)
+    if sampling.do_sample:
+        # transformers fills an unset top_k with 50; 0 switches it off (verl's -1).
+        kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p,
+                      top_k=sampling.top_k if sampling.top_k > 0 else 0)
+    temperature = sampling.temperature if sampling.do_sample else 1.0
+    filtered = sampling.do_sample and (sampling.top_k > 0 or sampling.top_p < 1.0)
+    device = next(model.parameters()).device
+    chunks = []
+    was_training = model.training
+    model.eval()
+    try:
+        with neutral_generation_config(model, tokenizer):
+            for start in range(0, len(contexts), chunk_size):
+                ids, mask = left_pad(contexts[start:start + chunk_size], pad)
+                out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
+                new = out.sequences[:, ids.shape[1]:]
+                logits = scale_logits(torch.stack(out.logits, dim=1).float(), temperature)
+                if filtered:  # the distribution the token was drawn from: temperature, then top-k, then top-p
+                    logits = top_k_top_p_filter(logits, sampling.top_k, sampling.top_p)
+                chunks.append((new.cpu(), logprobs_from_logits(logits, new).cpu()))
+    finally:
+        model.train(was_training)
+    width = max(t.shape[1] for t, _ in chunks)
+    tokens = torch.cat([pad_right(t, width, pad) for t, _ in chunks])
+    log_probs = torch.cat([pad_right(lp, width) for _, lp in chunks])
+    mask = response_mask_from_ids(tokens, stop_ids)
+    return torch.where(mask.bool(), tokens, torch.full_like(tokens, pad)), log_probs, mask
+
+
+@contextlib.contextmanager
+def neutral_generation_config(model, tokenizer) -> Iterator[None]:
+    """Swap the HF model's ``generation_config`` (under any peft wrapper) for one with only the special ids, so
+    ``generate`` fills unset knobs from transformers' global defaults, never from the checkpoint's file."""
+    hf_model = model.get_base_model() if hasattr(model, "get_base_model") else model
+    own = hf_model.generation_config
+    hf_model.generation_config = GenerationConfig(
+        bos_token_id=own.bos_token_id if own.bos_token_id is not None else tokenizer.bos_token_id,
+        eos_token_id=own.eos_token_id if own.eos_token_id is not None else tokenizer.eos_token_id,
+        pad_token_id=own.pad_token_id if own.pad_token_id is not None else tokenizer.pad_token_id,
+    )
+    try:
+        yield
+    finally:
+        hf_model.generation_config = own
 
 
 def _autocast_dtype(models, dtype: str | None) -> torch.dtype | None:

@@ -16,6 +16,7 @@ _WHERE = {
     "clip_explorer": "ppolab.widgets.clip",
     "dual_clip_explorer": "ppolab.widgets.clip",
     "loss_assembly": "ppolab.widgets.loss",
+    "gradient_gallery": "ppolab.widgets.gradients",
     # the two KL paths (lab 08)
     "kl_explorer": "ppolab.widgets.kl",
     # critic (lab 09)
@@ -31,6 +32,9 @@ _WHERE = {
     "live_training": "ppolab.widgets.live",
     # the nine mistakes (lab 16)
     "mistakes_explorer": "ppolab.widgets.mistakes",
+    # the language of titles, labels and controls: set_language("zh") before building an explorer
+    "set_language": "ppolab.i18n",
+    "get_language": "ppolab.i18n",
     # shared helpers
     "SHIPPED_RUNS": "ppolab.widgets.common",
     "resolve_run": "ppolab.widgets.common",

@@ -9,6 +9,7 @@ import ipywidgets as W
 import plotly.graph_objects as go
 import torch
 
+from ppolab.i18n import tr
 from ppolab.algos import LOSS_AGG_MODES, agg_loss
 from ppolab.widgets.common import real_rows, resolve_run, step_tensors
 
@@ -57,17 +58,17 @@ def aggregation_explorer(run=None, step=None, loss: str = "-advantages", loss_sc
         raise ValueError(f"loss_scale_factor must be a number in [1, {max_lsf}] or None, got {loss_scale_factor!r}")
 
     controls = {
-        "loss": W.Dropdown(options=list(LOSS_SOURCES), value=loss, description="token loss"),
+        "loss": W.Dropdown(options=list(LOSS_SOURCES), value=loss, description=tr("token loss")),
         "loss_scale_factor": W.IntSlider(value=int(lsf), min=1, max=max_lsf, description="loss_scale_factor",
                                          continuous_update=False, style={"description_width": "initial"}),
-        "n_rows": W.IntSlider(value=n_rows, min=1, max=n_real, description="rows shown", continuous_update=False),
+        "n_rows": W.IntSlider(value=n_rows, min=1, max=n_real, description=tr("rows shown"), continuous_update=False),
     }
     figs = {
         # log axis: token-sum's weights are ~T_i, the other modes' ~T_i / (tokens or rows); on a linear axis they
         # (and the only bars loss_scale_factor moves, seq-mean-token-sum-norm) would be invisible next to it
-        "weights": go.FigureWidget(layout={"title": "weight of each trajectory (Σ_t ∂L/∂ℓ_t, log scale)",
+        "weights": go.FigureWidget(layout={"title": tr("weight of each trajectory (Σ_t ∂L/∂ℓ_t, log scale)"),
                                                "barmode": "group", "height": 340, "yaxis_type": "log",
-                                               "xaxis_title": "trajectory (response length)"}),
+                                               "xaxis_title": tr("trajectory (response length)")}),
         "totals": go.FigureWidget(layout={"title": "agg_loss", "height": 280}),
     }
     for mode in LOSS_AGG_MODES:

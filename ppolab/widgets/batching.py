@@ -13,6 +13,7 @@ import ipywidgets as W
 import plotly.graph_objects as go
 import torch
 
+from ppolab.i18n import tr
 from ppolab.batching import padding_multiple, plan_batches, plan_dynamic_micro_batches
 from ppolab.widgets.common import resolve_run, step_tensors
 
@@ -28,9 +29,9 @@ def recorded_seq_lens(record, rows: int | None = None) -> list[int]:
     counts them (``Batch.seq_lens``): prompt_mask sums plus the *attended* response tokens —
     ``response_attention_mask`` when the rollout spliced in tool observations (attended, response_mask 0),
     else response_mask."""
-    t = record.tensors
-    response = t["response_attention_mask"] if "response_attention_mask" in t else t["response_mask"]
-    lens = (t["prompt_mask"].sum(-1) + response.sum(-1)).long().tolist()
+    from ppolab.engine import Batch
+
+    lens = Batch(record.tensors).seq_lens()
     return lens[:rows] if rows else lens
 
 
@@ -42,16 +43,13 @@ def synthetic_padding(train_batch_size: int, rollout_n: int, ppo_mini_batch_size
     ``add_padding_samples`` (chapter §9, §11).
 
     ``plan`` is ``plan_batches(..., pad_to=padding_multiple(dp, actor mini×n[, critic mini×n]))``, the planner
-    the trainer builds; ``batch`` is the real ``PPOTrainer.balance_batch`` run on a stand-in trainer holding only
-    the sizes it reads, on a recorded step batch resized to ``train_batch_size × rollout_n`` rows (rows repeated
+    the trainer builds; ``batch`` is the trainer's own stage-3 function (``ppolab.engine.pad_and_balance``) run on
+    a recorded step batch resized to ``train_batch_size × rollout_n`` rows (rows repeated
     as needed; no model is loaded). Returns ``rows`` (before), ``multiple``, ``synthetic_rows`` (rows flagged
     ``is_pad`` after the stage; equal to ``plan.padding_rows``), ``padded_rows``, ``optimizer_steps_per_epoch``,
     ``plan`` and ``batch``.
     """
-    import types
-
-    from ppolab.engine import Batch
-    from ppolab.trainer import PPOTrainer
+    from ppolab.engine import Batch, pad_and_balance
     from ppolab.widgets.masks import run_tokenizer
 
     minis = [ppo_mini_batch_size * rollout_n]
@@ -66,16 +64,7 @@ def synthetic_padding(train_batch_size: int, rollout_n: int, ppo_mini_batch_size
     n_rows = plan.n_trajectories
     batch = Batch(recorded).select([i % len(recorded["is_pad"]) for i in range(n_rows)])
     batch["is_pad"] = torch.zeros(n_rows, dtype=torch.bool)  # every row of the resized batch is a real trajectory
-    tok = run_tokenizer(r)
-    trainer = types.SimpleNamespace(
-        config=types.SimpleNamespace(
-            actor_rollout_ref=types.SimpleNamespace(rollout=types.SimpleNamespace(n=rollout_n),
-                                                    actor=types.SimpleNamespace(ppo_mini_batch_size=ppo_mini_batch_size)),
-            critic=types.SimpleNamespace(ppo_mini_batch_size=critic_ppo_mini_batch_size)),
-        dp_size=dp_size, dp_rank=0, use_critic=critic_ppo_mini_batch_size is not None,
-        tokenizer=types.SimpleNamespace(pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id))
-    trainer.padding_multiple = types.MethodType(PPOTrainer.padding_multiple, trainer)
-    padded, _ = PPOTrainer.balance_batch(trainer, batch)
+    padded, _ = pad_and_balance(batch, multiple, dp_size, run_tokenizer(r))
     synthetic = int(padded["is_pad"].sum())
     if synthetic != plan.padding_rows or len(padded) % multiple:
         raise AssertionError(f"balance stage added {synthetic} rows, the plan says {plan.padding_rows}")
@@ -119,11 +108,12 @@ def batch_calculator(run=None, step=None, max_token_len: int | None = None, **si
                                             style=style, continuous_update=False)
     table = W.HTML()
     figs = {
-        "timeline": go.FigureWidget(layout={"title": "optimizer steps of one training step", "height": 300,
-                                                "xaxis_title": "optimizer step",
-                                                "yaxis_title": "rows (global mini-batch)"}),
-        "dynamic": go.FigureWidget(layout={"title": "use_dynamic_bsz micro-batches", "barmode": "stack", "height": 320,
-                                               "xaxis_title": "micro-batch (execution order)", "yaxis_title": "tokens",
+        "timeline": go.FigureWidget(layout={"title": tr("optimizer steps of one training step"), "height": 300,
+                                                "xaxis_title": tr("optimizer step"),
+                                                "yaxis_title": tr("rows (global mini-batch)")}),
+        "dynamic": go.FigureWidget(layout={"title": tr("use_dynamic_bsz micro-batches"), "barmode": "stack",
+                                               "height": 320, "xaxis_title": tr("micro-batch (execution order)"),
+                                               "yaxis_title": tr("tokens"),
                                                "showlegend": False}),
     }
     figs["timeline"].add_bar()
@@ -139,23 +129,23 @@ def batch_calculator(run=None, step=None, max_token_len: int | None = None, **si
             plan, error = None, str(e)
         box.plan, box.error = plan, error
         if plan is None:
-            table.value = f"<b style='color:#b00'>invalid: {html.escape(error)}</b>"
+            table.value = tr(f"<b style='color:#b00'>invalid: {html.escape(error)}</b>")
             with figs["timeline"].batch_update():
                 figs["timeline"].data[0].update(x=[], y=[], text=[])
-                figs["timeline"].layout.title = "invalid configuration"
+                figs["timeline"].layout.title = tr("invalid configuration")
             return
-        table.value = plan._repr_html_()
+        table.value = tr(plan._repr_html_())
         shown = min(plan.optimizer_steps, MAX_TIMELINE_STEPS)
         per_epoch = plan.optimizer_steps_per_epoch
         xs = [f"e{i // per_epoch + 1}·m{i % per_epoch + 1}" for i in range(shown)]
-        text = [f"{plan.micro_batches_per_mini} waves × {plan.micro_batch_wave} rows" for _ in range(shown)]
+        text = [tr(f"{plan.micro_batches_per_mini} waves × {plan.micro_batch_wave} rows") for _ in range(shown)]
         with figs["timeline"].batch_update():
             figs["timeline"].data[0].update(x=xs, y=[plan.global_mini_batch] * shown, text=text,
                                             marker={"color": [i // per_epoch for i in range(shown)],
                                                     "colorscale": "Viridis"})
-            figs["timeline"].layout.title = (f"{plan.optimizer_steps} optimizer steps = {per_epoch} per epoch × "
+            figs["timeline"].layout.title = (tr(f"{plan.optimizer_steps} optimizer steps = {per_epoch} per epoch × "
                                              f"{plan.ppo_epochs} epochs" + (f" (first {shown} shown)"
-                                                                            if shown < plan.optimizer_steps else ""))
+                                                                            if shown < plan.optimizer_steps else "")))
 
     def refresh_dynamic(*_):
         budget = controls["max_token_len"].value
@@ -167,11 +157,11 @@ def batch_calculator(run=None, step=None, max_token_len: int | None = None, **si
             for d in range(depth):
                 figs["dynamic"].add_bar(x=list(range(len(parts))),
                                         y=[lens[p[d]] if d < len(p) else 0 for p in parts],
-                                        text=[f"row {p[d]}" if d < len(p) else "" for p in parts])
+                                        text=[tr(f"row {p[d]}") if d < len(p) else "" for p in parts])
             figs["dynamic"].add_scatter(x=[-0.5, len(parts) - 0.5], y=[budget, budget], mode="lines",
-                                        line={"dash": "dash", "color": "red"}, name="budget")
-            figs["dynamic"].layout.title = (f"plan_dynamic_micro_batches: {len(lens)} rows, {sum(lens)} tokens, "
-                                            f"budget {budget} → {len(parts)} micro-batches")
+                                        line={"dash": "dash", "color": "red"}, name=tr("budget"))
+            figs["dynamic"].layout.title = (tr(f"plan_dynamic_micro_batches: {len(lens)} rows, {sum(lens)} tokens, "
+                                            f"budget {budget} → {len(parts)} micro-batches"))
 
     for k in RANGES:
         controls[k].observe(refresh_plan, names="value")

@@ -12,6 +12,7 @@ import ipywidgets as W
 import plotly.graph_objects as go
 import torch
 
+from ppolab.i18n import tr
 from ppolab.algos import (
     compute_policy_loss_vanilla,
     ppo_clip_terms,
@@ -121,10 +122,10 @@ def clip_explorer(
     controls = {**_eps_sliders(eps_low, eps_high), "opt_step": _opt_step_slider(rec, opt_step)}
     f_sur = go.FigureWidget(
         layout=dict(
-            title="PPO objective min(r·A, clip(r)·A) = −pg_losses_clip",
+            title=tr("PPO objective min(r·A, clip(r)·A) = −pg_losses_clip"),
             height=380,
-            xaxis_title="ratio r",
-            yaxis_title="objective (maximised)",
+            xaxis_title=tr("ratio r"),
+            yaxis_title=tr("objective (maximised)"),
         )
     )
     x = _RATIO_AXIS.tolist()
@@ -134,17 +135,17 @@ def clip_explorer(
         ("A = −1: clipped objective", None),
         ("A = −1: unclipped r·A", "dot"),
     ):
-        f_sur.add_scatter(x=x, y=[0.0] * len(x), mode="lines", name=name, line=dict(dash=dash))
+        f_sur.add_scatter(x=x, y=[0.0] * len(x), mode="lines", name=tr(name), line=dict(dash=dash))
     f_batch = go.FigureWidget(
         layout=dict(
-            height=380, xaxis_title="ratio (actor_log_probs[k] vs old_log_probs)", yaxis_title="advantage"
+            height=380, xaxis_title=tr("ratio (actor_log_probs[k] vs old_log_probs)"), yaxis_title=tr("advantage")
         )
     )
     f_batch.add_scatter(
-        x=[], y=[], mode="markers", name="not clipped", marker=dict(color="steelblue", size=5)
+        x=[], y=[], mode="markers", name=tr("not clipped"), marker=dict(color="steelblue", size=5)
     )
     f_batch.add_scatter(
-        x=[], y=[], mode="markers", name="clipped (zero gradient)", marker=dict(color="red", size=7)
+        x=[], y=[], mode="markers", name=tr("clipped (zero gradient)"), marker=dict(color="red", size=7)
     )
     readout = W.HTML()
     state: dict[str, Any] = {}
@@ -180,7 +181,7 @@ def clip_explorer(
                     y=cy,
                     xref="x",
                     yref="paper",
-                    text=txt,
+                    text=tr(txt),
                     showarrow=False,
                     yanchor="top" if cy > 0.5 else "bottom",
                     font=dict(size=10),
@@ -216,7 +217,7 @@ def clip_explorer(
         def hover(sel):
             idx = torch.nonzero(sel)
             return [
-                f"row {int(b['rows'][i])}, position {int(j)}, ∂loss/∂log_prob = {grad[i, j].item():.3g}"
+                tr(f"row {int(b['rows'][i])}, position {int(j)}, ∂loss/∂log_prob = {grad[i, j].item():.3g}")
                 for i, j in idx.tolist()
             ]
 
@@ -227,11 +228,11 @@ def clip_explorer(
             f_batch.data[1].hovertext = hover(clipped)
             f_batch.layout.shapes = [_vline(lo), _vline(hi)]
             f_batch.layout.title.text = (
-                f"{_opt_step_label(rec, k)}: pg_clipfrac = {state['pg_clipfrac']:.4f} "
-                f"({state['n_clipped']}/{state['n_tokens']} tokens)"
+                tr(f"{_opt_step_label(rec, k)}: pg_clipfrac = {state['pg_clipfrac']:.4f} "
+                f"({state['n_clipped']}/{state['n_tokens']} tokens)")
             )
         readout.value = (
-            f"<b>{_opt_step_label(rec, k)}</b>, {len(b['rows'])} rows"
+            tr(f"<b>{_opt_step_label(rec, k)}</b>, {len(b['rows'])} rows"
             + (f" ({state['n_padding_rows']} of them synthetic padding rows, no tokens)"
                if state["n_padding_rows"] else "")
             + f", {state['n_tokens']} real tokens<br>"
@@ -242,7 +243,7 @@ def clip_explorer(
             f"{state['n_zero_grad_clipped']} because the clip took the ratio out of the loss"
             + (f" ({state['n_dual_clipped']} of them by the dual clip: A &lt; 0 and ratio &gt; clip_ratio_c = "
                f"{cfg.clip_ratio_c:g}, lab 05)" if state["n_dual_clipped"] else "")
-            + _clipped_table(b, terms, clipped)
+            + _clipped_table(b, terms, clipped))
         )
 
     for c in controls.values():
@@ -299,36 +300,36 @@ def dual_clip_explorer(
         **_eps_sliders(*clip_bounds(base)),
         "opt_step": _opt_step_slider(rec, opt_step),
         "stretch": W.FloatSlider(
-            value=stretch, min=1.0, max=50.0, step=0.5, description="stretch", continuous_update=False
+            value=stretch, min=1.0, max=50.0, step=0.5, description=tr("stretch"), continuous_update=False
         ),
     }
     axis = torch.linspace(0.0, 12.0, 481, dtype=torch.float64)
     f_curve = go.FigureWidget(
         layout=dict(
-            title="A = −1: loss = min(pg_losses_clip, −A·c)",
+            title=tr("A = −1: loss = min(pg_losses_clip, −A·c)"),
             height=360,
-            xaxis_title="ratio r",
-            yaxis_title="per-token loss (minimised)",
+            xaxis_title=tr("ratio r"),
+            yaxis_title=tr("per-token loss (minimised)"),
         )
     )
     f_curve.add_scatter(
         x=axis.tolist(),
         y=[0.0] * len(axis),
         mode="lines",
-        name="ordinary clip (unbounded)",
+        name=tr("ordinary clip (unbounded)"),
         line=dict(dash="dot"),
     )
-    f_curve.add_scatter(x=axis.tolist(), y=[0.0] * len(axis), mode="lines", name="dual clip (verl)")
+    f_curve.add_scatter(x=axis.tolist(), y=[0.0] * len(axis), mode="lines", name=tr("dual clip (verl)"))
     f_batch = go.FigureWidget(
         layout=dict(
-            height=360, xaxis=dict(title="ratio", type="log"), yaxis_title="per-token loss (A < 0 tokens)"
+            height=360, xaxis=dict(title=tr("ratio"), type="log"), yaxis_title=tr("per-token loss (A < 0 tokens)")
         )
     )
     f_batch.add_scatter(
-        x=[], y=[], mode="markers", name="not dual-clipped", marker=dict(color="steelblue", size=5)
+        x=[], y=[], mode="markers", name=tr("not dual-clipped"), marker=dict(color="steelblue", size=5)
     )
     f_batch.add_scatter(
-        x=[], y=[], mode="markers", name="dual-clipped (loss = −A·c)", marker=dict(color="red", size=7)
+        x=[], y=[], mode="markers", name=tr("dual-clipped (loss = −A·c)"), marker=dict(color="red", size=7)
     )
     readout = W.HTML()
     state: dict[str, Any] = {}
@@ -373,17 +374,17 @@ def dual_clip_explorer(
                 terms["pg_losses"][dual].tolist(),
             )
             f_batch.layout.title.text = (
-                f"{_opt_step_label(rec, k)}"
+                tr(f"{_opt_step_label(rec, k)}"
                 + (", recorded update" if s == 1 else f", stretch {s:g} (what-if, synthetic)")
-                + f": pg_clipfrac_lower = {state['pg_clipfrac_lower']:.4f}"
+                + f": pg_clipfrac_lower = {state['pg_clipfrac_lower']:.4f}")
             )
         readout.value = (
-            ("<b>recorded update</b> (stretch 1): " if s == 1 else
+            tr(("<b>recorded update</b> (stretch 1): " if s == 1 else
              f"<b>what-if (synthetic)</b>: the recorded update replayed {s:g}× as far; ")
             + f"{state['n_negative']} of {state['n_tokens']} real tokens have A &lt; 0; the dual clip bites on "
             f"{state['n_dual_clipped']} (ratio &gt; c = {c:g}).<br>actor/pg_clipfrac_lower = "
             f"<b>{state['pg_clipfrac_lower']:.6f}</b>, actor/pg_clipfrac = {state['pg_clipfrac']:.6f} "
-            f"(compute_policy_loss_vanilla)"
+            f"(compute_policy_loss_vanilla)")
         )
 
     for ctl in controls.values():

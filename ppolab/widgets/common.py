@@ -3,36 +3,15 @@ from __future__ import annotations
 
 import operator
 import os
-from dataclasses import fields
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 import ipywidgets as W
 import torch
 
 from ppolab.config.actor import ActorConfig
-from ppolab.record import Run, StepRecord
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-#: The demo runs shipped in ``data/runs`` (``python -m ppolab.train ... trainer.run_dir=data/runs/<name>``).
-SHIPPED_RUNS = {"grpo_tiny": REPO_ROOT / "data" / "runs" / "grpo_tiny",
-                "ppo_gae_tiny": REPO_ROOT / "data" / "runs" / "ppo_gae_tiny",
-                "grpo_tool_tiny": REPO_ROOT / "data" / "runs" / "grpo_tool_tiny",
-                "grpo_tiny_vllm_bf16": REPO_ROOT / "data" / "runs" / "grpo_tiny_vllm_bf16",
-                "ppo_fire_tiny": REPO_ROOT / "data" / "runs" / "ppo_fire_tiny"}
-
-
-def resolve_run(run: Run | str | os.PathLike | None = None, default: str = "grpo_tiny") -> Run:
-    """A :class:`Run` from a Run, a shipped run's name (``"grpo_tiny"``, ``"ppo_gae_tiny"``), a path, or None
-    (the shipped ``default``)."""
-    if isinstance(run, Run):
-        return run
-    if run is None:
-        run = default
-    if isinstance(run, str) and run in SHIPPED_RUNS:
-        return Run(SHIPPED_RUNS[run])
-    return Run(run)
-
+from ppolab.i18n import tr
+from ppolab.record import SHIPPED_RUNS, Run, StepRecord, resolve_run  # noqa: F401 (re-exported)
 
 def step_tensors(run: Run | str | os.PathLike | None = None, step: int | None = None,
                  default: str = "grpo_tiny") -> StepRecord:
@@ -58,21 +37,12 @@ def token_labels(record: StepRecord, tokenizer: Any, row: int) -> list[str]:
 
 # ----------------------------------------------------------------------------------------------- plumbing
 def actor_config(run: Run, **overrides: Any) -> ActorConfig:
-    """The run's ``actor_rollout_ref.actor`` as an :class:`ActorConfig`, with ``overrides`` applied."""
-    raw = dict(run.config.get("actor_rollout_ref", {}).get("actor", {}))
-    names = {f.name for f in fields(ActorConfig)}
-    kwargs = {k: v for k, v in raw.items() if k in names and k != "global_batch_info"}
-    if isinstance(kwargs.get("policy_loss"), dict):
-        kwargs["policy_loss"] = dict(kwargs["policy_loss"])
-    if isinstance(kwargs.get("optim"), dict):
-        kwargs["optim"] = {k: (tuple(v) if k == "betas" else v) for k, v in kwargs["optim"].items()}
-    cfg = ActorConfig(**kwargs)
-    for key, value in overrides.items():
-        if key == "loss_mode":
-            cfg.policy_loss.loss_mode = value
-        else:
-            setattr(cfg, key, value)
-    return cfg
+    """The run's ``actor_rollout_ref.actor`` (from ``run.ppo_config()``) as a fresh :class:`ActorConfig` with
+    ``overrides`` applied (``loss_mode`` goes to ``policy_loss.loss_mode``)."""
+    cfg = run.ppo_config().actor_rollout_ref.actor
+    if "loss_mode" in overrides:
+        overrides["policy_loss"] = replace(cfg.policy_loss, loss_mode=overrides.pop("loss_mode"))
+    return replace(cfg, **overrides)
 
 
 def _n_opt_steps(rec: StepRecord) -> int:
@@ -94,8 +64,8 @@ def _check_index(name: str, value: int | None, n: int) -> int | None:
 def _opt_step_label(rec: StepRecord, k: int) -> str:
     per_epoch = int(rec.info.get("batch_plan", {}).get("optimizer_steps_per_epoch", 0) or 0)
     if per_epoch > 0:
-        return f"opt step {k} (epoch {k // per_epoch}, mini-batch {k % per_epoch})"
-    return f"opt step {k}"
+        return tr("opt step {k} (epoch {e}, mini-batch {m})").format(k=k, e=k // per_epoch, m=k % per_epoch)
+    return tr("opt step {k}").format(k=k)
 
 
 def optimizer_step_batch(rec: StepRecord, k: int) -> dict[str, torch.Tensor]:
@@ -121,7 +91,7 @@ def _opt_step_slider(rec: StepRecord, value: int | None, description: str = "opt
     n = _n_opt_steps(rec)
     value = n - 1 if value is None else value
     return W.IntSlider(
-        value=value, min=0, max=n - 1, step=1, description=description, continuous_update=False
+        value=value, min=0, max=n - 1, step=1, description=tr(description), continuous_update=False
     )
 
 

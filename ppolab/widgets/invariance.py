@@ -1,10 +1,11 @@
 """``invariance_explorer``: the real actor update of recorded step 1, replayed under any micro-batching (chapter §13).
 
-Every number comes from :func:`ppolab.replay.replay_actor_update`, i.e. from ``PPOTrainer.update_actor`` on the
-run's step-1 mini-batch 0 from the run's own initial weights. The top figure is the largest gradient entry that
-differs from the reference (one micro-batch = the whole mini-batch) for every fixed micro-batch size that divides
-the mini-batch and for the dynamic (token-budget) packing; the bottom figure shows the micro-batches of the
-configuration picked with the controls.
+Every number comes from :func:`ppolab.replay.replay_actor_update`, i.e. from the actor worker's update (what
+``PPOTrainer.update_actor`` runs) on the run's step-1 mini-batch 0 from the run's own initial weights. The top
+figure is the largest gradient entry that differs from the reference (one micro-batch = the whole mini-batch) for
+every fixed micro-batch size that divides the mini-batch and for the dynamic (token-budget) packing — a control
+move replays the reference and the chosen micro-batching only, the button fills the rest; the bottom figure shows
+the micro-batches of the configuration picked with the controls.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import ipywidgets as W
 import plotly.graph_objects as go
 
+from ppolab.i18n import tr
 from ppolab.config import LOSS_AGG_MODES
 from ppolab.replay import max_abs_diff, mini_batch_rows, replay_actor_update
 from ppolab.widgets.batching import recorded_seq_lens
@@ -27,10 +29,12 @@ _CACHE: dict[tuple, dict[str, Any]] = {}
 
 
 def cached_replay(run=None, step: int = 1, *, loss_agg_mode: str, loss_scale_factor: float | None,
-                  micro_batch_size: int | None = None, max_token_len: int | None = None) -> dict[str, Any]:
+                  micro_batch_size: int | None = None, max_token_len: int | None = None,
+                  compute: bool = True) -> dict[str, Any] | None:
     """``replay_actor_update`` of step ``step`` with a fixed micro-batch size, or dynamic packing with the token
     budget ``max_token_len`` (``micro_batch_size=None``), cached for the whole process: the explorer, the lab's
-    cells and the exercise checks share every replay (the update is deterministic)."""
+    cells and the exercise checks share every replay (the update is deterministic). ``compute=False``: the cached
+    replay or None, without computing one."""
     r = resolve_run(run)
     dyn = micro_batch_size is None
     if dyn == (max_token_len is None):
@@ -38,6 +42,8 @@ def cached_replay(run=None, step: int = 1, *, loss_agg_mode: str, loss_scale_fac
     label = DYNAMIC if dyn else int(micro_batch_size)
     key = (str(r.path.resolve()), step, loss_agg_mode, loss_scale_factor, label, max_token_len if dyn else None)
     if key not in _CACHE:
+        if not compute:
+            return None
         _CACHE[key] = replay_actor_update(r, step, micro_batch_size=None if dyn else label, use_dynamic_bsz=dyn,
                                           max_token_len=max_token_len, loss_agg_mode=loss_agg_mode,
                                           loss_scale_factor=loss_scale_factor)
@@ -94,68 +100,73 @@ def invariance_explorer(run=None, step: int = 1, *, loss_agg_mode: str | None = 
                                     style=style),
         "scale": W.ToggleButtons(options=["fixed", "None"], value=scale, description="loss_scale_factor",
                                  style=style),
-        "scale_value": W.BoundedFloatText(value=factor, min=1e-3, max=1e6, description="fixed factor", style=style),
+        "scale_value": W.BoundedFloatText(value=factor, min=1e-3, max=1e6, description=tr("fixed factor"), style=style),
     }
     figs = {
-        "gap": go.FigureWidget(layout={"height": 330, "yaxis": {"type": "log", "title": "max |g − g_ref|"},
-                                       "xaxis": {"title": "micro-batch size (rows) · or dynamic", "type": "category"},
+        "gap": go.FigureWidget(layout={"height": 330, "yaxis": {"type": "log", "title": tr("max |g − g_ref|")},
+                                       "xaxis": {"title": tr("micro-batch size (rows) · or dynamic"),
+                                                 "type": "category"},
                                        "showlegend": False}),
         "micro_batches": go.FigureWidget(layout={
-            "height": 300, "barmode": "group", "xaxis": {"title": "micro-batch (execution order)"},
-            "yaxis": {"title": "tokens (prompt + response)"},
-            "yaxis2": {"title": "rows", "overlaying": "y", "side": "right", "showgrid": False},
+            "height": 300, "barmode": "group", "xaxis": {"title": tr("micro-batch (execution order)")},
+            "yaxis": {"title": tr("tokens (prompt + response)")},
+            "yaxis2": {"title": tr("rows"), "overlaying": "y", "side": "right", "showgrid": False},
             "legend": {"orientation": "h", "y": 1.12}}),
     }
-    figs["gap"].add_bar(name="gap")
-    figs["gap"].add_scatter(name="tolerance", mode="lines", line={"dash": "dash", "color": "red"})
-    figs["micro_batches"].add_bar(name="tokens", offsetgroup="tokens", yaxis="y")
-    figs["micro_batches"].add_bar(name="rows", offsetgroup="rows", yaxis="y2")
+    figs["gap"].add_bar(name=tr("gap"))
+    figs["gap"].add_scatter(name=tr("tolerance"), mode="lines", line={"dash": "dash", "color": "red"})
+    figs["micro_batches"].add_bar(name=tr("tokens"), offsetgroup="tokens", yaxis="y")
+    figs["micro_batches"].add_bar(name=tr("rows"), offsetgroup="rows", yaxis="y2")
     status = W.HTML()
 
-    def replay(label, *, mode, factor) -> dict[str, Any]:
+    def replay(label, *, mode, factor, compute=True) -> dict[str, Any] | None:
         """The replay of one x label under the current mode/factor (cached: the update is deterministic)."""
         dyn = label == DYNAMIC
         return cached_replay(r, step, loss_agg_mode=mode, loss_scale_factor=factor,
                              micro_batch_size=None if dyn else label,
-                             max_token_len=controls["max_token_len"].value if dyn else None)
+                             max_token_len=controls["max_token_len"].value if dyn else None, compute=compute)
 
     def current_factor() -> float | None:
         return controls["scale_value"].value if controls["scale"].value == "fixed" else None
 
-    def refresh(*_):
+    def refresh(*_, every: bool = False):
+        """Replay what the current setting needs — the reference (one micro-batch) and the chosen micro-batching —
+        so one control move costs at most two updates; the other bars come from the cache, or from every
+        micro-batching when ``every`` (the initial build and the "replay every micro-batching" button)."""
         mode, factor = controls["loss_agg_mode"].value, current_factor()
         dyn = controls["dynamic"].value
         controls["micro_batch_size"].disabled, controls["max_token_len"].disabled = dyn, not dyn
         reference = replay(len(rows), mode=mode, factor=factor)
         labels = [*sizes, DYNAMIC]
-        outs = {lab: replay(lab, mode=mode, factor=factor) for lab in labels}
-        gaps = {lab: max_abs_diff(o["grads"], reference["grads"]) for lab, o in outs.items()}
+        chosen = DYNAMIC if dyn else controls["micro_batch_size"].value
+        outs = {lab: replay(lab, mode=mode, factor=factor, compute=every or lab == chosen) for lab in labels}
+        gaps = {lab: max_abs_diff(o["grads"], reference["grads"]) for lab, o in outs.items() if o is not None}
         g_max = max(float(g.abs().max()) for g in reference["grads"])
         tol = TOL * max(1.0, g_max)
-        chosen = DYNAMIC if dyn else controls["micro_batch_size"].value
         current = outs[chosen]
-        xs = [str(x) if x != DYNAMIC else f"dynamic ({controls['max_token_len'].value} tok)" for x in labels]
-        colors = ["#d62728" if gaps[x] > tol else "#2ca02c" for x in labels]
+        xs = [str(x) if x != DYNAMIC else tr(f"dynamic ({controls['max_token_len'].value} tok)") for x in labels]
+        colors = ["#7f7f7f" if x not in gaps else "#d62728" if gaps[x] > tol else "#2ca02c" for x in labels]
         line = [("#000" if x == chosen else c) for x, c in zip(labels, colors)]
         with figs["gap"].batch_update():
-            figs["gap"].data[0].update(x=xs, y=[gaps[x] for x in labels],
-                                       text=["reference" if x == len(rows) else f"{gaps[x]:.1e}" for x in labels],
+            figs["gap"].data[0].update(x=xs, y=[gaps.get(x) for x in labels],
+                                       text=[tr("reference") if x == len(rows) else f"{gaps[x]:.1e}" if x in gaps
+                                             else tr("not replayed") for x in labels],
                                        marker={"color": colors,
                                                "line": {"color": line,
                                                         "width": [3 if x == chosen else 0 for x in labels]}})
             figs["gap"].data[1].update(x=[xs[0], xs[-1]], y=[tol, tol])
-            figs["gap"].layout.title = (f"{mode}, loss_scale_factor={factor}: gradient gap to one micro-batch of "
-                                        f"{len(rows)} rows (max |g_ref| = {g_max:.3g})")
+            figs["gap"].layout.title = (tr(f"{mode}, loss_scale_factor={factor}: gradient gap to one micro-batch of "
+                                        f"{len(rows)} rows (max |g_ref| = {g_max:.3g})"))
         parts = current["micro_batches"]
         with figs["micro_batches"].batch_update():
             xs_mb = list(range(len(parts)))
             figs["micro_batches"].data[0].update(
                 x=xs_mb, y=[sum(current["seq_lens"][i] for i in p) for p in parts],
-                text=[f"T={w}" for w in current["widths"]], hovertext=[f"padded response width T = {w}"
+                text=[f"T={w}" for w in current["widths"]], hovertext=[tr(f"padded response width T = {w}")
                                                                         for w in current["widths"]])
             figs["micro_batches"].data[1].update(x=xs_mb, y=[len(p) for p in parts])
             how = f"dynamic, budget {controls['max_token_len'].value} tokens" if dyn else f"{chosen} rows each"
-            figs["micro_batches"].layout.title = f"{len(parts)} micro-batches ({how}); T = padded response width"
+            figs["micro_batches"].layout.title = tr(f"{len(parts)} micro-batches ({how}); T = padded response width")
         gap = gaps[chosen]
         invariant = gap <= tol
         m = current["metrics"]
@@ -164,15 +175,19 @@ def invariance_explorer(run=None, step: int = 1, *, loss_agg_mode: str | None = 
                      "loss": m["actor/loss"], "reference_loss": reference["metrics"]["actor/loss"]}
         verdict = ("<b style='color:#2ca02c'>same gradient</b>" if invariant
                    else "<b style='color:#d62728'>different gradient: invariance broken</b>")
-        status.value = (f"{verdict} — max |g − g_ref| = {gap:.3e} (tolerance {tol:.1e}); actor/loss "
+        status.value = (tr(f"{verdict} — max |g − g_ref| = {gap:.3e} (tolerance {tol:.1e}); actor/loss "
                         f"{m['actor/loss']:.6f} vs {reference['metrics']['actor/loss']:.6f}; "
-                        f"{len(parts)} micro-batches, widths T = {html.escape(str(sorted(set(current['widths']))))}")
+                        f"{len(parts)} micro-batches, widths T = {html.escape(str(sorted(set(current['widths']))))}"))
 
+    every = W.Button(description=tr("replay every micro-batching"), tooltip=tr(
+        "a control move replays only the chosen micro-batching (and the reference); this fills the other bars"))
+    every.on_click(lambda _: refresh(every=True))
     box = W.VBox([W.HBox([W.VBox([controls["micro_batch_size"], controls["dynamic"], controls["max_token_len"]]),
-                          W.VBox([controls["loss_agg_mode"], controls["scale"], controls["scale_value"]])]),
+                          W.VBox([controls["loss_agg_mode"], controls["scale"], controls["scale_value"], every])]),
                   status, figs["gap"], figs["micro_batches"]])
     box.controls, box.figures, box.run, box.rows = controls, figs, r, rows
     for ctl in controls.values():
         ctl.observe(refresh, names="value")
-    refresh()
+    controls["replay_all"] = every  # a button: no value, so control sweeps skip it
+    refresh(every=True)
     return box

@@ -23,6 +23,7 @@ import ipywidgets as W
 import plotly.graph_objects as go
 import torch
 
+from ppolab.i18n import tr
 from ppolab.algos import KL_PENALTY_TYPES, AdaptiveKLController, agg_loss, kl_penalty, masked_mean
 from ppolab.record import Run
 from ppolab.widgets.common import real_rows, resolve_run, step_tensors
@@ -70,18 +71,17 @@ def adaptive_kl_trace(run: Run | str | None = None) -> dict[str, Any]:
     if "actor/reward_kl_penalty" not in m.columns or m["actor/reward_kl_penalty"].isna().all():
         raise ValueError(f"{r.path} has no reward-side KL (algorithm.use_kl_in_reward=false)")
     logged = m[["actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff"]].dropna()  # step 0: validation only
-    ctrl = r.config.get("algorithm", {}).get("kl_ctrl", {})
+    ctrl = r.ppo_config().algorithm.kl_ctrl
     n_steps = int(step_tensors(r, None).tensors["responses"].shape[0])
     kl = logged["actor/reward_kl_penalty"].astype(float).tolist()
-    if ctrl.get("type", "fixed") == "adaptive":
-        replay = replay_adaptive_kl(kl, float(ctrl["kl_coef"]), float(ctrl["target_kl"]), float(ctrl["horizon"]),
-                                    n_steps)
+    if ctrl.type == "adaptive":
+        replay = replay_adaptive_kl(kl, float(ctrl.kl_coef), float(ctrl.target_kl), float(ctrl.horizon), n_steps)
     else:
-        replay = [float(ctrl.get("kl_coef", 0.001))] * len(kl)
+        replay = [float(ctrl.kl_coef)] * len(kl)
     return {"steps": [int(s) for s in logged.index], "kl": kl,
             "beta": logged["actor/reward_kl_penalty_coeff"].astype(float).tolist(), "replay": replay,
-            "n_steps": n_steps, "type": ctrl.get("type", "fixed"), "kl_coef": ctrl.get("kl_coef"),
-            "target_kl": ctrl.get("target_kl"), "horizon": ctrl.get("horizon")}
+            "n_steps": n_steps, "type": ctrl.type, "kl_coef": ctrl.kl_coef, "target_kl": ctrl.target_kl,
+            "horizon": ctrl.horizon}
 
 
 def estimator_curves(d: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,14 +125,10 @@ def kl_explorer(
     r = resolve_run(run)
     rec = step_tensors(r, step)
     opt_step = _check_index("opt_step", opt_step, _n_opt_steps(rec))
-    actor = r.config.get("actor_rollout_ref", {}).get("actor", {})
-    algo = r.config.get("algorithm", {})
+    cfg = r.ppo_config()
+    actor, algo = cfg.actor_rollout_ref.actor, cfg.algorithm
     if kl_type is None:
-        kl_type = (
-            actor.get("kl_loss_type", "low_var_kl")
-            if actor.get("use_kl_loss")
-            else algo.get("kl_penalty", "kl")
-        )
+        kl_type = actor.kl_loss_type if actor.use_kl_loss else algo.kl_penalty
     if kl_type not in KL_PENALTY_TYPES:
         raise ValueError(f"kl_type={kl_type!r} is not valid; choose one of {', '.join(KL_PENALTY_TYPES)}")
     metrics = r.metrics
@@ -142,28 +138,28 @@ def kl_explorer(
     series = available[0] if series is None else series
     if series not in available:
         raise ValueError(f"series={series!r} is not logged by this run; choose one of {', '.join(available)}")
-    kl_ctrl = algo.get("kl_ctrl", {})
+    kl_ctrl = algo.kl_ctrl
     # apply_kl_penalty passes n_steps = the rows of the batch it sees: the balanced batch, padding rows included
     n_seq = int(rec.tensors["responses"].shape[0])
 
     controls = {
-        "kl_type": W.Dropdown(options=list(KL_PENALTY_TYPES), value=kl_type, description="estimator"),
+        "kl_type": W.Dropdown(options=list(KL_PENALTY_TYPES), value=kl_type, description=tr("estimator")),
         "d_range": W.FloatSlider(
-            value=3.0, min=0.5, max=25.0, step=0.5, description="|d| range", continuous_update=False
+            value=3.0, min=0.5, max=25.0, step=0.5, description=tr("|d| range"), continuous_update=False
         ),
         "opt_step": _opt_step_slider(rec, opt_step),
-        "series": W.Dropdown(options=available, value=series, description="KL series"),
+        "series": W.Dropdown(options=available, value=series, description=tr("KL series")),
         "init_kl_coef": W.FloatLogSlider(
-            value=float(kl_ctrl.get("kl_coef", 0.001)),
+            value=float(kl_ctrl.kl_coef),
             base=10,
             min=-4,
             max=0,
             step=0.1,
-            description="init β",
+            description=tr("init β"),
             continuous_update=False,
         ),
         "target_kl": W.FloatLogSlider(
-            value=float(kl_ctrl.get("target_kl", 0.1)),
+            value=float(kl_ctrl.target_kl),
             base=10,
             min=-4,
             max=0,
@@ -172,53 +168,53 @@ def kl_explorer(
             continuous_update=False,
         ),
         "horizon": W.FloatLogSlider(
-            value=float(kl_ctrl.get("horizon", 10000)),
+            value=float(kl_ctrl.horizon),
             base=10,
             min=1,
             max=5,
             step=0.1,
-            description="horizon",
+            description=tr("horizon"),
             continuous_update=False,
         ),
     }
     f_val = go.FigureWidget(
         layout=dict(
-            title="estimator value, d = logprob − ref_logprob",
+            title=tr("estimator value, d = logprob − ref_logprob"),
             height=320,
             xaxis_title="d",
-            yaxis_title="kl_penalty value",
+            yaxis_title=tr("kl_penalty value"),
         )
     )
     f_grad = go.FigureWidget(
         layout=dict(
-            title="gradient ∂/∂logprob (autograd)", height=320, xaxis_title="d", yaxis_title="gradient"
+            title=tr("gradient ∂/∂logprob (autograd)"), height=320, xaxis_title="d", yaxis_title=tr("gradient")
         )
     )
     for name in CANONICAL:
         f_val.add_scatter(x=[], y=[], mode="lines", name=name)
         f_grad.add_scatter(x=[], y=[], mode="lines", name=name)
-    f_val.add_scatter(x=[], y=[], mode="lines", name="chosen", line=dict(width=5, color="black", dash="dot"))
-    f_grad.add_scatter(x=[], y=[], mode="lines", name="chosen", line=dict(width=5, color="black", dash="dot"))
+    f_val.add_scatter(x=[], y=[], mode="lines", name=tr("chosen"), line=dict(width=5, color="black", dash="dot"))
+    f_grad.add_scatter(x=[], y=[], mode="lines", name=tr("chosen"), line=dict(width=5, color="black", dash="dot"))
     f_pairs = go.FigureWidget(
-        layout=dict(height=340, barmode="overlay", xaxis_title="per-token estimate", yaxis_title="tokens")
+        layout=dict(height=340, barmode="overlay", xaxis_title=tr("per-token estimate"), yaxis_title=tr("tokens"))
     )
-    f_pairs.add_histogram(x=[], name="loss-side: actor vs ref", opacity=0.6, nbinsx=60)
-    f_pairs.add_histogram(x=[], name="reward-side: old vs ref", opacity=0.6, nbinsx=60)
+    f_pairs.add_histogram(x=[], name=tr("loss-side: actor vs ref"), opacity=0.6, nbinsx=60)
+    f_pairs.add_histogram(x=[], name=tr("reward-side: old vs ref"), opacity=0.6, nbinsx=60)
     f_ctrl = go.FigureWidget(
         layout=dict(
             height=340,
-            xaxis_title="training step",
-            yaxis=dict(title="β (adaptive replay)"),
-            yaxis2=dict(title="KL series", overlaying="y", side="right"),
+            xaxis_title=tr("training step"),
+            yaxis=dict(title=tr("β (adaptive replay)")),
+            yaxis2=dict(title=tr("KL series"), overlaying="y", side="right"),
         )
     )
-    f_ctrl.add_scatter(x=[], y=[], mode="lines", name="β replayed")
-    f_ctrl.add_scatter(x=[], y=[], mode="lines", name="KL series", yaxis="y2", line=dict(dash="dot"))
+    f_ctrl.add_scatter(x=[], y=[], mode="lines", name=tr("β replayed"))
+    f_ctrl.add_scatter(x=[], y=[], mode="lines", name=tr("KL series"), yaxis="y2", line=dict(dash="dot"))
     # the β the run's reward-side penalty used, as logged (only a run with use_kl_in_reward logs it)
     beta_col = metrics.get("actor/reward_kl_penalty_coeff")
     beta_logged = {} if beta_col is None else beta_col.dropna().to_dict()
     f_ctrl.add_scatter(x=[int(s) for s in beta_logged], y=[float(b) for b in beta_logged.values()],
-                       mode="markers", name="β logged (reward_kl_penalty_coeff)", marker=dict(size=5))
+                       mode="markers", name=tr("β logged (reward_kl_penalty_coeff)"), marker=dict(size=5))
     readout = W.HTML()
     state: dict[str, Any] = {}
 
@@ -260,16 +256,16 @@ def kl_explorer(
             f_pairs.data[0].x = loss_kl[m > 0].tolist()
             f_pairs.data[1].x = reward_kl[full_mask > 0].tolist()
             f_pairs.layout.title.text = (
-                f"{name} on the recorded pairs, step {rec.step}, {_opt_step_label(rec, k)}"
+                tr(f"{name} on the recorded pairs, step {rec.step}, {_opt_step_label(rec, k)}")
             )
         readout.value = (
-            f"<b>loss-side</b> (use_kl_loss: kl_penalty(log_prob, ref_log_prob) at "
+            tr(f"<b>loss-side</b> (use_kl_loss: kl_penalty(log_prob, ref_log_prob) at "
             f"{_opt_step_label(rec, k)}, "
             f"token-mean over its global mini-batch, ÷ Σ loss_mask) = <b>{loss_side:.6g}</b><br>"
             f"<b>reward-side</b> (use_kl_in_reward: kl_penalty(old_log_probs, ref_log_prob), batch mean of "
             f"per-sequence means, as apply_kl_penalty) = <b>{reward_side:.6g}</b><br>"
-            f"this run: use_kl_loss={actor.get('use_kl_loss')} ({actor.get('kl_loss_type')}), "
-            f"use_kl_in_reward={algo.get('use_kl_in_reward')} ({algo.get('kl_penalty')})"
+            f"this run: use_kl_loss={actor.use_kl_loss} ({actor.kl_loss_type}), "
+            f"use_kl_in_reward={algo.use_kl_in_reward} ({algo.kl_penalty})")
         )
 
     def update_ctrl(*_):
@@ -285,8 +281,8 @@ def kl_explorer(
             f_ctrl.data[1].x, f_ctrl.data[1].y = steps, s
             f_ctrl.layout.shapes = [dict(_hline(controls["target_kl"].value, "red", "dash"), yref="y2")]
             f_ctrl.layout.title.text = (
-                f"AdaptiveKLController replayed on {controls['series'].value} "
-                f"(n_steps = {n_seq} sequences per update; red: target_kl)"
+                tr(f"AdaptiveKLController replayed on {controls['series'].value} "
+                f"(n_steps = {n_seq} sequences per update; red: target_kl)")
             )
 
     controls["kl_type"].observe(update_curves, names="value")
@@ -321,7 +317,7 @@ def _response_logits(path: str, step: int | None) -> dict[str, Any]:
     r = resolve_run(path)
     rec = step_tensors(r, step)
     t = rec.tensors
-    model_path = r.config.get("actor_rollout_ref", {}).get("model", {}).get("path")
+    model_path = r.ppo_config().actor_rollout_ref.model.path
     if not model_path or not (Path(model_path) / "config.json").is_file():
         model_path = SHIPPED_MODEL
     _, model = load_tokenizer_and_model(model_path)
@@ -461,21 +457,21 @@ def exact_kl_explorer(run: Run | str | None = None, step: int | None = None, tem
         raise ValueError(f"temperature must be a number in [0.2, 3.0], got {temperature!r}")
     controls = {"temperature": W.FloatSlider(value=float(temperature), min=0.2, max=3.0, step=0.05,
                                              description="T_θ", continuous_update=False)}
-    f_means = go.FigureWidget(layout=dict(height=330, barmode="group", yaxis_title="mean over positions of E_q[k]"))
+    f_means = go.FigureWidget(layout=dict(height=330, barmode="group", yaxis_title=tr("mean over positions of E_q[k]")))
     f_spread = go.FigureWidget(layout=dict(height=300, barmode="group",
-                                           yaxis_title="per-token std √(mean Var_q[k])"))
+                                           yaxis_title=tr("per-token std √(mean Var_q[k])")))
     for sampler in ("a ∼ π_θ", "a ∼ π_ref"):
         f_means.add_bar(name=sampler, x=list(CANONICAL))
         f_spread.add_bar(name=sampler, x=list(CANONICAL))
     grid = [round(0.1 * i, 1) for i in range(3, 21)]
     src = response_logits(run, step)
     sweep = [_moments_table(src["logits"], src["mask"], src["temperature"], T, ("k1", "k3")) for T in grid]
-    f_sweep = go.FigureWidget(layout=dict(height=320, xaxis_title="T_θ (π_ref: the run's temperature)",
-                                          yaxis_type="log", title="under a ∼ π_θ"))
-    f_sweep.add_scatter(x=grid, y=[s["kl"] for s in sweep], mode="lines", name="KL(π_θ‖π_ref)")
+    f_sweep = go.FigureWidget(layout=dict(height=320, xaxis_title=tr("T_θ (π_ref: the run's temperature)"),
+                                          yaxis_type="log", title=tr("under a ∼ π_θ")))
+    f_sweep.add_scatter(x=grid, y=[s["kl"] for s in sweep], mode="lines", name=tr("KL(π_θ‖π_ref)"))
     for name in ("k1", "k3"):
         f_sweep.add_scatter(x=grid, y=[s["rows"][name]["pi_theta"]["var"] for s in sweep], mode="lines",
-                            name=f"Var[{name}]")
+                            name=tr(f"Var[{name}]"))
     f_sweep.add_scatter(x=[], y=[], mode="markers", marker=dict(size=10, color="black"), name="T_θ")
     readout = W.HTML()
     state: dict[str, Any] = {}
@@ -489,11 +485,11 @@ def exact_kl_explorer(run: Run | str | None = None, step: int | None = None, tem
                 f_means.data[i].y = [tab["rows"][n][sampler]["mean"] for n in CANONICAL]
                 f_spread.data[i].y = [tab["rows"][n][sampler]["std"] for n in CANONICAL]
             f_means.layout.shapes = [_hline(tab["kl"], "black", "dash"), _hline(-tab["reverse_kl"], "red", "dot")]
-            f_means.layout.title.text = (f"T_θ = {tab['temperature']}: black dashed KL(π_θ‖π_ref) = {tab['kl']:.4g}, "
-                                         f"red dotted −KL(π_ref‖π_θ) = {-tab['reverse_kl']:.4g}")
+            f_means.layout.title.text = tr(f"T_θ = {tab['temperature']}: black dashed KL(π_θ‖π_ref) = "
+                                           f"{tab['kl']:.4g}, red dotted −KL(π_ref‖π_θ) = {-tab['reverse_kl']:.4g}")
             f_sweep.data[-1].x, f_sweep.data[-1].y = [tab["temperature"]], [tab["kl"]]
-        readout.value = (f"{tab['n_positions']} response positions; π_ref = base model at T = "
-                         f"{tab['ref_temperature']}, π_θ = base model at T_θ = {tab['temperature']}")
+        readout.value = (tr(f"{tab['n_positions']} response positions; π_ref = base model at T = "
+                         f"{tab['ref_temperature']}, π_θ = base model at T_θ = {tab['temperature']}"))
 
     controls["temperature"].observe(update, names="value")
     update()

@@ -5,6 +5,8 @@ import ipywidgets as W
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ppolab.i18n import tr
+
 #: The metrics plotted live (one panel each).
 LIVE_METRICS = ("critic/score/mean", "val/accuracy", "actor/pg_clipfrac")
 
@@ -28,9 +30,9 @@ def live_training(config=None, overrides=None, metrics: tuple[str, ...] = LIVE_M
     fig = go.FigureWidget(make_subplots(rows=1, cols=len(metrics), subplot_titles=metrics))
     for i, name in enumerate(metrics):
         fig.add_scatter(x=[], y=[], mode="lines+markers", name=name, row=1, col=i + 1)
-    fig.update_layout(height=300, showlegend=False, title=f"{cfg.trainer.experiment_name}: waiting for start()")
-    status = W.HTML("not started")
-    button = W.Button(description="start training", button_style="primary", icon="play")
+    fig.update_layout(height=300, showlegend=False, title=tr(f"{cfg.trainer.experiment_name}: waiting for start()"))
+    status = W.HTML(tr("not started"))
+    button = W.Button(description=tr("start training"), button_style="primary", icon="play")
     history: list[dict] = []
 
     def step_cb(step, m, record):
@@ -40,8 +42,8 @@ def live_training(config=None, overrides=None, metrics: tuple[str, ...] = LIVE_M
                 if name in m and m[name] is not None:
                     trace.x = (*trace.x, step)
                     trace.y = (*trace.y, float(m[name]))
-            fig.layout.title = f"{cfg.trainer.experiment_name}: step {step}/{cfg.trainer.total_training_steps}"
-        status.value = f"step {step}/{cfg.trainer.total_training_steps}"
+            fig.layout.title = tr(f"{cfg.trainer.experiment_name}: step {step}/{cfg.trainer.total_training_steps}")
+        status.value = tr(f"step {step}/{cfg.trainer.total_training_steps}")
         if on_step is not None:
             on_step(step, m, record)
 
@@ -54,7 +56,7 @@ def live_training(config=None, overrides=None, metrics: tuple[str, ...] = LIVE_M
             box.run = train_module.train(cfg, on_step=step_cb, progress=progress)
         finally:
             button.disabled = False
-        status.value = f"done: {len(history)} steps → <code>{box.run.path}</code>"
+        status.value = tr(f"done: {len(history)} steps → <code>{box.run.path}</code>")
         return box.run
 
     button.on_click(start)

@@ -10,6 +10,7 @@ import ipywidgets as W
 import plotly.graph_objects as go
 import torch
 
+from ppolab.i18n import tr
 from ppolab.algos import (
     POLICY_LOSS_REGISTRY,
     ppo_loss,
@@ -89,16 +90,16 @@ def loss_assembly(
         "loss_mode": W.Dropdown(options=list(POLICY_LOSS_REGISTRY), value=loss_mode, description="loss_mode"),
         "opt_step": _opt_step_slider(rec, opt_step),
     }
-    f_terms = go.FigureWidget(layout=dict(height=340, yaxis_title="contribution to the actor loss"))
+    f_terms = go.FigureWidget(layout=dict(height=340, yaxis_title=tr("contribution to the actor loss")))
     f_terms.add_bar(
-        x=["L_PG", "−c_H·H", "+c_KL·K̂_ref", "total"],
+        x=["L_PG", "−c_H·H", "+c_KL·K̂_ref", tr("total")],
         y=[0, 0, 0, 0],
         text=["", "", "", ""],
         textposition="outside",
     )
     modes = list(POLICY_LOSS_REGISTRY)
     f_modes = go.FigureWidget(
-        layout=dict(height=340, title="the same advantages through each loss_mode ppolab registers",
+        layout=dict(height=340, title=tr("the same advantages through each loss_mode ppolab registers"),
                     yaxis_title="pg_loss")
     )
     f_modes.add_bar(x=modes, y=[0.0] * len(modes))
@@ -121,18 +122,12 @@ def loss_assembly(
 
     def update(*_):
         b = optimizer_step_batch(rec, controls["opt_step"].value)
-        args = (
-            b["log_prob"],
-            b["old_log_probs"],
-            b["advantages"],
-            b["response_mask"],
-            b.get("entropy"),
-            b.get("ref_log_prob"),
-        )
+        args = dict(old_log_prob=b["old_log_probs"], log_prob=b["log_prob"], advantages=b["advantages"],
+                    response_mask=b["response_mask"], entropy=b.get("entropy"), ref_log_prob=b.get("ref_log_prob"))
         cfg = cfg_for(controls["loss_mode"].value)
         with torch.random.fork_rng():  # clip_cov draws tokens at random: same draw on every redraw
             torch.manual_seed(0)
-            loss, metrics = ppo_loss(cfg, *args)
+            loss, metrics = ppo_loss(cfg, **args)
         pg = metrics["actor/pg_loss"]
         ent = -cfg.entropy_coeff * metrics.get("actor/entropy_loss", 0.0)
         kl = cfg.kl_loss_coef * metrics["actor/kl_loss"] if cfg.use_kl_loss else 0.0
@@ -141,7 +136,7 @@ def loss_assembly(
             try:
                 with torch.random.fork_rng():  # clip_cov draws tokens at random: same draw on every redraw
                     torch.manual_seed(0)
-                    mode_losses[mode] = ppo_loss(cfg_for(mode), *args)[1]["actor/pg_loss"]
+                    mode_losses[mode] = ppo_loss(cfg_for(mode), **args)[1]["actor/pg_loss"]
             except Exception as exc:  # noqa: BLE001 — a mode that needs settings the run does not have
                 mode_losses[mode], skipped[mode] = float("nan"), f"{type(exc).__name__}: {exc}"
         state.update(
@@ -157,21 +152,21 @@ def loss_assembly(
             f_terms.data[0].y = [pg, ent, kl, float(loss)]
             f_terms.data[0].text = [f"{v:.4g}" for v in (pg, ent, kl, float(loss))]
             f_terms.layout.title.text = (
-                f"{_opt_step_label(rec, controls['opt_step'].value)}, "
-                f"loss_mode={cfg.policy_loss.loss_mode}, {cfg.loss_agg_mode}"
+                tr(f"{_opt_step_label(rec, controls['opt_step'].value)}, "
+                f"loss_mode={cfg.policy_loss.loss_mode}, {cfg.loss_agg_mode}")
             )
         with f_modes.batch_update():
             f_modes.data[0].y = [mode_losses[mm] for mm in modes]
             f_modes.data[0].marker.color = [
                 "red" if mm == cfg.policy_loss.loss_mode else "steelblue" for mm in modes
             ]
-        adv_est = r.config.get("algorithm", {}).get("adv_estimator", "?")
+        adv_est = r.ppo_config().algorithm.adv_estimator
         readout.value = (
-            f"advantages from <code>adv_estimator={adv_est}</code>, loss from "
+            tr(f"advantages from <code>adv_estimator={adv_est}</code>, loss from "
             f"<code>policy_loss.loss_mode={cfg.policy_loss.loss_mode}</code><br>"
             + "<br>".join(f"{k_} = {v_:.6g}" for k_, v_ in metrics.items())
             + f"<br><b>loss = {float(loss):.6g}</b>"
-            + "".join(f"<br><i>{mm} not shown (needs more config): {msg}</i>" for mm, msg in skipped.items())
+            + "".join(f"<br><i>{mm} not shown (needs more config): {msg}</i>" for mm, msg in skipped.items()))
         )
 
     for ctl in controls.values():

@@ -10,6 +10,7 @@ import ipywidgets as W
 import plotly.graph_objects as go
 import torch
 
+from ppolab.i18n import tr
 from ppolab.widgets.common import real_rows, resolve_run, step_tensors
 
 #: Category codes of the token map (z of the heatmap).
@@ -29,7 +30,7 @@ def run_tokenizer(run):
     """The tokenizer of ``run``'s ``actor_rollout_ref.model.path`` if that folder exists, else the shipped model's."""
     from ppolab.models import SHIPPED_MODEL
 
-    path = run.config.get("actor_rollout_ref", {}).get("model", {}).get("path")
+    path = run.ppo_config().actor_rollout_ref.model.path
     if not path or not (Path(path) / "config.json").is_file():
         path = SHIPPED_MODEL
     return _tokenizer(str(path))
@@ -105,21 +106,24 @@ def mask_viewer(run=None, step=None, rows: list[int] | None = None, tokenizer=No
         return decoded[i]
 
     controls = {
-        "rows": W.SelectMultiple(options=list(range(n)), value=tuple(rows), description="rows", rows=6),
-        "row": W.Dropdown(options=list(range(n)), value=rows[0], description="shift of row"),
+        "rows": W.SelectMultiple(options=list(range(n)), value=tuple(rows), description=tr("rows"), rows=6),
+        "row": W.Dropdown(options=list(range(n)), value=rows[0], description=tr("shift of row")),
     }
     figs = {
-        "tokens": go.FigureWidget(layout={"title": "prompt | response (left-padded prompt, right-padded response)",
-                                              "height": 120 + 40 * len(rows), "xaxis_title": "position",
+        "tokens": go.FigureWidget(layout={"title": tr("prompt | response (left-padded prompt, right-padded response)"),
+                                              "height": 120 + 40 * len(rows), "xaxis_title": tr("position"),
                                               "yaxis": {"autorange": "reversed", "type": "category"}}),
-        "shift": go.FigureWidget(layout={"title": "one-token shift: logits at position P−1+j predict response token j",
+        "shift": go.FigureWidget(layout={"title": tr("one-token shift: logits at position P−1+j predict response "
+                                                        "token j"),
                                              "height": 60 + 28 * (R + 1)}),
     }
     n_cat = len(CATEGORIES)
     scale = [[k / n_cat, c] for i, c in enumerate(_COLORS) for k in (i, i + 1)]
     figs["tokens"].add_heatmap(colorscale=scale, zmin=-0.5, zmax=n_cat - 0.5, showscale=True, xgap=1, ygap=1,
-                               colorbar={"tickvals": list(CATEGORIES), "ticktext": list(CATEGORIES.values())},
-                               texttemplate="%{text}", hovertemplate="row %{y}, position %{x}: %{text}<extra></extra>")
+                               colorbar={"tickvals": list(CATEGORIES),
+                                         "ticktext": [tr(c) for c in CATEGORIES.values()]},
+                               texttemplate="%{text}",
+                               hovertemplate=tr("row %{y}, position %{x}: %{text}<extra></extra>"))
     figs["tokens"].add_vline(x=P - 0.5, line_dash="dash")
     figs["shift"].add_table()
 
@@ -127,7 +131,7 @@ def mask_viewer(run=None, step=None, rows: list[int] | None = None, tokenizer=No
         sel = list(controls["rows"].value) or [controls["row"].value]
         with figs["tokens"].batch_update():
             figs["tokens"].data[0].update(z=cats[sel].tolist(), text=[words(i) for i in sel],
-                                          y=[f"row {i}" + (" (pad)" if cats[i, 0] == 3 else "") for i in sel],
+                                          y=[tr(f"row {i}" + (" (pad)" if cats[i, 0] == 3 else "")) for i in sel],
                                           x=list(range(P + R)))
             figs["tokens"].layout.height = 120 + 40 * len(sel)
         table = shift_table(rec, tok, controls["row"].value)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import ipywidgets as W
 import plotly.graph_objects as go
 
+from ppolab.i18n import tr
 from ppolab.widgets.common import resolve_run
 
 if TYPE_CHECKING:
@@ -225,13 +226,13 @@ def metrics_dashboard(run=None, metric: str | None = None) -> W.VBox:
     metric = metric or ("critic/score/mean" if "critic/score/mean" in names else names[0])
     if metric not in names:
         raise ValueError(f"metric must be one of the logged metrics {names}, got {metric!r}")
-    controls = {"metric": W.Dropdown(options=names, value=metric, description="metric")}
-    figs = {"metric": go.FigureWidget(layout={"height": 320, "xaxis_title": "step"})}
+    controls = {"metric": W.Dropdown(options=names, value=metric, description=tr("metric"))}
+    figs = {"metric": go.FigureWidget(layout={"height": 320, "xaxis_title": tr("step")})}
     figs["metric"].add_scatter(mode="lines+markers", marker={"size": 4})
     text = W.HTML()
     warnings = warning_signs(m)
-    warn_html = W.HTML("<b>warning signs (chapter §15):</b> " + (
-        "none found" if not warnings else "<ul>" + "".join(f"<li>{w}</li>" for w in warnings) + "</ul>"))
+    warn_html = W.HTML(tr("<b>warning signs (chapter §15):</b> ") + (
+        tr("none found") if not warnings else "<ul>" + "".join(f"<li>{tr(w)}</li>" for w in warnings) + "</ul>"))
 
     def refresh(*_):
         name = controls["metric"].value
@@ -240,7 +241,7 @@ def metrics_dashboard(run=None, metric: str | None = None) -> W.VBox:
             figs["metric"].data[0].update(x=s.index.tolist(), y=s.tolist(), name=name)
             figs["metric"].layout.title = name
             figs["metric"].layout.yaxis.title = name
-        text.value = f"<code>{name}</code>: {meaning(name)}"
+        text.value = f"<code>{name}</code>: {tr(meaning(name))}"
 
     controls["metric"].observe(refresh, names="value")
     box = W.VBox([controls["metric"], text, figs["metric"], warn_html])
@@ -251,7 +252,7 @@ def metrics_dashboard(run=None, metric: str | None = None) -> W.VBox:
 
 # ------------------------------------------------------------------------------------------ distributions
 #: The per-step distributions of chapter §15 ("reward distribution, advantage distribution, response length")
-#: and the logged metric whose mean each one has (verl's compute_data_metrics, ppolab.trainer.data_metrics).
+#: and the logged metric whose mean each one has (verl's compute_data_metrics, ppolab.metrics.data_metrics).
 DISTRIBUTIONS = {"score": "critic/score/mean", "advantage": "critic/advantages/mean",
                  "response_length": "response_length/mean"}
 
@@ -303,30 +304,31 @@ def distribution_figure(run=None, steps=None) -> go.FigureWidget:
     xs = list(dist)
     m = r.metrics
     fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                        subplot_titles=["score per trajectory (reward distribution)",
-                                        "advantage per valid response token", "response length per trajectory"])
+                        subplot_titles=[tr("score per trajectory (reward distribution)"),
+                                        tr("advantage per valid response token"),
+                                        tr("response length per trajectory")])
     values = sorted({round(float(v), 6) for s in xs for v in dist[s]["score"].tolist()})
     if len(values) <= 5:
         for v in values:
             shares = [float((dist[s]["score"].sub(v).abs() < 1e-6).float().mean()) for s in xs]
-            fig.add_bar(x=xs, y=shares, name=f"score = {v:g}", legendgroup="score", row=1, col=1)
+            fig.add_bar(x=xs, y=shares, name=tr(f"score = {v:g}"), legendgroup="score", row=1, col=1)
         fig.update_layout(barmode="stack")
-        fig.update_yaxes(title_text="share of trajectories", row=1, col=1)
+        fig.update_yaxes(title_text=tr("share of trajectories"), row=1, col=1)
     else:
         for s in xs:
-            fig.add_box(x=[s] * len(dist[s]["score"]), y=dist[s]["score"].tolist(), name=f"score {s}",
+            fig.add_box(x=[s] * len(dist[s]["score"]), y=dist[s]["score"].tolist(), name=tr(f"score {s}"),
                         boxmean=True, showlegend=False, marker_color="#1f77b4", row=1, col=1)
     for row, key, color in ((2, "advantage", "#d62728"), (3, "response_length", "#2ca02c")):
         for s in xs:
-            fig.add_box(x=[s] * len(dist[s][key]), y=dist[s][key].tolist(), name=f"{key} {s}", boxmean=True,
+            fig.add_box(x=[s] * len(dist[s][key]), y=dist[s][key].tolist(), name=tr(f"{key} {s}"), boxmean=True,
                         showlegend=False, marker_color=color, row=row, col=1)
     for row, key in ((1, "score"), (2, "advantage"), (3, "response_length")):
         name = DISTRIBUTIONS[key]
         if name in m.columns and row > 1:  # the stacked shares of row 1 are on another scale
             curve = m[name].dropna()
-            fig.add_scatter(x=curve.index.tolist(), y=curve.tolist(), mode="lines", name=f"logged {name}",
+            fig.add_scatter(x=curve.index.tolist(), y=curve.tolist(), mode="lines", name=tr(f"logged {name}"),
                             line={"color": "black", "width": 1}, row=row, col=1)
-    fig.update_xaxes(title_text="training step", row=3, col=1)
-    fig.update_layout(height=760, title=f"{r.path.name}: distributions per recorded step (chapter §15)",
+    fig.update_xaxes(title_text=tr("training step"), row=3, col=1)
+    fig.update_layout(height=760, title=tr(f"{r.path.name}: distributions per recorded step (chapter §15)"),
                       legend={"orientation": "h", "y": -0.08})
     return go.FigureWidget(fig)

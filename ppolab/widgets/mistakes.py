@@ -19,8 +19,10 @@ import ipywidgets as W
 import plotly.graph_objects as go
 import torch
 
+from ppolab.i18n import tr
 from ppolab.algos import (
     FixedKLController,
+    GlobalBatchInfo,
     agg_loss,
     apply_kl_penalty,
     compute_grpo_outcome_advantage,
@@ -91,11 +93,12 @@ def _setup(run, step, opt_step) -> tuple[Run, StepRecord, int, dict[str, torch.T
     return r, rec, k, optimizer_step_batch(rec, k)
 
 
-def _pg(cfg, b, log_prob=None, mask=None):
-    """(pg_loss, metrics) of the run's policy loss on batch ``b`` (the registry entry the config names)."""
+def _pg(cfg, b, log_prob=None, mask=None, info: GlobalBatchInfo | None = None):
+    """(pg_loss, metrics) of the run's policy loss on batch ``b`` (the registry entry the config names); ``info``:
+    the global mini-batch counts (None: normalise by ``b`` itself)."""
     fn = get_policy_loss_fn(cfg.policy_loss.loss_mode)
     return fn(b["old_log_probs"], b["log_prob"] if log_prob is None else log_prob, b["advantages"],
-              b["response_mask"] if mask is None else mask, cfg.loss_agg_mode, cfg)
+              b["response_mask"] if mask is None else mask, cfg.loss_agg_mode, cfg, global_batch_info=info)
 
 
 def _loss_mask(rec: StepRecord, b: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -108,29 +111,28 @@ def _loss_mask(rec: StepRecord, b: dict[str, torch.Tensor]) -> torch.Tensor:
     return t["loss_mask"][b["rows"]].float() * real_rows(rec)[b["rows"]].float().unsqueeze(-1)
 
 
-def _global_info(r: Run, rec: StepRecord, b: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """What the engine writes into ``global_batch_info`` for one global mini-batch, with ``dp_size`` 1 (the rows of
+def _global_info(r: Run, rec: StepRecord, b: dict[str, torch.Tensor]) -> GlobalBatchInfo:
+    """What the worker passes as ``global_batch_info`` for one global mini-batch, with ``dp_size`` 1 (the rows of
     every rank are here at once): ``batch_num_tokens`` = Σ loss_mask, ``global_batch_size`` = ppo_mini_batch_size ×
     rollout.n — a fixed count of rows that includes synthetic padding rows (verl ``engine`` / ``losses.ppo_loss``)."""
-    c = r.config
-    gbs = c["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] * c["actor_rollout_ref"]["rollout"]["n"]
-    return {"dp_size": 1, "batch_num_tokens": _loss_mask(rec, b).sum(), "global_batch_size": gbs}
+    arr = r.ppo_config().actor_rollout_ref
+    gbs = arr.actor.ppo_mini_batch_size * arr.rollout.n
+    return GlobalBatchInfo(dp_size=1, batch_num_tokens=float(_loss_mask(rec, b).sum()), global_batch_size=gbs)
 
 
 def _plan(r: Run, forget_n: bool = False, micro: int | None = None):
     """The run's batch plan, padded as the trainer pads (to lcm(dp_size, actor mini×n, critic mini×n));
     ``forget_n`` plans the same counts read as if ppo_mini_batch_size were already in trajectories."""
-    c = r.config
-    a = c["actor_rollout_ref"]["actor"]
-    tb, n = c["data"]["train_batch_size"], c["actor_rollout_ref"]["rollout"]["n"]
-    mini = a["ppo_mini_batch_size"]
-    micro = a["ppo_micro_batch_size_per_gpu"] if micro is None else micro
+    c = r.ppo_config()
+    a = c.actor_rollout_ref.actor
+    tb, n = c.data.train_batch_size, c.actor_rollout_ref.rollout.n
+    mini = a.ppo_mini_batch_size
+    micro = a.ppo_micro_batch_size_per_gpu if micro is None else micro
     dp = int(r.info.get("dp_size", 1) or 1)
-    critic = c.get("critic", {})
-    minis = [mini] + ([critic.get("ppo_mini_batch_size", mini)] if critic.get("enable") else [])
+    minis = [mini] + ([c.critic.ppo_mini_batch_size] if c.use_critic else [])
     if forget_n:
-        return plan_batches(tb * n, 1, mini, dp, None, a["ppo_epochs"], pad_to=padding_multiple(dp, *minis))
-    return plan_batches(tb, n, mini, dp, micro, a["ppo_epochs"], pad_to=padding_multiple(dp, *(m * n for m in minis)))
+        return plan_batches(tb * n, 1, mini, dp, None, a.ppo_epochs, pad_to=padding_multiple(dp, *minis))
+    return plan_batches(tb, n, mini, dp, micro, a.ppo_epochs, pad_to=padding_multiple(dp, *(m * n for m in minis)))
 
 
 # ------------------------------------------------------------------------------------- the nine mistakes
@@ -180,23 +182,23 @@ def _m3_kl_twice(run=None, step=None, opt_step=None) -> Effect:
         cfg.algorithm.use_kl_in_reward = on
         notices[on] = [n for n in validate(cfg) if "both KL paths" in n]
     a = actor_config(r, use_kl_loss=True)
-    _, m = ppo_loss(a, b["log_prob"], b["old_log_probs"], b["advantages"], b["response_mask"],
-                    ref_log_prob=b["ref_log_prob"])
+    _, m = ppo_loss(a, old_log_prob=b["old_log_probs"], log_prob=b["log_prob"], advantages=b["advantages"],
+                    response_mask=b["response_mask"], ref_log_prob=b["ref_log_prob"])
     loss_side = a.kl_loss_coef * m["actor/kl_loss"]
     t = rec.tensors
     real = real_rows(rec)
-    alg = r.config["algorithm"]
+    alg = r.ppo_config().algorithm
     scores = t["token_level_scores"].float()
-    recorded = bool(alg.get("use_kl_in_reward")) and "token_level_rewards" in t
+    recorded = alg.use_kl_in_reward and "token_level_rewards" in t
     if recorded:
         rewards = t["token_level_rewards"].float()
         beta_col = "actor/reward_kl_penalty_coeff"
         beta = (float(r.metrics.loc[rec.step, beta_col]) if beta_col in r.metrics.columns
-                else float(alg["kl_ctrl"]["kl_coef"]))
+                else float(alg.kl_ctrl.kl_coef))
     else:
         mask = t.get("loss_mask", t["response_mask"]).float() * real.float().unsqueeze(-1)
         rewards, rm = apply_kl_penalty(scores, t["old_log_probs"].float(), t["ref_log_prob"].float(), mask,
-                                       FixedKLController(alg["kl_ctrl"]["kl_coef"]), alg["kl_penalty"])
+                                       FixedKLController(alg.kl_ctrl.kl_coef), alg.kl_penalty)
         beta = rm["actor/reward_kl_penalty_coeff"]
     shift = (scores - rewards).abs().sum(-1)[real]
     off_r, on_r = scores.sum(-1), rewards.sum(-1)
@@ -204,15 +206,15 @@ def _m3_kl_twice(run=None, step=None, opt_step=None) -> Effect:
         "ConfigNotice 'both KL paths' from validate", float(len(notices[False])), float(len(notices[True])),
         pair=(off_r[real], on_r[real]),
         pair_label="trajectory (sequence reward)",
-        details={"notice": (notices[True] or [""])[0], "run_has_both_paths": bool(alg.get("use_kl_in_reward"))
-                 and bool(r.config["actor_rollout_ref"]["actor"].get("use_kl_loss")),
-                 "reward_side_recorded": recorded, "kl_ctrl": alg["kl_ctrl"].get("type", "fixed"),
+        details={"notice": (notices[True] or [""])[0], "run_has_both_paths": bool(alg.use_kl_in_reward)
+                 and bool(r.ppo_config().actor_rollout_ref.actor.use_kl_loss),
+                 "reward_side_recorded": recorded, "kl_ctrl": alg.kl_ctrl.type,
                  "reward_side_beta": beta, "loss_side_coef": a.kl_loss_coef, "loss_side_term": loss_side,
                  "mean_reward_shift": float(shift.mean())})
 
 
 def _micro(r: Run, rows: int) -> tuple[int, bool]:
-    micro = r.config["actor_rollout_ref"]["actor"]["ppo_micro_batch_size_per_gpu"] or rows
+    micro = r.ppo_config().actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu or rows
     if micro >= rows:  # one micro-batch per mini-batch: show a what-if split into two
         return max(1, rows // 2), True
     return micro, False
@@ -229,13 +231,11 @@ def _m4_micro_batch(run=None, step=None, opt_step=None) -> Effect:
     parts = fixed_micro_batches(n_rows, micro)
     info = _global_info(r, rec, b)
     cfg = actor_config(r)
-    cfg.global_batch_info = info
-    whole, _ = _pg(cfg, b)
+    whole, _ = _pg(cfg, b, info=info)
     sums = {}
     for mistaken in (False, True):
-        c = actor_config(r)
-        c.global_batch_info = {} if mistaken else info
-        losses = [_pg(c, {kk: v[idx] for kk, v in b.items() if kk != "rows"})[0] for idx in parts]
+        losses = [_pg(cfg, {kk: v[idx] for kk, v in b.items() if kk != "rows"}, info=None if mistaken else info)[0]
+                  for idx in parts]
         sums[mistaken] = torch.stack(losses)
     plan = _plan(r)
     n_resp = float(b["response_mask"].sum())
@@ -244,8 +244,8 @@ def _m4_micro_batch(run=None, step=None, opt_step=None) -> Effect:
         pair=(sums[False], sums[True]), pair_label="micro-batch",
         details={"mini_batch_loss": float(whole), "n_micro": len(parts), "micro": micro, "what_if": what_if,
                  "dp_size": int(r.info.get("dp_size", 1) or 1),
-                 "batch_num_tokens": int(info["batch_num_tokens"]), "response_tokens": int(n_resp),
-                 "rejected_tokens_in_denominator": int(info["batch_num_tokens"]) - int(n_resp),
+                 "batch_num_tokens": int(info.batch_num_tokens), "response_tokens": int(n_resp),
+                 "rejected_tokens_in_denominator": int(info.batch_num_tokens) - int(n_resp),
                  "optimizer_steps": plan.optimizer_steps,
                  "steps_if_micro_were_batch": (plan.n_trajectories + plan.padding_rows) // micro * plan.ppo_epochs})
 
@@ -296,20 +296,18 @@ def _m7_agg_mode(run=None, step=None, opt_step=None) -> Effect:
     r, rec, _k, b = _setup(run, step, opt_step)
     info = _global_info(r, rec, b)
     cfgs = {mode: actor_config(r, loss_agg_mode=mode) for mode in ("token-mean", "seq-mean-token-mean")}
-    for c in cfgs.values():
-        c.global_batch_info = info
-    off, _ = _pg(cfgs["token-mean"], b)
-    on, _ = _pg(cfgs["seq-mean-token-mean"], b)
+    off, _ = _pg(cfgs["token-mean"], b, info=info)
+    on, _ = _pg(cfgs["seq-mean-token-mean"], b, info=info)
     keep = b["response_mask"].sum(-1) > 0
-    w_tm = _row_weights(b["response_mask"], "token-mean", **info)[keep]
-    w_sm = _row_weights(b["response_mask"], "seq-mean-token-mean", **info)[keep]
+    w_tm = _row_weights(b["response_mask"], "token-mean", **info.as_kwargs())[keep]
+    w_sm = _row_weights(b["response_mask"], "seq-mean-token-mean", **info.as_kwargs())[keep]
     lengths = b["response_mask"].sum(-1)[keep]
     pad = ~real_rows(rec)[b["rows"]]
     return Effect(
         "actor/pg_loss", float(off), float(on), pair=(w_tm, w_sm), pair_label="trajectory (its weight in the loss)",
         details={"min_length": int(lengths.min()), "max_length": int(lengths.max()),
                  "weight_ratio_longest_vs_shortest_token_mean": float(w_tm.max() / w_tm.min()),
-                 "rows": int(b["rows"].numel()), "global_batch_size": int(info["global_batch_size"]),
+                 "rows": int(b["rows"].numel()), "global_batch_size": int(info.global_batch_size),
                  "padding_rows": int(pad.sum()), "empty_real_rows": int((~keep & ~pad).sum()),
                  "trajectories_with_tokens": int(keep.sum()),
                  "token_mean_weight_sum": float(w_tm.sum()), "seq_mean_weight_sum": float(w_sm.sum())})
@@ -354,10 +352,11 @@ def _m8_tool_obs(run=None, step=None, opt_step=None) -> Effect:
         log_prob = torch.where(obs > 0, torch.nan_to_num(raw), b["log_prob"])
         full = t["response_mask"].float() * real_rows(rec).float().unsqueeze(-1)
         full[b["rows"]] = masks[True]
-        if r.config["algorithm"]["adv_estimator"] == "grpo":
+        alg = r.ppo_config().algorithm
+        if alg.adv_estimator == "grpo":
             adv_on, _ = compute_grpo_outcome_advantage(
                 t["token_level_rewards"].float(), full, t["uid"].tolist(),
-                norm_adv_by_std_in_grpo=r.config["algorithm"].get("norm_adv_by_std_in_grpo", True))
+                norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo)
             adv_on = adv_on[b["rows"]]
         else:  # one advantage per trajectory, spread over the observation tokens too
             per_row = (b["advantages"] * b["response_mask"]).sum(-1) / b["response_mask"].sum(-1).clamp(min=1)
@@ -397,7 +396,7 @@ def _m9_clip_only(run=None, step=None, opt_step=None) -> Effect:
     t = rec.tensors
     real = real_rows(rec)
     grpo = {}
-    if r.config["algorithm"]["adv_estimator"] == "grpo":  # trajectories of groups whose scores were all equal
+    if r.ppo_config().algorithm.adv_estimator == "grpo":  # trajectories of groups whose scores were all equal
         mask = t["response_mask"].float() * real.float().unsqueeze(-1)
         adv, _ = compute_grpo_outcome_advantage(t["token_level_rewards"].float(), mask, t["uid"].tolist())
         grpo = {"grpo_no_signal_trajectories": int(((adv.abs() * mask).sum(-1)[real] == 0).sum())}
@@ -499,13 +498,27 @@ def reproduce(key: str, run=None, step: int | None = None, opt_step: int | None 
     return MISTAKES[key].reproduce(run, step, opt_step)
 
 
+def _detail(key: str, v: Any) -> str:
+    """One value of Effect.details as HTML: numbers as they are, names and flags (``adaptive``, ``True``) in code font,
+    and the one value that is prose, validate()'s notice, in the notebook's language."""
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if key == "notice":
+        return tr(v)
+    if isinstance(v, bool) or (isinstance(v, str) and v and not any(c.isspace() for c in v)):
+        return f"<code>{v}</code>"
+    return str(v)
+
+
 def _explain(m: Mistake, e: Effect, on: bool) -> str:
-    d = "".join(f"<li><code>{k}</code>: {v:.6g}</li>" if isinstance(v, float) else f"<li><code>{k}</code>: {v}</li>"
-                for k, v in e.details.items())
-    state = m.on_label if on else m.off_label
-    return (f"<b>{m.number}. {m.title}</b> (chapter {m.section})<br>switch: <code>{m.switch}</code><br>"
-            f"<b>now showing — mistake {'ON' if on else 'OFF'}:</b> {state}<br>"
-            f"{e.quantity}: off = <b>{e.off:.6g}</b>, on = <b>{e.on:.6g}</b><br>{m.what_goes_wrong}<ul>{d}</ul>")
+    d = "".join(f"<li><code>{k}</code>: {_detail(k, v)}</li>" for k, v in e.details.items())
+    # whole templates are the i18n keys, so no single word such as "on" becomes a key of its own
+    head = tr("<b>{n}. {title}</b> (chapter {section})<br>switch: <code>{switch}</code><br>")
+    now = tr("<b>now showing — mistake ON:</b> {state}<br>" if on else "<b>now showing — mistake OFF:</b> {state}<br>")
+    values = tr("{quantity}: off = <b>{off:.6g}</b>, on = <b>{on:.6g}</b><br>")
+    return (head.format(n=m.number, title=tr(m.title), section=m.section, switch=tr(m.switch))
+            + now.format(state=tr(m.on_label if on else m.off_label))
+            + values.format(quantity=tr(e.quantity), off=e.off, on=e.on) + f"{tr(m.what_goes_wrong)}<ul>{d}</ul>")
 
 
 def mistakes_explorer(run: Run | str | None = None, step: int | None = None, mistake: str | None = None,
@@ -522,15 +535,15 @@ def mistakes_explorer(run: Run | str | None = None, step: int | None = None, mis
     if mistake not in MISTAKES:
         raise ValueError(f"mistake must be one of {', '.join(MISTAKES)}, got {mistake!r}")
     controls = {
-        "mistake": W.Dropdown(options=[(f"{m.number}. {m.title}", k) for k, m in MISTAKES.items()], value=mistake,
-                              description="mistake", layout=W.Layout(width="640px")),
-        "on": W.ToggleButton(value=bool(on), description="mistake on", icon="bug"),
+        "mistake": W.Dropdown(options=[(f"{m.number}. {tr(m.title)}", k) for k, m in MISTAKES.items()], value=mistake,
+                              description=tr("mistake"), layout=W.Layout(width="640px")),
+        "on": W.ToggleButton(value=bool(on), description=tr("mistake on"), icon="bug"),
     }
     figs = {"effect": go.FigureWidget(layout={"height": 300, "showlegend": False}),
             "detail": go.FigureWidget(layout={"height": 300})}
     figs["effect"].add_bar(x=["off", "on"], y=[0, 0])
-    figs["detail"].add_scatter(mode="markers", name="mistake off", marker={"size": 5})
-    figs["detail"].add_scatter(mode="markers", name="mistake on", marker={"size": 5, "symbol": "x"})
+    figs["detail"].add_scatter(mode="markers", name=tr("mistake off"), marker={"size": 5})
+    figs["detail"].add_scatter(mode="markers", name=tr("mistake on"), marker={"size": 5, "symbol": "x"})
     text = W.HTML()
     state: dict[str, Any] = {}
     cache: dict[str, Effect] = {}
@@ -542,11 +555,12 @@ def mistakes_explorer(run: Run | str | None = None, step: int | None = None, mis
         m, e = MISTAKES[key], cache[key]
         state.update(effect=e, mistake=key, on=is_on)
         with figs["effect"].batch_update():
-            figs["effect"].data[0].update(x=[f"off: {m.off_label}"[:60], f"on: {m.on_label}"[:60]], y=[e.off, e.on],
+            figs["effect"].data[0].update(x=[tr("off: {label}").format(label=tr(m.off_label))[:60],
+                                             tr("on: {label}").format(label=tr(m.on_label))[:60]], y=[e.off, e.on],
                                           marker={"color": ["#1f77b4" if not is_on else "#c7c7c7",
                                                             "#d62728" if is_on else "#f4b6b6"]})
-            figs["effect"].layout.title = f"{m.number}. {m.title} — {e.quantity}"
-            figs["effect"].layout.yaxis.title = e.quantity
+            figs["effect"].layout.title = f"{m.number}. {tr(m.title)} — {tr(e.quantity)}"
+            figs["effect"].layout.yaxis.title = tr(e.quantity)
         with figs["detail"].batch_update():
             if e.pair is not None:
                 xs = list(range(len(e.pair[0])))
@@ -554,12 +568,12 @@ def mistakes_explorer(run: Run | str | None = None, step: int | None = None, mis
                 figs["detail"].data[1].update(x=xs, y=e.pair[1].tolist(), visible=True)
                 figs["detail"].data[0].opacity = 0.3 if is_on else 1.0
                 figs["detail"].data[1].opacity = 1.0 if is_on else 0.3
-                figs["detail"].layout.title = f"per {e.pair_label}: off vs on"
-                figs["detail"].layout.xaxis.title = e.pair_label
+                figs["detail"].layout.title = tr("per {what}: off vs on").format(what=tr(e.pair_label))
+                figs["detail"].layout.xaxis.title = tr(e.pair_label)
             else:
                 figs["detail"].data[0].update(x=[], y=[])
                 figs["detail"].data[1].update(x=[], y=[])
-                figs["detail"].layout.title = "(no per-row detail for this mistake: it is a count)"
+                figs["detail"].layout.title = tr("(no per-row detail for this mistake: it is a count)")
         text.value = _explain(m, e, is_on)
 
     for ctl in controls.values():
@@ -595,18 +609,18 @@ def kl_drowning(run=None, step: int | None = None, betas=KL_SWEEP):
     rec = r.step(r.steps[-1] if step is None else step)
     t, real = rec.tensors, real_rows(rec)
     mask = t.get("loss_mask", t["response_mask"]).float() * real.float().unsqueeze(-1)
-    alg = r.config.get("algorithm", {})
+    alg = r.ppo_config().algorithm
     own = None
-    if alg.get("use_kl_in_reward"):
-        own = alg.get("kl_ctrl", {}).get("kl_coef")
+    if alg.use_kl_in_reward:
+        own = alg.kl_ctrl.kl_coef
         col = "actor/reward_kl_penalty_coeff"
-        if alg.get("kl_ctrl", {}).get("type") == "adaptive" and col in r.metrics.columns:
+        if alg.kl_ctrl.type == "adaptive" and col in r.metrics.columns:
             own = float(r.metrics.loc[rec.step, col])
     scores = t["token_level_scores"].float()
     rows = {}
     for beta in sorted(set(betas) | ({own} if own is not None else set())):
         rewards, _ = apply_kl_penalty(scores, t["old_log_probs"].float(), t["ref_log_prob"].float(), mask,
-                                      FixedKLController(beta), alg.get("kl_penalty", "kl"))
+                                      FixedKLController(beta), alg.kl_penalty)
         score, reward = scores.sum(-1)[real], rewards.sum(-1)[real]
         penalty = score - reward
         corr = torch.corrcoef(torch.stack([reward, score]))[0, 1]
@@ -615,7 +629,7 @@ def kl_drowning(run=None, step: int | None = None, betas=KL_SWEEP):
                       "penalty_over_score": float(penalty.mean() / score.mean()),
                       "reward_mean": float(reward.mean()), "corr_reward_score": float(corr)}
     out = pd.DataFrame.from_dict(rows, orient="index")
-    out.index.name = "beta"
+    out.index.name = tr("beta")
     return out
 
 
@@ -672,5 +686,5 @@ def reference_drift(run=None, pattern: str = "#### "):
                    "score_mean": float(t["token_level_scores"].sum(-1)[real].mean()),
                    "response_length_mean": float(t["response_mask"].sum(-1)[real].mean())}
     out = pd.DataFrame.from_dict(rows, orient="index")
-    out.index.name = "step"
+    out.index.name = tr("step")
     return out

@@ -11,6 +11,7 @@ import ipywidgets as W
 import plotly.graph_objects as go
 import torch
 
+from ppolab.i18n import tr
 from ppolab.algos import (
     ppo_clip_terms,
 )
@@ -69,40 +70,40 @@ def ratio_explorer(
         ]
     )
     controls = {
-        "row": W.IntSlider(value=row, min=0, max=n_rows - 1, description="row", continuous_update=False),
-        "token": W.IntSlider(value=token, min=0, max=width - 1, description="token", continuous_update=False),
+        "row": W.IntSlider(value=row, min=0, max=n_rows - 1, description=tr("row"), continuous_update=False),
+        "token": W.IntSlider(value=token, min=0, max=width - 1, description=tr("token"), continuous_update=False),
         "opt_step": _opt_step_slider(rec, opt_step),
     }
     axis = torch.linspace(-1.25 * LOG_RATIO_CLAMP, 1.25 * LOG_RATIO_CLAMP, 201, dtype=torch.float64)
     synth = ppo_clip_terms(torch.zeros_like(axis), axis, torch.zeros_like(axis), low, high)
     f_clamp = go.FigureWidget(
         layout=dict(
-            title="ratio = exp(clamp(log_prob − old_log_prob, −20, 20))",
+            title=tr("ratio = exp(clamp(log_prob − old_log_prob, −20, 20))"),
             height=320,
-            xaxis_title="raw log-ratio log_prob − old_log_prob",
-            yaxis=dict(title="ratio", type="log"),
+            xaxis_title=tr("raw log-ratio log_prob − old_log_prob"),
+            yaxis=dict(title=tr("ratio"), type="log"),
         )
     )
-    f_clamp.add_scatter(x=axis.tolist(), y=synth["ratio"].tolist(), mode="lines", name="ratio (ppolab.algos)")
+    f_clamp.add_scatter(x=axis.tolist(), y=synth["ratio"].tolist(), mode="lines", name=tr("ratio (ppolab.algos)"))
     f_clamp.add_scatter(
-        x=[0.0], y=[1.0], mode="markers", marker=dict(size=12, color="red"), name="chosen token"
+        x=[0.0], y=[1.0], mode="markers", marker=dict(size=12, color="red"), name=tr("chosen token")
     )
     f_clamp.layout.shapes = [_vline(-LOG_RATIO_CLAMP, dash="dot"), _vline(LOG_RATIO_CLAMP, dash="dot")]
     f_row = go.FigureWidget(
         layout=dict(
-            title="ratio of each token of the row",
+            title=tr("ratio of each token of the row"),
             height=300,
-            xaxis_title="response position",
-            yaxis_title="ratio",
+            xaxis_title=tr("response position"),
+            yaxis_title=tr("ratio"),
         )
     )
-    f_row.add_bar(x=list(range(width)), y=[0.0] * width, name="ratio")
+    f_row.add_bar(x=list(range(width)), y=[0.0] * width, name=tr("ratio"))
     f_row.layout.shapes = [_hline(1.0)]
     f_drift = go.FigureWidget(
         layout=dict(
-            title="ratio drift across the optimizer steps of this training step",
+            title=tr("ratio drift across the optimizer steps of this training step"),
             height=340,
-            yaxis_title="ratio of the mini-batch's real tokens",
+            yaxis_title=tr("ratio of the mini-batch's real tokens"),
             showlegend=True,
         )
     )
@@ -111,7 +112,7 @@ def ratio_explorer(
         sel = (mask > 0) & ~torch.isnan(ratios[k])
         f_drift.add_box(y=ratios[k][sel].tolist(), name=labels[k], boxpoints=False)
     f_drift.add_scatter(
-        x=labels, y=[float("nan")] * K, mode="lines+markers", name="chosen token", line=dict(color="red")
+        x=labels, y=[float("nan")] * K, mode="lines+markers", name=tr("chosen token"), line=dict(color="red")
     )
     f_drift.layout.shapes = [_hline(1.0)]
     readout = W.HTML()
@@ -147,9 +148,9 @@ def ratio_explorer(
             f_row.data[0].marker.color = [
                 "red" if p == j else ("lightgrey" if mask[i, p] == 0 else "steelblue") for p in range(width)
             ]
-            f_row.layout.title.text = f"row {i}, {labels[k]}" + (
+            f_row.layout.title.text = tr(f"row {i}, {labels[k]}" + (
                 "" if in_batch else " — row not in this mini-batch"
-            )
+            ))
         with f_clamp.batch_update():
             f_clamp.data[1].x = [lp - o if in_batch else 0.0]
             f_clamp.data[1].y = [ratio if in_batch else 1.0]
@@ -159,12 +160,12 @@ def ratio_explorer(
         resp = rec.texts.get("responses", [""] * n_rows)[i] if rec.texts else ""
         masked = "" if mask[i, j] > 0 else " <b>(masked position: not in the loss)</b>"
         readout.value = (
-            f"<b>row {i}</b> response {resp!r}, position {j} (token id {text}){masked}<br>"
+            tr(f"<b>row {i}</b> response {resp!r}, position {j} (token id {text}){masked}<br>"
             f"old_log_prob = {_fmt(o)}, log_prob ({labels[k]}) = {_fmt(lp)}<br>"
             f"log_prob − old = {_fmt(lp - o)} → clamp(±{LOG_RATIO_CLAMP:g}) = {_fmt(clamped)} → "
             f"ratio = {_fmt(ratio)}"
             + ("" if in_batch else "<br><i>this row was not in that optimizer step's mini-batch (NaN)</i>")
-            + rollout_line
+            + rollout_line)
         )
 
     for c in controls.values():

@@ -9,6 +9,7 @@ import ipywidgets as W
 import plotly.graph_objects as go
 import torch
 
+from ppolab.i18n import tr
 from ppolab.algos import compute_value_loss, value_clip_terms
 from ppolab.widgets.common import resolve_run, step_tensors
 
@@ -50,34 +51,34 @@ def value_clip_explorer(run=None, step=None, update: int | None = None, cliprang
     update = n_updates - 1 if update is None else update
     if not isinstance(update, int) or not 0 <= update < n_updates:
         raise ValueError(f"update must be an int in 0..{n_updates - 1} (critic optimizer steps), got {update!r}")
-    critic_cfg = r.config.get("critic", {})
-    mode = loss_agg_mode or critic_cfg.get("loss_agg_mode", "token-mean")
+    critic_cfg = r.ppo_config().critic
+    mode = loss_agg_mode or critic_cfg.loss_agg_mode
     from ppolab.algos import LOSS_AGG_MODES
     if mode not in LOSS_AGG_MODES:
         raise ValueError(f"loss_agg_mode must be one of {list(LOSS_AGG_MODES)}, got {mode!r}")
-    eps0 = critic_cfg.get("cliprange_value", 0.5) if cliprange_value is None else cliprange_value
+    eps0 = critic_cfg.cliprange_value if cliprange_value is None else cliprange_value
     if not isinstance(eps0, (int, float)) or not 0 <= eps0 <= 2:
         raise ValueError(f"cliprange_value must be a number in [0, 2], got {eps0!r}")
 
     controls = {
         "cliprange_value": W.FloatSlider(value=float(eps0), min=0.0, max=2.0, step=0.01, description="ε_v",
                                          continuous_update=False, readout_format=".2f"),
-        "update": W.IntSlider(value=update, min=0, max=n_updates - 1, description="update",
+        "update": W.IntSlider(value=update, min=0, max=n_updates - 1, description=tr("update"),
                               continuous_update=False),
     }
     figs = {
-        "tokens": go.FigureWidget(layout={"title": "per-token value loss", "barmode": "overlay", "height": 320,
-                                              "xaxis_title": "token (row:position)", "yaxis_title": "loss"}),
-        "summary": go.FigureWidget(layout={"title": "compute_value_loss on the mini-batch", "height": 280}),
-        "sweep": go.FigureWidget(layout={"title": "vf_loss and vf_clipfrac against ε_v", "height": 280,
+        "tokens": go.FigureWidget(layout={"title": tr("per-token value loss"), "barmode": "overlay", "height": 320,
+                                              "xaxis_title": tr("token (row:position)"), "yaxis_title": tr("loss")}),
+        "summary": go.FigureWidget(layout={"title": tr("compute_value_loss on the mini-batch"), "height": 280}),
+        "sweep": go.FigureWidget(layout={"title": tr("vf_loss and vf_clipfrac against ε_v"), "height": 280,
                                              "xaxis_title": "cliprange_value"}),
     }
-    figs["tokens"].add_bar(name="½(V_new − G)²  (unclipped)", opacity=0.6)
-    figs["tokens"].add_bar(name="½·max(unclipped, clipped)  (used)", opacity=0.6)
+    figs["tokens"].add_bar(name=tr("½(V_new − G)²  (unclipped)"), opacity=0.6)
+    figs["tokens"].add_bar(name=tr("½·max(unclipped, clipped)  (used)"), opacity=0.6)
     figs["summary"].add_bar(x=["vf_loss", "vf_clipfrac"])
     figs["sweep"].add_scatter(name="vf_loss", mode="lines")
     figs["sweep"].add_scatter(name="vf_clipfrac", mode="lines")
-    figs["sweep"].add_scatter(name="current ε_v", mode="markers", marker={"size": 10})
+    figs["sweep"].add_scatter(name=tr("current ε_v"), mode="markers", marker={"size": 10})
 
     def batch_of(u):
         vp = t["critic_vpreds"][u]
@@ -108,8 +109,8 @@ def value_clip_explorer(run=None, step=None, update: int | None = None, cliprang
         with figs["summary"].batch_update():
             figs["summary"].data[0].update(y=[float(vf_loss), float(vf_clipfrac)],
                                            text=[f"{float(vf_loss):.4f}", f"{float(vf_clipfrac):.3f}"])
-            figs["summary"].layout.title = (f"compute_value_loss, ε_v = {eps:.2f}, {mode}, update {u}: "
-                                            f"vf_loss {float(vf_loss):.4f}, vf_clipfrac {float(vf_clipfrac):.3f}")
+            figs["summary"].layout.title = (tr(f"compute_value_loss, ε_v = {eps:.2f}, {mode}, update {u}: "
+                                            f"vf_loss {float(vf_loss):.4f}, vf_clipfrac {float(vf_clipfrac):.3f}"))
         with figs["sweep"].batch_update():
             figs["sweep"].data[0].update(x=grid, y=[float(a) for a, _ in sweep])
             figs["sweep"].data[1].update(x=grid, y=[float(b) for _, b in sweep])

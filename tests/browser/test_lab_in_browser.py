@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import time
 import urllib.request
 from pathlib import Path
@@ -35,6 +36,8 @@ NOTEBOOKS = {
     "labs/04_clipped_objective.ipynb": None,
     # only seq-mean-token-sum-norm depends on loss_scale_factor: its weight bars and its total redraw
     "labs/11_loss_aggregation.ipynb": "loss_scale_factor",
+    # the Chinese edition: widgets in Chinese (screenshot lab_zh.png; look at it for boxes instead of glyphs)
+    "labs/zh/04_clipped_objective.ipynb": None,
 }
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
@@ -82,6 +85,28 @@ _EXECUTION_STARTED_JS = """
 
 _WIDGET_ERRORS = ("Error displaying widget", "Failed to load model class", "Error creating widget")
 
+# Are Chinese characters drawn as glyphs? Draw two different ones (and a private-use code point, which no font
+# covers: the .notdef box) on a canvas in the font family of the rendered markdown and compare the pixels. With no
+# CJK font every character falls back to the same box (or to nothing): the two bitmaps are equal. "CJK characters
+# in the DOM" alone would pass then too.
+_CJK_GLYPHS_JS = """
+() => {
+  const el = document.querySelector(".jp-RenderedMarkdown") || document.body;
+  const family = getComputedStyle(el).fontFamily;
+  const draw = ch => {
+    const c = document.createElement("canvas");
+    c.width = c.height = 64;
+    const ctx = c.getContext("2d");
+    ctx.font = `48px ${family}`;
+    ctx.textBaseline = "top";
+    ctx.fillText(ch, 4, 4);
+    return Array.from(ctx.getImageData(0, 0, 64, 64).data.filter((_, i) => i % 4 === 3)).join(",");
+  };
+  const a = draw("中"), b = draw("裁"), box = draw("\\uE000");
+  return {family, inked: /[1-9]/.test(a), distinct: a !== b, not_box: a !== box && b !== box};
+}
+"""
+
 
 def _notebook_cases() -> list[tuple[str, str | None]]:
     override = os.environ.get("PPOLAB_BROWSER_NOTEBOOK")
@@ -89,7 +114,7 @@ def _notebook_cases() -> list[tuple[str, str | None]]:
 
 
 def _screenshot_path(rel: str) -> Path:
-    return ARTIFACTS / f"{Path(rel).stem}.png"
+    return ARTIFACTS / ("lab_zh.png" if "/zh/" in rel else f"{Path(rel).stem}.png")
 
 
 def _accept_kernel_dialog(page) -> None:
@@ -215,7 +240,14 @@ def _wait_signature_change(page, before: str, timeout_ms: int) -> str | None:
     return None
 
 
-@pytest.mark.parametrize(("rel", "slider_label"), _notebook_cases(), ids=lambda v: Path(v).stem if v else "any")
+def _case_id(v: str | None) -> str:
+    """A notebook's test id: its stem, prefixed "zh_" for the Chinese edition (``-k zh`` selects it)."""
+    if not v:
+        return "any"
+    return ("zh_" if "/zh/" in v else "") + Path(v).stem
+
+
+@pytest.mark.parametrize(("rel", "slider_label"), _notebook_cases(), ids=_case_id)
 def test_lab_runs_and_slider_redraws_plot(lab_server, chromium_path, rel, slider_label):
 
     screenshot = _screenshot_path(rel)
@@ -249,6 +281,12 @@ def test_lab_runs_and_slider_redraws_plot(lab_server, chromium_path, rel, slider
             t_rendered = time.monotonic() - t0
 
             body = page.locator("body").inner_text()
+            if "/zh/" in rel:  # Chinese markdown and Chinese widget labels (needs a CJK font, fonts-noto-cjk)
+                assert re.search(r"[\u4e00-\u9fff]", body), "no Chinese text on the page of a zh lab"
+                glyphs = page.evaluate(_CJK_GLYPHS_JS)
+                assert glyphs["inked"] and glyphs["distinct"] and glyphs["not_box"], (
+                    f"Chinese characters are not drawn as glyphs (no CJK font? apt-get install fonts-noto-cjk): "
+                    f"{glyphs}")
             for msg in _WIDGET_ERRORS:
                 assert msg not in body, f"widget front-end error on the page: {msg!r}"
 

@@ -18,6 +18,7 @@ from ppolab.record import Run
 from ppolab.train import resolve_config
 from ppolab.trainer import PPOTrainer
 from ppolab.widgets.common import SHIPPED_RUNS
+from ppolab.worker import ActorWorker
 
 KEYS = ("prompts", "prompt_mask", "responses", "response_mask", "loss_mask", "rollout_log_probs", "old_log_probs",
         "ref_log_prob", "advantages", "uid")
@@ -42,8 +43,10 @@ def main(out: Path) -> None:
         with torch.no_grad():  # B ≠ 0 so that A gets gradient too
             for p in params:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.05)
-        trainer.actor_optimizer = torch.optim.SGD(params, lr=1.0)  # exact, unlike Adam's ~sign(g) first step
-        metrics, _ = trainer.update_actor(batch)
+        worker = ActorWorker(trainer.actor.config, trainer.models, temperature=trainer.actor.temperature,
+                             rollout_n=trainer.actor.rollout_n, dist=info,
+                             optimizer=torch.optim.SGD(params, lr=1.0))  # exact, unlike Adam's ~sign(g) first step
+        metrics, _ = worker.update(trainer.local(batch))
         if info.is_main:
             save_file({f"p{i}": p.detach().contiguous() for i, p in enumerate(params)},
                       str(out / f"{mode}.safetensors"))

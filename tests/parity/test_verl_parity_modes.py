@@ -23,7 +23,7 @@ from verl.workers.config import PolicyLossConfig as VPolicyLossConfig  # noqa: E
 
 import ppolab.algos as P  # noqa: E402
 from ppolab.config import LOSS_AGG_MODES, ActorConfig  # noqa: E402
-from ppolab.config.actor import LossRolloutCorrectionConfig, PolicyLossConfig  # noqa: E402
+from ppolab.config.actor import RolloutCorrectionConfig, PolicyLossConfig  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("float64_by_default")  # tests/conftest.py
 
@@ -58,7 +58,7 @@ def configs(mode, info, clip_ratio_c=3.0, **policy_loss):
                        global_batch_info=dict(info))
     their_pl = dict(policy_loss)
     if "rollout_correction" in policy_loss:
-        ours.policy_loss.rollout_correction = LossRolloutCorrectionConfig(**policy_loss["rollout_correction"])
+        ours.policy_loss.rollout_correction = RolloutCorrectionConfig(**policy_loss["rollout_correction"])
         their_pl["rollout_correction"] = VRolloutCorrectionConfig(**policy_loss["rollout_correction"])
     theirs = VActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1,
                           policy_loss=VPolicyLossConfig(**their_pl), **kw)

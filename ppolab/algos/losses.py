@@ -1,19 +1,19 @@
-"""The actor's and critic's per-micro-batch loss assembly (chapter §5, §8; verl
-``workers/utils/losses.ppo_loss``).
+"""The actor's and critic's per-micro-batch loss assembly (chapter §5, §8; verl ``workers/utils/losses.py``:
+``ppo_loss``, ``value_loss``).
 
-L_actor = L_PG − c_H·H + c_KL·K̂_ref (chapter §5), each term aggregated by ``agg_loss`` with the
-*global* mini-batch counts found in ``config.global_batch_info``, so the micro-batch losses of one
-mini-batch add up to the mini-batch objective (chapter §13).
+L_actor = L_PG − c_H·H + c_KL·K̂_ref (chapter §5), each term aggregated by ``agg_loss`` with the *global*
+mini-batch counts passed as ``global_batch_info``, so the micro-batch losses of one mini-batch add up to the
+mini-batch objective (chapter §13).
 """
 from __future__ import annotations
 
 import torch
 
-from ppolab.algos.aggregation import agg_loss
+from ppolab.algos.aggregation import GlobalBatchInfo, agg_loss, batch_info_kwargs
 from ppolab.algos.kl import kl_penalty
 from ppolab.algos.masked import masked_mean
 from ppolab.algos.policy_loss import get_policy_loss_fn
-from ppolab.algos.value_loss import compute_value_loss
+from ppolab.algos.value import compute_value_loss
 
 #: Metrics that are SUM-aggregated over micro-batches (each already divided by the global count);
 #: every other actor/critic metric is a plain MEAN over micro-batches (verl `losses.ppo_loss`, chapter §15).
@@ -22,25 +22,30 @@ SUM_METRICS = ("actor/pg_loss", "actor/entropy_loss", "actor/kl_loss", "critic/v
 
 def ppo_loss(
     config,
+    *,
+    old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
-    old_log_probs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     entropy: torch.Tensor | None = None,
     ref_log_prob: torch.Tensor | None = None,
     rollout_is_weights: torch.Tensor | None = None,
+    global_batch_info: GlobalBatchInfo | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """One micro-batch of the actor loss (chapter §5): all tensors (bs, T); returns (loss, metrics).
+
+    Every tensor is a keyword (two log-prob tensors of the same shape must not be swappable by position);
+    ``global_batch_info``: the global mini-batch counts every term is normalised by (None: this micro-batch's own).
 
     1. pg_loss from the registry entry ``config.policy_loss.loss_mode`` (rollout IS weights, if any,
        multiply only this term — chapter §3);
     2. if ``entropy`` is given: loss −= entropy_coeff · agg(H);
     3. if ``config.use_kl_loss``: loss += kl_loss_coef · agg(kl_penalty(log_prob, ref, kl_loss_type)).
     """
-    mode, info = config.loss_agg_mode, config.global_batch_info
+    mode, info = config.loss_agg_mode, batch_info_kwargs(config, global_batch_info)
     policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
-    pg_loss, metrics = policy_loss_fn(old_log_probs, log_prob, advantages, response_mask, mode, config,
-                                      rollout_is_weights)
+    pg_loss, metrics = policy_loss_fn(old_log_prob, log_prob, advantages, response_mask, mode, config,
+                                      rollout_is_weights, global_batch_info=global_batch_info)
     metrics = dict(metrics)
     metrics["actor/pg_loss"] = float(pg_loss.detach())
     loss = pg_loss
@@ -64,14 +69,15 @@ def value_loss(
     response_mask: torch.Tensor,
     cliprange_value: float,
     loss_agg_mode: str,
-    global_batch_info: dict,
+    global_batch_info: GlobalBatchInfo | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """One micro-batch of the critic loss (chapter §8): clipped value loss with global normalisation.
 
     Metrics: ``critic/vf_loss``, ``critic/vf_clipfrac`` and ``critic/vpred_mean`` = masked mean of vpreds.
     """
+    info = global_batch_info.as_kwargs() if global_batch_info is not None else {}
     loss, clipfrac = compute_value_loss(vpreds, returns, values, response_mask, cliprange_value, loss_agg_mode,
-                                        **global_batch_info)
+                                        **info)
     return loss, {
         "critic/vf_loss": float(loss.detach()),
         "critic/vf_clipfrac": float(clipfrac),

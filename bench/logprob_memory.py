@@ -1,0 +1,68 @@
+"""Peak memory of one micro-batch's log-prob + entropy forward and backward at a real vocabulary (151,936 tokens).
+
+    python bench/logprob_memory.py --chunked on|off [--rows 4] [--response 64]
+
+A Qwen2 of hidden 32 and one layer, random weights built from a config (no download), so nearly all memory is
+the (rows × positions × vocab) logits and what the log-prob / entropy formulas make of them. Prints one JSON line:
+``peak_mib`` is the rise of the process's peak resident set (``ru_maxrss``) over the baseline taken right before
+the forward; ``logits_mib`` is one float32 copy of the model's logits, the unit the bound is stated in. Run each
+setting in its own process: ``ru_maxrss`` never goes down. glibc serves these allocations (≥ 32 MiB) with mmap,
+which are returned to the system when freed, so RSS follows the live tensors.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+
+import torch
+
+QWEN_VOCAB = 151936
+
+
+def tiny_qwen(vocab: int = QWEN_VOCAB, hidden: int = 32, layers: int = 1, seed: int = 0):
+    """A random Qwen2 of Qwen2.5's vocabulary and a toy trunk, in float32."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=True)
+    return AutoModelForCausalLM.from_config(cfg).float()
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from ppolab.roles import forward_response
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--chunked", choices=["on", "off"], required=True)
+    ap.add_argument("--rows", type=int, default=4)
+    ap.add_argument("--prompt", type=int, default=16)
+    ap.add_argument("--response", type=int, default=64)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    model = tiny_qwen()
+    model.requires_grad_(False)
+    model.model.layers[0].mlp.up_proj.weight.requires_grad_(True)  # a trainable weight below the logits
+    ids = torch.randint(0, QWEN_VOCAB, (args.rows, args.prompt + args.response),
+                        generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    # warm-up on a tiny batch: allocator pools, kernels, autograd graph machinery
+    forward_response(model, ids[:1, -4:], mask[:1, -4:], 2, 1.0, True, True, chunked=args.chunked == "on")
+    base = peak_rss_mib()
+    out = forward_response(model, ids, mask, args.response, 0.7, True, True, chunked=args.chunked == "on")
+    (out.log_probs.sum() + 0.01 * out.entropy.sum()).backward()
+    result = {"chunked": args.chunked, "rows": args.rows, "positions": args.response + 1,
+              "logits_mib": args.rows * (args.response + 1) * QWEN_VOCAB * 4 / 2**20,
+              "peak_mib": peak_rss_mib() - base}
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

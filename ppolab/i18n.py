@@ -1,0 +1,79 @@
+"""The language the labs' widgets and exercise checks speak: English by default, Chinese on request.
+
+    from ppolab.i18n import set_language; set_language("zh")
+
+Every user-visible string of ``ppolab.widgets`` and of the exercise checks goes through :func:`tr`: the
+English text is the key, ``ppolab/i18n_zh.json`` maps it to Chinese. A string that is not a key as a whole —
+an f-string's output, ``tr(f"row {i}, opt step {k}")`` — is translated piece by piece: every key found in it
+as whole words is replaced, longest first, so the table holds the literal parts of the f-string and the
+numbers pass through. A template can also be translated before it is filled: ``tr("step {k}").format(k=3)``.
+Config keys and metric names (``clip_ratio``, ``actor/pg_clipfrac``) are never keys, so they stay English.
+
+Torch-free on purpose: the Chinese labs set the language before anything heavy is imported.
+"""
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+
+__all__ = ["LANGUAGES", "get_language", "set_language", "tr", "missing"]
+
+#: The languages :func:`set_language` accepts.
+LANGUAGES = ("en", "zh")
+
+_TABLE = Path(__file__).with_name("i18n_zh.json")
+_lang = "en"
+_missing: set[str] = set()  # English strings asked for in zh that have no entry (tests read it)
+
+
+def set_language(lang: str) -> None:
+    """Switch the widgets and exercise checks built from now on to ``lang`` ("en" or "zh")."""
+    global _lang
+    if lang not in LANGUAGES:
+        raise ValueError(f"unknown language {lang!r}; choose one of {', '.join(map(repr, LANGUAGES))}")
+    _lang = lang
+
+
+def get_language() -> str:
+    """The current language, "en" or "zh"."""
+    return _lang
+
+
+@lru_cache(maxsize=1)
+def _zh() -> dict[str, str]:
+    return json.loads(_TABLE.read_text(encoding="utf-8"))
+
+
+# A key that starts (ends) with a letter only matches where no identifier character, '/', '.' or '-' is next to
+# it: "ratio" is translated in "ratio = 1.2" but not inside clip_ratio, actor/ratio or log-ratio.
+_EDGE = r"A-Za-z0-9_/.\-"
+
+
+@lru_cache(maxsize=1)
+def _pieces() -> re.Pattern:
+    before, after = f"(?<![{_EDGE}])", f"(?![{_EDGE}])"
+    parts = [(before if k[0].isalpha() else "") + re.escape(k) + (after if k[-1].isalpha() else "")
+             for k in sorted(_zh(), key=len, reverse=True) if k]
+    return re.compile("|".join(parts))
+
+
+def tr(text: str) -> str:
+    """``text`` in the current language: unchanged in English; in Chinese its table entry, else ``text`` with
+    every key found in it replaced (see the module docstring). A string in which nothing was found is returned
+    unchanged and remembered in :func:`missing`."""
+    if _lang == "en" or not text:
+        return text
+    table = _zh()
+    if text in table:
+        return table[text]
+    out = _pieces().sub(lambda m: table[m.group(0)], text) if table else text
+    if out == text:
+        _missing.add(text)
+    return out
+
+
+def missing() -> set[str]:
+    """The English strings :func:`tr` was asked to translate into Chinese and could not (a copy)."""
+    return set(_missing)

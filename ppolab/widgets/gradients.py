@@ -1,0 +1,385 @@
+"""``gradient_gallery`` (lab 06, chapter §5.2): how hard each policy-loss mode pushes one token's log-probability,
+as a function of its ratio, for A > 0 and A < 0 — and where the tokens of a recorded optimizer step sit.
+
+The per-token gradient weight of a loss L is
+
+    w_t = −(∂L/∂log π_θ(t)) / s_t
+
+computed by ``torch.autograd`` through the registered function itself (``POLICY_LOSS_REGISTRY[mode]``), never by a
+hand-written derivative. The minus sign makes a positive weight *raise* log π_θ(t) (gradient descent moves log π
+along −∂L/∂log π). s_t is the token's share in the mode's aggregation (1/N for ``token-mean``), so the weight does
+not depend on how many tokens the batch has: for ``vanilla`` inside the clip range w = A·r, the familiar
+policy-gradient weight; where the clip binds, w = 0.
+
+The curves use a grid batch of one-token sequences, one per ratio, so the sequence-level modes (gspo, geo_mean)
+reduce to their token formula (a one-token sequence's ratio *is* its token's ratio). Two modes pick tokens by a batch
+statistic (the covariance of advantage and log-prob), so a token's weight there is not a function of its ratio:
+their curves show both branches a token can be on, each obtained by a config change that puts every grid token on
+that branch (:data:`BRANCHES`); the recorded scatter shows which token the real batch picked.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, Sequence
+
+import ipywidgets as W
+import plotly.graph_objects as go
+import torch
+from plotly.subplots import make_subplots
+
+from ppolab.i18n import tr
+from ppolab.algos import POLICY_LOSS_REGISTRY, agg_loss
+from ppolab.algos.masked import MASKED_EPS
+from ppolab.config.actor import ActorConfig
+from ppolab.record import Run, StepRecord
+from ppolab.widgets.common import (
+    _box,
+    _check_index,
+    _n_opt_steps,
+    _opt_step_label,
+    _opt_step_slider,
+    _vline,
+    actor_config,
+    optimizer_step_batch,
+    resolve_run,
+    step_tensors,
+)
+
+#: Ratio grid of the curves. 400 points that never land exactly on a kink (1 ± ε, clip_ratio_c), where autograd
+#: would report the mean of the two one-sided slopes.
+RATIO_GRID = torch.linspace(0.4, 2.5, 400, dtype=torch.float64)
+#: π_old of the grid tokens. Only dppo_tv / dppo_kl read probabilities (their cut-off in r is ≈ 1 ± δ/π_old); every
+#: other mode gives the same weight for any π_old. 0.4 keeps π_θ = r·π_old ≤ 1 on the whole grid.
+DEFAULT_OLD_PROB = 0.4
+#: ``policy_loss.dro_beta`` used when the run sets none (verl's default None makes dro raise).
+DRO_BETA_SHOWN = 0.1
+#: Modes whose loss reads π_old itself, not only the ratio.
+PROB_MODES = ("dppo_tv", "dppo_kl")
+
+#: The branches a token can be on, for the modes whose choice is a batch property; first = the default branch.
+#: Each is a change of ``policy_loss`` (``rollout_correction`` for bypass_mode) that puts every grid token there.
+BRANCHES: dict[str, dict[str, dict[str, Any]]] = {
+    # empty covariance window (strict bounds) → no candidate; open window with ratio 1 → every unclipped token drawn
+    "clip_cov": {"not drawn": dict(clip_cov_lb=0.0, clip_cov_ub=0.0),
+                 "drawn (loss zeroed)": dict(clip_cov_lb=-math.inf, clip_cov_ub=math.inf, clip_cov_ratio=1.0)},
+    # a zero coefficient makes the selection irrelevant; ratio 1 selects every token
+    "kl_cov": {"not selected": dict(ppo_kl_coef=0.0), "selected (|log r| penalty)": dict(kl_cov_ratio=1.0)},
+    "bypass_mode": {"loss_type=ppo_clip": dict(loss_type="ppo_clip"),
+                    "loss_type=reinforce": dict(loss_type="reinforce")},
+}
+
+#: What each curve means (shown under the figure; verl `core_algos.py` function of the same name).
+NOTES = {
+    "vanilla": "w = A·r inside [1−ε_low, 1+ε_high]; w = 0 once the clip binds on the side the advantage pushes "
+               "(A>0: r>1+ε_high; A<0: r<1−ε_low). For A<0 the dual clip also zeroes r > clip_ratio_c.",
+    "gspo": "One ratio per sequence, s_i = exp(mean_t log r_t), clipped per sequence, no dual clip. Every token of "
+            "a sequence gets w = A_t·s_i or 0. The curve is a one-token sequence; the scatter is plotted at s_i.",
+    "sapo": "No hard clip: w = A·r·sech²(τ(r−1)/2) (τ = tau_pos for A>0, tau_neg otherwise), a smooth gate that "
+            "equals A at r = 1 and decays far from it, but never reaches 0.",
+    "gpg": "w = A for every token: no ratio, no clip — the ratio does not matter at all.",
+    "cispo": "w = A·clip(r, 1−ε_low, 1+ε_high): the clipped ratio is a stop-gradient weight, so the clip bounds the "
+             "push but never switches it off.",
+    "dppo_tv": "A token is dropped (w = 0) once its probability moved by more than δ = clip_ratio in the advantage's "
+               "direction: the cut in r is 1 ± δ/π_old, so it depends on the token's own π_old (curve at the "
+               "π_old slider; recorded tokens have their own). Kept tokens: w = A·min(r, clip_ratio_c).",
+    "dppo_kl": "As dppo_tv with the binary KL between Bernoulli(π_old) and Bernoulli(π_θ) as the divergence; a move "
+               "against the advantage's direction is never dropped. Depends on π_old, not on r alone.",
+    "clip_cov": "The plain clip (no dual clip), plus k = max(1, ⌊clip_cov_ratio·N⌋) tokens drawn at random among "
+                "those whose covariance (A−Ā)(log π−mean) lies in (clip_cov_lb, clip_cov_ub): their w = 0 (dotted). "
+                "Which token is drawn is a property of the batch and the seed, not of r.",
+    "kl_cov": "No clip: w = A·r. The top-k tokens by covariance also get −ppo_kl_coef·sign(log r) (dotted); there "
+              "w/|A| depends on |A|, not on r alone.",
+    "geo_mean": "The ratio of a sequence is the geometric mean of its token ratios, clipped per token in log space: "
+                "a token gets w = Ā_i·ρ_i (its sequence's mean advantage × the clipped geometric-mean ratio) while its "
+                "own log-ratio stays inside the clip on the pushing side, else 0 — not a function of one ratio. "
+                "Scatter at the sequence's geometric-mean ratio, y divided by |Ā_i|.",
+    "dro": "No clip: w = A − β·log r (β = dro_beta, 0.1 shown when the run sets none): a pull back towards r = 1 "
+           "whose size relative to A depends on |A|, so recorded points with |A| ≠ 1 leave the curve.",
+    "bypass_mode": "old_log_prob = the rollout log-probs, so the ratio is π_θ/π_rollout (scatter: actor vs "
+                   "rollout_log_probs). loss_type=ppo_clip: the vanilla curve; loss_type=reinforce (dotted): "
+                   "w = A·min(IS weight, rollout_is_threshold).",
+}
+
+
+# --------------------------------------------------------------------------------------------- pure functions
+def mode_config(base: ActorConfig, mode: str, branch: str | None = None) -> ActorConfig:
+    """A copy of ``base`` with ``policy_loss.loss_mode = mode``, dro's β filled in (:data:`DRO_BETA_SHOWN`) when
+    None, and the overrides of ``BRANCHES[mode][branch]`` applied (no branch: the config as it is)."""
+    if mode not in POLICY_LOSS_REGISTRY:
+        raise ValueError(f"loss_mode={mode!r} is not registered; choose one of {', '.join(POLICY_LOSS_REGISTRY)}")
+    cfg = copy.deepcopy(base)
+    cfg.policy_loss.loss_mode = mode
+    if mode == "dro" and cfg.policy_loss.dro_beta is None:
+        cfg.policy_loss.dro_beta = DRO_BETA_SHOWN
+    if branch is not None:
+        if branch not in BRANCHES.get(mode, {}):
+            raise ValueError(f"mode {mode!r} has no branch {branch!r}; branches: {list(BRANCHES.get(mode, {}))}")
+        target = cfg.policy_loss.rollout_correction if mode == "bypass_mode" else cfg.policy_loss
+        for key, value in BRANCHES[mode][branch].items():
+            setattr(target, key, value)
+    return cfg
+
+
+def token_share(mode: str, response_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
+    """s_t = ∂L/∂ℓ_t: the weight a token's loss ℓ_t gets in the mode's aggregation, by autograd. Shape (bs, T).
+
+    ``sapo`` always aggregates with seq-mean-token-mean and ``geo_mean`` takes a plain mean over the rows of
+    per-row token means (its geometric mean is a mean in the exponent); every other mode uses ``loss_agg_mode``.
+    """
+    x = torch.zeros_like(response_mask, dtype=torch.float64, requires_grad=True)
+    m = response_mask.double()
+    if mode == "geo_mean":
+        total = torch.mean((x * m).sum(dim=-1) / (m.sum(dim=-1) + MASKED_EPS))
+    else:
+        total = agg_loss(x, m, "seq-mean-token-mean" if mode == "sapo" else loss_agg_mode)
+    (share,) = torch.autograd.grad(total, x)
+    return share
+
+
+def _weights(mode: str, cfg: ActorConfig, old: torch.Tensor, lp: torch.Tensor, adv: torch.Tensor,
+             mask: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """w = −(∂pg_loss/∂log_prob)/s by autograd through the registered loss; 0 where the mask is 0."""
+    lp = lp.detach().double().requires_grad_(True)
+    extra = {"generator": generator} if mode == "clip_cov" else {}
+    loss, _ = POLICY_LOSS_REGISTRY[mode](old.double(), lp, adv.double(), mask.double(), cfg.loss_agg_mode, cfg,
+                                         **extra)
+    (grad,) = torch.autograd.grad(loss, lp)
+    share = token_share(mode, mask, cfg.loss_agg_mode)
+    # + 0.0 turns autograd's −0.0 (a zero gradient times −1) into 0.0
+    return torch.where(share > 0, -grad / share.clamp(min=1e-300), torch.zeros_like(grad)) + 0.0
+
+
+def gradient_weights(
+    mode: str,
+    ratio: torch.Tensor | Sequence[float] | float,
+    advantage: torch.Tensor | float = 1.0,
+    config: ActorConfig | None = None,
+    *,
+    old_prob: torch.Tensor | float = DEFAULT_OLD_PROB,
+    branch: str | None = None,
+    seed: int = 0,
+) -> torch.Tensor:
+    """Per-token gradient weight w = −∂L/∂log π_θ ÷ s (s = aggregation share) of loss ``mode`` at each ratio.
+
+    Shapes: ``ratio`` (n,) (or a number) → (n,) float64. ``advantage`` and ``old_prob`` (π_old) are numbers or (n,).
+    The batch is n one-token sequences (old_log_prob = log π_old, log_prob = log π_old + log r, mask 1), so
+    sequence-level modes see a one-token sequence and no token influences another — except through the covariance
+    of clip_cov / kl_cov, which is why those take a ``branch`` (:data:`BRANCHES`). Positive w raises log π_θ.
+    ``config`` defaults to a bare :class:`ActorConfig` (ε = 0.2, c = 3); ``seed`` seeds clip_cov's draw.
+    Raises ``ValueError`` for a ratio ≤ 0 or π_θ = r·π_old > 1 (not a probability).
+    """
+    r = torch.as_tensor(ratio, dtype=torch.float64).reshape(-1)
+    n = r.numel()
+    a = torch.as_tensor(advantage, dtype=torch.float64).expand(n)
+    p_old = torch.as_tensor(old_prob, dtype=torch.float64).expand(n)
+    if (r <= 0).any() or (p_old <= 0).any() or (r * p_old > 1 + 1e-12).any():
+        raise ValueError("need ratio > 0, 0 < old_prob and ratio·old_prob ≤ 1 (π_θ = r·π_old is a probability)")
+    cfg = mode_config(config if config is not None else ActorConfig(), mode, branch)
+    old = torch.log(p_old).unsqueeze(-1)
+    lp = old + torch.log(r).unsqueeze(-1)
+    gen = torch.Generator().manual_seed(seed)
+    return _weights(mode, cfg, old, lp, a.unsqueeze(-1).clone(), torch.ones_like(lp), gen).squeeze(-1)
+
+
+def mode_curves(mode: str, config: ActorConfig, old_prob: float = DEFAULT_OLD_PROB,
+                grid: torch.Tensor = RATIO_GRID) -> dict[str, dict[str, torch.Tensor]]:
+    """branch label → {"pos": w at A = +1, "neg": w at A = −1} over ``grid``. Modes without :data:`BRANCHES` have
+    one entry, labelled ``mode``; for bypass_mode the config's own ``loss_type`` comes first."""
+    names: list[str | None] = list(BRANCHES.get(mode, {None: None}))
+    if mode == "bypass_mode":
+        own = f"loss_type={config.policy_loss.rollout_correction.loss_type}"
+        names.sort(key=lambda b: b != own)
+    out = {}
+    for b in names:
+        out[mode if b is None else b] = {
+            sign: gradient_weights(mode, grid, a, config, old_prob=old_prob, branch=b)
+            for sign, a in (("pos", 1.0), ("neg", -1.0))
+        }
+    return out
+
+
+def recorded_weights(mode: str, batch: dict[str, torch.Tensor], config: ActorConfig,
+                     rollout_log_probs: torch.Tensor | None = None, seed: int = 0) -> dict[str, torch.Tensor]:
+    """The gradient weights of a recorded mini-batch under ``mode`` (autograd on the real (rows, T) tensors).
+
+    ``batch`` is :func:`ppolab.widgets.common.optimizer_step_batch`'s dict; bypass_mode needs the rows'
+    ``rollout_log_probs`` (its old_log_prob). Returns 1-D tensors over the valid tokens with a nonzero advantage:
+    ``x`` (the ratio the mode clips on: the token's r, gspo's sequence ratio s_i, geo_mean's geometric-mean ratio,
+    bypass_mode's π_θ/π_rollout), ``a`` (the advantage the mode multiplies: Ā_i for geo_mean, else A_t), ``w``,
+    ``reference`` (the curve's weight at (x, a): what a one-token sequence alone would get), ``off_curve``
+    (bool: |w − reference| beyond float noise — a token the batch treated differently), ``row``, ``position``.
+    The whole mini-batch is one loss call here, so clip_cov / kl_cov select among all its tokens; the trainer calls
+    the loss per micro-batch and rank, where each call selects its own k.
+    """
+    cfg = mode_config(config, mode)
+    m = batch["response_mask"].double()
+    lp, adv = batch["log_prob"].double(), batch["advantages"].double()
+    old = batch["old_log_probs"].double()
+    if mode == "bypass_mode":
+        if rollout_log_probs is None:
+            raise ValueError("bypass_mode needs the rollout log-probs (its old_log_prob)")
+        old = rollout_log_probs.double()
+    w = _weights(mode, cfg, old, lp, adv, m, torch.Generator().manual_seed(seed))
+    d = (lp - old) * m
+    lengths = m.sum(dim=-1, keepdim=True)
+    if mode == "gspo":
+        x = torch.exp(d.sum(dim=-1, keepdim=True) / lengths.clamp(min=1)).expand_as(lp)
+    elif mode == "geo_mean":
+        x = torch.exp(d.sum(dim=-1, keepdim=True) / (lengths + MASKED_EPS)).expand_as(lp)
+    else:
+        x = torch.exp(lp - old)
+    a = ((adv * m).sum(dim=-1, keepdim=True) / (lengths + MASKED_EPS)).expand_as(adv) if mode == "geo_mean" else adv
+    keep = (m > 0) & (a != 0)
+    p_old = torch.exp(old[keep]) if mode in PROB_MODES else torch.full_like(x[keep], 1e-3)
+    default_branch = next(iter(BRANCHES[mode])) if mode in BRANCHES and mode != "bypass_mode" else None
+    ref = gradient_weights(mode, x[keep], a[keep], config, old_prob=p_old, branch=default_branch, seed=seed)
+    wk = w[keep]
+    idx = torch.nonzero(keep)
+    return {"x": x[keep], "a": a[keep], "w": wk, "reference": ref,
+            "off_curve": (wk - ref).abs() > 1e-9 + 1e-6 * ref.abs(),
+            "row": batch["rows"][idx[:, 0]], "position": idx[:, 1]}
+
+
+# ------------------------------------------------------------------------------------------------- explorer
+_COLORS = {"pos": "#1f77b4", "neg": "#d62728"}
+
+
+def _all_modes_figure(curves: dict[str, dict], grid: torch.Tensor) -> go.FigureWidget:
+    modes = list(curves)
+    ncols = 4
+    fig = go.FigureWidget(make_subplots(rows=math.ceil(len(modes) / ncols), cols=ncols, subplot_titles=modes,
+                                        shared_xaxes=True, vertical_spacing=0.08, horizontal_spacing=0.05))
+    x = grid.tolist()
+    for i, mode in enumerate(modes):
+        row, col = i // ncols + 1, i % ncols + 1
+        for j, (label, ws) in enumerate(curves[mode].items()):
+            for sign in ("pos", "neg"):
+                fig.add_scatter(x=x, y=ws[sign].tolist(), mode="lines", row=row, col=col, showlegend=False,
+                                name=tr(f"{mode}: {label}, A {'> 0' if sign == 'pos' else '< 0'}"),
+                                line=dict(color=_COLORS[sign], width=1.5, dash=None if j == 0 else "dot"))
+    fig.update_layout(height=620, margin=dict(t=70, l=40, r=10, b=40),
+                      title=tr("gradient weight w = −∂L/∂log π_θ (per unit share) vs ratio r: A = +1 blue, A = −1 red, "
+                            "dotted = the other branch"))
+    return fig
+
+
+def gradient_gallery(
+    run: Run | str | None = None,
+    step: int | None = None,
+    opt_step: int | None = None,
+    mode: str = "vanilla",
+    old_prob: float = DEFAULT_OLD_PROB,
+    seed: int = 0,
+) -> W.VBox:
+    """Lab 06 (§5.2): the per-token gradient weight of every policy-loss mode against the ratio, and the tokens of
+    a recorded optimizer step (default run ``ppo_fire_tiny``, ε = 0.07, clip_ratio_c = 1.2, where the clip binds).
+
+    Controls: ``mode`` (every POLICY_LOSS_REGISTRY name), ``opt_step``, ``old_prob`` (π_old of the curves; only
+    dppo_tv / dppo_kl read it). Figures: ``all_modes`` (small multiples of the twelve curves at the run's config),
+    ``mode`` (the chosen mode, A > 0 and A < 0 side by side: curve(s) for A = ±1 and the recorded tokens at
+    (x, w/|a|), off-curve tokens in orange). Every weight is autograd through the registry function on the run's
+    ActorConfig (dro_beta 0.1 when unset); the recorded step's ``actor_log_probs[opt_step]`` is log π_θ.
+    ``state`` holds ``mode``, ``opt_step``, ``n_tokens``, ``n_zero`` (tokens with w = 0), ``n_off_curve`` and
+    ``recorded`` (:func:`recorded_weights`'s dict).
+    """
+    r = resolve_run(run, default="ppo_fire_tiny")
+    rec: StepRecord = step_tensors(r, step)
+    opt_step = _check_index("opt_step", opt_step, _n_opt_steps(rec))
+    if mode not in POLICY_LOSS_REGISTRY:
+        raise ValueError(f"mode={mode!r} is not registered; choose one of {', '.join(POLICY_LOSS_REGISTRY)}")
+    if not 0.02 <= old_prob <= DEFAULT_OLD_PROB:
+        raise ValueError(f"old_prob={old_prob} is out of range; allowed: 0.02 … {DEFAULT_OLD_PROB} (the slider's)")
+    base = actor_config(r)
+    controls = {
+        "mode": W.Dropdown(options=list(POLICY_LOSS_REGISTRY), value=mode, description="loss_mode"),
+        "opt_step": _opt_step_slider(rec, opt_step),
+        "old_prob": W.FloatSlider(value=old_prob, min=0.02, max=DEFAULT_OLD_PROB, step=0.02, description=tr("π_old"),
+                                  readout_format=".2f", continuous_update=False),
+    }
+    grid = RATIO_GRID
+    cache: dict[tuple[str, float], dict] = {}
+
+    def curves(m: str, p: float) -> dict:
+        key = (m, round(p, 6) if m in PROB_MODES else 0.0)
+        if key not in cache:
+            cache[key] = mode_curves(m, base, p, grid)
+        return cache[key]
+
+    f_all = _all_modes_figure({m: curves(m, old_prob) for m in POLICY_LOSS_REGISTRY}, grid)
+    f_mode = go.FigureWidget(make_subplots(rows=1, cols=2, subplot_titles=("A > 0", "A < 0"), shared_yaxes=False))
+    f_mode.update_layout(height=420, margin=dict(t=80), legend=dict(orientation="h", y=-0.18))
+    f_mode.update_xaxes(title_text=tr("ratio"))
+    f_mode.update_yaxes(title_text=tr("w / |A|  (A = ±1 curves)"), col=1)
+    # fixed trace slots: per side 2 curves (default branch, other branch), on-curve tokens, off-curve tokens
+    for col, sign in ((1, "pos"), (2, "neg")):
+        for dash in (None, "dot"):
+            f_mode.add_scatter(x=[], y=[], mode="lines", row=1, col=col, line=dict(color=_COLORS[sign], dash=dash))
+        f_mode.add_scatter(x=[], y=[], mode="markers", row=1, col=col, name=tr("recorded tokens"),
+                           marker=dict(color="black", size=5, opacity=0.6), showlegend=col == 1)
+        f_mode.add_scatter(x=[], y=[], mode="markers", row=1, col=col, name=tr("off the curve (batch-coupled)"),
+                           marker=dict(color="orange", size=9, symbol="diamond"), showlegend=col == 1)
+    note = W.HTML()
+    state: dict[str, Any] = {}
+    rollout = rec.tensors.get("rollout_log_probs")
+
+    def update_all(*_):
+        p = controls["old_prob"].value
+        with f_all.batch_update():
+            i = 0
+            for m in POLICY_LOSS_REGISTRY:
+                for ws in curves(m, p).values():
+                    for sign in ("pos", "neg"):
+                        if m in PROB_MODES:
+                            f_all.data[i].y = ws[sign].tolist()
+                        i += 1
+
+    def update(*_):
+        m, k, p = controls["mode"].value, controls["opt_step"].value, controls["old_prob"].value
+        cs = curves(m, p)
+        b = optimizer_step_batch(rec, k)
+        rw = recorded_weights(m, b, base, None if rollout is None else rollout[b["rows"]].double(), seed)
+        y = rw["w"] / rw["a"].abs()
+        labels = list(cs)
+        with f_mode.batch_update():
+            for side, sign in enumerate(("pos", "neg")):
+                t0 = 4 * side
+                for j in range(2):
+                    trace = f_mode.data[t0 + j]
+                    if j < len(labels):
+                        trace.x, trace.y = grid.tolist(), cs[labels[j]][sign].tolist()
+                        trace.name = tr(f"{labels[j]} (A = ±1)")
+                    else:
+                        trace.x, trace.y, trace.name = [], [], ""
+                    trace.showlegend = side == 0 and j < len(labels)
+                sel = rw["a"] > 0 if sign == "pos" else rw["a"] < 0
+                for j, part in ((2, sel & ~rw["off_curve"]), (3, sel & rw["off_curve"])):
+                    trace = f_mode.data[t0 + j]
+                    trace.x, trace.y = rw["x"][part].tolist(), y[part].tolist()
+                    trace.hovertext = [tr(f"row {int(rw['row'][i])}, position {int(rw['position'][i])}, "
+                                       f"A = {rw['a'][i].item():+.3g}, w = {rw['w'][i].item():.4g}")
+                                    for i in torch.nonzero(part).flatten().tolist()]
+            f_mode.layout.shapes = [
+                {**_vline(1 - e), "xref": f"x{'' if c == 1 else c}"} for c in (1, 2) for e in (eps_lo, -eps_hi)
+            ]
+            f_mode.layout.title.text = (tr(f"loss_mode={m}: gradient weight vs ratio — {_opt_step_label(rec, k)}, "
+                                        f"{int(rw['w'].numel())} tokens with A ≠ 0"))
+        n_zero = int((rw["w"] == 0).sum())
+        state.update(mode=m, opt_step=k, old_prob=p, n_tokens=int(rw["w"].numel()), n_zero=n_zero,
+                     n_off_curve=int(rw["off_curve"].sum()), recorded=rw, curves=cs)
+        note.value = (tr(f"<b>{m}</b> (verl <code>core_algos.py::compute_policy_loss_{m}</code>): {NOTES[m]}<br>"
+                      f"Recorded: {state['n_tokens']} tokens, {n_zero} with w = 0, {state['n_off_curve']} off the "
+                      f"curve. Config: ε_low = {eps_lo:g}, ε_high = {eps_hi:g}, clip_ratio_c = {base.clip_ratio_c:g}"
+                      + (f", π_old = {p:g}" if m in PROB_MODES else "")))
+
+    from ppolab.algos.policy_loss import clip_bounds
+
+    eps_lo, eps_hi = clip_bounds(base)
+    controls["mode"].observe(update, names="value")
+    controls["opt_step"].observe(update, names="value")
+    controls["old_prob"].observe(update_all, names="value")
+    controls["old_prob"].observe(update, names="value")
+    update()
+    return _box([W.HBox(list(controls.values())), note, f_mode, f_all], controls,
+                {"mode": f_mode, "all_modes": f_all}, state=state, record=rec)

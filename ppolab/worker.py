@@ -1,0 +1,282 @@
+"""Workers: one role each — its model context, its config slice, its optimizer — offering ``infer`` and
+``update`` (verl's trainer / worker split; chapter §1, §11–§13).
+
+    actor      ActorWorker(config.actor_rollout_ref.actor, models, …)    infer: log π, entropy   update: ppo_loss
+    critic     CriticWorker(config.critic, models, …)                    infer: V                update: value_loss
+    reference  ReferenceWorker(models, …)                                infer: log π_ref
+
+The actor and the critic share one update body, :meth:`Worker.update` — verl's ``train_mini_batch``: per
+mini-batch, zero the gradients, compute the global counts (:class:`ppolab.algos.GlobalBatchInfo`) *before* the
+micro-batch loop, forward/backward each micro-batch with the loss normalised by them, clip the global gradient
+norm, step. The roles differ only in :meth:`Worker.loss`. A worker never reads the trainer and never writes into
+its config: ``ppolab.replay`` builds one on a recorded batch with a changed copy of the config.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+
+from ppolab import algos, distributed
+from ppolab.algos import GlobalBatchInfo
+from ppolab.batching import mini_batch_indices
+from ppolab.distributed import DistInfo
+from ppolab.engine import Batch, micro_batches, pad_right, to_device, trimmed_inputs
+from ppolab.metrics import accumulate_micro_metrics, reduce_metrics
+from ppolab.roles import PolicyModels, forward_response
+
+
+def build_models(cfg: Any, dist: DistInfo | None = None) -> PolicyModels:
+    """The one frozen base and its roles (actor adapter, critic adapter + value head, reference) from the config,
+    on this rank's device (``distributed.select_device``: ``cuda:LOCAL_RANK`` on GPUs, else the CPU)."""
+    dist = dist or DistInfo()
+    device, _ = distributed.select_device(cfg.trainer.device, dist.local_rank, torch.cuda.is_available(),
+                                          dist.world_size)
+    arr = cfg.actor_rollout_ref
+    return PolicyModels(
+        arr.model.path, arr.model.lora_rank, arr.model.lora_alpha, arr.model.target_modules, arr.model.dtype,
+        str(device), use_critic=cfg.use_critic, use_reference=cfg.use_reference_policy,
+        critic_lora_rank=cfg.critic.model.lora_rank, critic_lora_alpha=cfg.critic.model.lora_alpha,
+        critic_path=cfg.critic.model.path, seed=cfg.trainer.seed,
+        gradient_checkpointing=arr.model.enable_gradient_checkpointing,
+    )
+
+
+def make_optimizer(params: list[torch.nn.Parameter], optim) -> tuple[torch.optim.Optimizer, Any]:
+    """AdamW with verl's defaults and a constant LR after a linear warm-up (stepped once per training step)."""
+    optimizer = torch.optim.AdamW(params, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay)
+    warmup = max(optim.lr_warmup_steps, 0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+    return optimizer, scheduler
+
+
+@dataclass(frozen=True)
+class InferBatching:
+    """How a forward-only pass cuts its rows: a fixed micro-batch size, or token-budget packing when it is None."""
+
+    micro_batch_size: int | None
+    max_token_len: int | None = None
+
+
+class UpdateHistory:
+    """What the model computed for each row at every optimizer step of an update — the actor's log-probs
+    (the ratio drifting from 1 across mini-batches and epochs) or the critic's vpreds — as (steps, N, R),
+    NaN for rows outside that step's mini-batch. Recorded for the labs; the update never reads it."""
+
+    def __init__(self, shape: torch.Size):
+        self.shape, self.steps, self._seen = shape, [], []
+
+    def see(self, row_ids: torch.Tensor, values: torch.Tensor) -> None:
+        self._seen.append((row_ids.cpu(), pad_right(values.detach().float().cpu(), self.shape[1], float("nan"))))
+
+    def flush(self) -> None:
+        record = torch.full(self.shape, float("nan"))
+        for row_ids, values in self._seen:
+            record[row_ids] = values
+        self.steps.append(record)
+        self._seen.clear()
+
+    def stacked(self) -> torch.Tensor:
+        return torch.stack(self.steps) if self.steps else torch.full((0, *self.shape), float("nan"))
+
+
+class Worker:
+    """One role. Subclasses give :meth:`model` (the role's model context), :meth:`parameters` and :meth:`loss`.
+
+    ``config``: the role's config slice (``actor_rollout_ref.actor`` or ``critic``: both carry
+    ``ppo_mini_batch_size``, ``ppo_epochs``, ``shuffle``, ``data_loader_seed``, the micro-batch keys, ``optim``,
+    ``loss_agg_mode`` and ``loss_scale_factor``); ``temperature``: the rollout's, which every forward divides the
+    logits by; ``rollout_n``: responses per prompt (a mini-batch holds ``ppo_mini_batch_size × n`` rows);
+    ``optimizer``: None builds AdamW + warm-up from ``config.optim``; a replay passes its own.
+    """
+
+    prefix = "worker"  # metric prefix: actor/… or critic/…
+
+    def __init__(self, config: Any, models: PolicyModels, *, temperature: float, rollout_n: int = 1,
+                 dist: DistInfo | None = None, optimizer: torch.optim.Optimizer | None = None):
+        self.config, self.models = config, models
+        self.temperature, self.rollout_n = temperature, rollout_n
+        self.dist = dist or DistInfo()
+        self.device = models.device
+        self.optimizer, self.scheduler = (optimizer, None) if optimizer is not None else \
+            make_optimizer(self.parameters(), config.optim)
+
+    # ------------------------------------------------------------------ per role
+    def model(self) -> contextlib.AbstractContextManager[torch.nn.Module]:
+        raise NotImplementedError
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        raise NotImplementedError
+
+    def loss(self, mb: Batch, info: GlobalBatchInfo) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+        """One micro-batch (on the device, padding cut to its own longest row): (loss, metrics, per-token output
+        for the history)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ forward only
+    def infer(self, batch: Batch, batching: InferBatching, *, log_probs: bool = True, entropy: bool = False,
+              values: bool = False, sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
+        """A forward-only pass over ``batch`` in micro-batches, in eval mode and without gradients. Returns the
+        requested per-token outputs ``log_probs``, ``entropy``, ``values``, ``sum_pi_squared`` as (N, R) float
+        tensors on the CPU, in row order, right-padded to the batch's response width."""
+        width = batch["responses"].shape[1]
+        rows_seen: list[int] = []
+        results: dict[str, list[torch.Tensor]] = {"log_probs": [], "entropy": [], "values": [], "sum_pi_squared": []}
+        value_head = self.models.value_head if values else None
+        with torch.inference_mode(), self.model() as model:
+            was_training = model.training
+            model.eval()
+            for rows in micro_batches(batch, batching.micro_batch_size, batching.max_token_len):
+                mb = to_device(batch.select(rows), self.device)
+                ids, mask, r_len = trimmed_inputs(mb)
+                out = forward_response(model, ids, mask, r_len, self.temperature, log_probs, entropy, value_head,
+                                       sum_pi_squared)
+                rows_seen += rows
+                for key in results:
+                    value = getattr(out, key)
+                    if value is not None:
+                        results[key].append(pad_right(value.float().cpu(), width))
+            model.train(was_training)
+        order = torch.argsort(torch.as_tensor(rows_seen))
+        return {k: torch.cat(v)[order] for k, v in results.items() if v}
+
+    # ------------------------------------------------------------------ the update (one body for every role)
+    def global_batch_info(self, mini: Batch) -> GlobalBatchInfo:
+        """The global counts of this mini-batch, computed once before its micro-batch loop (chapter §13):
+        Σ loss_mask summed over the data-parallel ranks, and ppo_mini_batch_size × n rows."""
+        num_tokens = mini["loss_mask"].sum()
+        if self.dist.enabled:
+            num_tokens = distributed.all_reduce_sum(num_tokens)
+        return GlobalBatchInfo(dp_size=self.dist.world_size, batch_num_tokens=float(num_tokens),
+                               global_batch_size=self.config.ppo_mini_batch_size * self.rollout_n,
+                               loss_scale_factor=self.config.loss_scale_factor)
+
+    def update(self, batch: Batch) -> tuple[dict[str, float], torch.Tensor]:
+        """``ppo_epochs`` passes over this rank's rows in mini-batches of ``ppo_mini_batch_size × n / dp`` rows,
+        one optimizer step each; then one scheduler step. Returns (metrics averaged over optimizer steps and
+        ranks, history (steps, N, R) of what each optimizer step computed, merged over ranks)."""
+        c, params = self.config, self.parameters()
+        local_rows = c.ppo_mini_batch_size * self.rollout_n // self.dist.world_size
+        micro_size = None if c.use_dynamic_bsz else c.ppo_micro_batch_size_per_gpu
+        # Indexed by the balanced batch's row_id: every rank's chunk has the same size, so the step has len × dp rows.
+        history = UpdateHistory(torch.Size((len(batch) * self.dist.world_size, batch["responses"].shape[1])))
+        steps = []
+        for minis in mini_batch_indices(len(batch), local_rows, c.ppo_epochs, c.shuffle,
+                                        c.data_loader_seed + self.dist.rank):
+            for rows in minis:
+                mini = batch.select(rows)
+                self.optimizer.zero_grad(set_to_none=True)
+                info = self.global_batch_info(mini)
+                micro_metrics, total_loss = [], 0.0
+                for micro_rows in micro_batches(mini, micro_size, c.ppo_max_token_len_per_gpu):
+                    mb = to_device(mini.select(micro_rows), self.device)
+                    loss, metrics, output = self.loss(mb, info)
+                    history.see(mb["row_id"], output)
+                    loss.backward()
+                    total_loss += float(loss.detach())
+                    micro_metrics.append(metrics)
+                grad_norm = self.optimizer_step(params)
+                metrics = accumulate_micro_metrics(micro_metrics)
+                metrics.update({f"{self.prefix}/grad_norm": grad_norm, f"{self.prefix}/loss": total_loss,
+                                f"{self.prefix}/lr": self.optimizer.param_groups[0]["lr"]})
+                steps.append(metrics)
+                history.flush()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        steps = distributed.mean_metrics_over_ranks(steps, self.dist)
+        return reduce_metrics(steps), distributed.merge_histories(history.stacked(), self.dist)
+
+    def optimizer_step(self, params: list[torch.nn.Parameter]) -> float:
+        """Average gradients over ranks (what DDP/FSDP do), clip the global norm, step — or, as verl does, skip the
+        step and drop the gradients when the norm is not finite. Returns the norm before clipping."""
+        if self.dist.enabled:
+            distributed.average_gradients(params)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.optim.clip_grad)
+        if math.isfinite(float(grad_norm)):
+            self.optimizer.step()
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+        return float(grad_norm)
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer and scheduler state (the weights live in the shared models: ``PolicyModels.trainable_state``)."""
+        return {"optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+
+
+class ActorWorker(Worker):
+    """The policy: base + ``actor`` adapter (or every weight without LoRA). Its loss is ``algos.ppo_loss``."""
+
+    prefix = "actor"
+
+    def model(self) -> contextlib.AbstractContextManager[torch.nn.Module]:
+        return self.models.actor()
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return self.models.actor_parameters()
+
+    def loss(self, mb: Batch, info: GlobalBatchInfo) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+        c = self.config
+        ids, mask, r_len = trimmed_inputs(mb)
+        with self.model() as model:
+            out = forward_response(model, ids, mask, r_len, self.temperature, True,
+                                   c.calculate_entropy or c.entropy_coeff != 0)
+        cut = lambda key: mb[key][:, :r_len] if key in mb else None  # noqa: E731
+        loss, metrics = algos.ppo_loss(
+            c, old_log_prob=cut("old_log_probs"), log_prob=out.log_probs, advantages=cut("advantages"),
+            response_mask=cut("response_mask"), entropy=out.entropy, ref_log_prob=cut("ref_log_prob"),
+            rollout_is_weights=cut("rollout_is_weights"), global_batch_info=info)
+        return loss, metrics, out.log_probs
+
+
+class CriticWorker(Worker):
+    """The value model: base + ``critic`` adapter + value head. Its loss is ``algos.value_loss``."""
+
+    prefix = "critic"
+
+    def model(self) -> contextlib.AbstractContextManager[torch.nn.Module]:
+        return self.models.critic()
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return self.models.critic_parameters()
+
+    def loss(self, mb: Batch, info: GlobalBatchInfo) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+        c = self.config
+        ids, mask, r_len = trimmed_inputs(mb)
+        with self.model() as model:
+            vpreds = forward_response(model, ids, mask, r_len, self.temperature, False, False,
+                                      self.models.value_head).values
+        loss, metrics = algos.value_loss(vpreds, mb["returns"][:, :r_len], mb["values"][:, :r_len],
+                                         mb["response_mask"][:, :r_len], c.cliprange_value, c.loss_agg_mode, info)
+        return loss, metrics, vpreds
+
+
+class ReferenceWorker(Worker):
+    """π_ref: the actor's base with the adapters disabled (or a frozen copy). Forward only: no optimizer."""
+
+    prefix = "ref"
+
+    def __init__(self, models: PolicyModels, *, temperature: float, dist: DistInfo | None = None):
+        self.config, self.models, self.temperature, self.rollout_n = None, models, temperature, 1
+        self.dist, self.device = dist or DistInfo(), models.device
+        self.optimizer = self.scheduler = None
+
+    @contextlib.contextmanager
+    def model(self) -> Iterator[torch.nn.Module]:
+        with self.models.reference() as model:
+            yield model
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return []
+
+    def update(self, batch: Batch) -> tuple[dict[str, float], torch.Tensor]:
+        raise TypeError("the reference policy is frozen: it has no update")
