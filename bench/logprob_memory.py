@@ -4,9 +4,9 @@
 
 A Qwen2 of hidden 32 and one layer, random weights built from a config (no download), so nearly all memory is
 the (rows × positions × vocab) logits and what the log-prob / entropy formulas make of them. Prints one JSON line:
-``peak_mib`` is the rise of the process's peak resident set (``ru_maxrss``) over the baseline taken right before
+``peak_mib`` is the rise of the process's peak resident set (``VmHWM``) over the baseline taken right before
 the forward; ``logits_mib`` is one float32 copy of the model's logits, the unit the bound is stated in. Run each
-setting in its own process: ``ru_maxrss`` never goes down. glibc serves these allocations (≥ 32 MiB) with mmap,
+setting in its own process: the peak never goes down. glibc serves these allocations (≥ 32 MiB) with mmap,
 which are returned to the system when freed, so RSS follows the live tensors.
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ import argparse
 import json
 import resource
 import sys
+from pathlib import Path
 
 import torch
 
@@ -33,6 +34,15 @@ def tiny_qwen(vocab: int = QWEN_VOCAB, hidden: int = 32, layers: int = 1, seed: 
 
 
 def peak_rss_mib() -> float:
+    """This process's peak resident set, MiB: ``VmHWM`` of /proc/self/status where it exists — it belongs to the
+    process's own address space. ``ru_maxrss`` (the fallback) is carried across ``execve``, so a child started from
+    a large parent (pytest after hundreds of tests) would report the parent's size as its own baseline."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 

@@ -35,6 +35,8 @@ def live_training(config=None, overrides=None, metrics: tuple[str, ...] = LIVE_M
     button = W.Button(description=tr("start training"), button_style="primary", icon="play")
     history: list[dict] = []
 
+    limit = cfg.trainer.total_training_steps or f"{cfg.trainer.total_epochs} epochs"
+
     def step_cb(step, m, record):
         history.append({"step": step, **m})
         with fig.batch_update():
@@ -42,8 +44,8 @@ def live_training(config=None, overrides=None, metrics: tuple[str, ...] = LIVE_M
                 if name in m and m[name] is not None:
                     trace.x = (*trace.x, step)
                     trace.y = (*trace.y, float(m[name]))
-            fig.layout.title = tr(f"{cfg.trainer.experiment_name}: step {step}/{cfg.trainer.total_training_steps}")
-        status.value = tr(f"step {step}/{cfg.trainer.total_training_steps}")
+            fig.layout.title = tr(f"{cfg.trainer.experiment_name}: step {step}/{limit}")
+        status.value = tr(f"step {step}/{limit}")
         if on_step is not None:
             on_step(step, m, record)
 
