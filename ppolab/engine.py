@@ -83,8 +83,8 @@ def micro_batches(batch: Batch, micro_batch_size: int | None, max_token_len: int
     if micro_batch_size is not None:
         return fixed_micro_batches(len(batch), micro_batch_size)
     prompt_lens, response_lens = batch.lengths()
-    return plan_dynamic_micro_batches(batch.seq_lens(), max_token_len, prompt_lens=prompt_lens,
-                                      response_lens=response_lens)
+    return plan_dynamic_micro_batches([p + r for p, r in zip(prompt_lens, response_lens)], max_token_len,
+                                      prompt_lens=prompt_lens, response_lens=response_lens)
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:
@@ -136,8 +136,9 @@ def pad_and_balance(batch: Batch, multiple: int, dp_size: int, tokenizer) -> tup
     (verl V1 `trainer_base.py` stage 3, `padding_utils.py`), and number the rows (``row_id``). Returns the batch and
     verl's ``global_seqlen/*`` metrics."""
     batch = add_padding_samples(batch, (-len(batch)) % multiple, tokenizer)
-    partitions = balance_partitions(batch.seq_lens(), dp_size)
-    metrics = balance_metrics(batch.seq_lens(), partitions)
+    seq_lens = batch.seq_lens()
+    partitions = balance_partitions(seq_lens, dp_size)
+    metrics = balance_metrics(seq_lens, partitions)
     batch = batch.select([i for part in partitions for i in part])
     batch["row_id"] = torch.arange(len(batch))
     return batch, metrics

@@ -101,8 +101,10 @@ class Worker:
         self.temperature, self.rollout_n = temperature, rollout_n
         self.dist = dist or DistInfo()
         self.device = models.device
-        self.optimizer, self.scheduler = (optimizer, None) if optimizer is not None else \
-            make_optimizer(self.parameters(), config.optim)
+        if optimizer is not None or config is None:  # a replay's own optimizer, or a frozen role (no config)
+            self.optimizer, self.scheduler = optimizer, None
+        else:
+            self.optimizer, self.scheduler = make_optimizer(self.parameters(), config.optim)
 
     # ------------------------------------------------------------------ per role
     def model(self) -> contextlib.AbstractContextManager[torch.nn.Module]:
@@ -266,9 +268,7 @@ class ReferenceWorker(Worker):
     prefix = "ref"
 
     def __init__(self, models: PolicyModels, *, temperature: float, dist: DistInfo | None = None):
-        self.config, self.models, self.temperature, self.rollout_n = None, models, temperature, 1
-        self.dist, self.device = dist or DistInfo(), models.device
-        self.optimizer = self.scheduler = None
+        super().__init__(None, models, temperature=temperature, dist=dist)
 
     @contextlib.contextmanager
     def model(self) -> Iterator[torch.nn.Module]:

@@ -10,7 +10,6 @@ real recorded tensors or through the real config checks. Every number comes from
 """
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -177,7 +176,7 @@ def _m3_kl_twice(run=None, step=None, opt_step=None) -> Effect:
     r, rec, _k, b = _setup(run, step, opt_step)
     notices = {}
     for on in (False, True):
-        cfg = copy.deepcopy(r.ppo_config())
+        cfg = r.ppo_config()  # a fresh copy on every call
         cfg.actor_rollout_ref.actor.use_kl_loss = True
         cfg.algorithm.use_kl_in_reward = on
         notices[on] = [n for n in validate(cfg) if "both KL paths" in n]
