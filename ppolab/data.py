@@ -242,6 +242,20 @@ def check_data_files(data: Any, need_val: bool = True) -> dict[str, int]:
     return rows
 
 
+def unencodable_characters(tokenizer: Any, text: str, ids: Sequence[int]) -> list[str]:
+    """The distinct pieces of ``text`` the tokenizer can only encode as its unknown token, in order (empty for a
+    byte-level BPE, which encodes every character). The literal unknown-token text is not counted."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None or unk not in ids:
+        return []
+    try:
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        pieces = [text[a:b] for tid, (a, b) in zip(enc["input_ids"], enc["offset_mapping"]) if tid == unk]
+    except (NotImplementedError, ValueError, KeyError, TypeError):  # a slow tokenizer has no offsets
+        pieces = [c for c in text if tokenizer(c, add_special_tokens=False)["input_ids"] == [unk]]
+    return [p for p in dict.fromkeys(pieces) if p and p != tokenizer.unk_token]
+
+
 def load_rl_dataset(
     path_or_paths: str | os.PathLike | Sequence[str | os.PathLike], tokenizer: Any, max_prompt_length: int
 ) -> RLDataset:
@@ -267,6 +281,18 @@ def load_rl_dataset(
             except Exception as e:  # a template that rejects a role or message
                 raise ValueError(f"{where} 'prompt': chat template failed: {e}") from e
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            unknown = unencodable_characters(tokenizer, text, ids)
+            if unknown:
+                from ppolab.errors import DataError
+
+                shown = ", ".join(f"{c!r} (U+{ord(c[0]):04X})" for c in unknown[:5])
+                raise DataError(
+                    f"{where} 'prompt': {shown} {'is' if len(unknown) == 1 else 'are'} not in the vocabulary of the "
+                    f"tokenizer of {getattr(tokenizer, 'name_or_path', 'the model') or 'the model'}: each would become "
+                    f"{tokenizer.unk_token} and the model would never see it. Replace or remove "
+                    f"{'it' if len(unknown) == 1 else 'them'} in the data, or extend the tokenizer "
+                    "(tokenizer.add_tokens([...]); model.resize_token_embeddings(len(tokenizer)); save both to a new "
+                    "model directory and point actor_rollout_ref.model.path at it)")
             if len(ids) > max_prompt_length:
                 raise ValueError(
                     f"{where} 'prompt': {len(ids)} tokens after the chat template, "

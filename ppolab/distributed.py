@@ -52,7 +52,18 @@ DEVICE_ENV = "PPOLAB_DEVICE"
 def _check_device_name(name: str, source: str) -> str:
     if name in ("auto", "cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit()):
         return name
-    raise ValueError(f"{source}={name!r}: choose auto, cpu, cuda or cuda:N")
+    from ppolab.config import ConfigError
+
+    raise ConfigError(f"{source}={name!r}: choose auto, cpu, cuda or cuda:N")
+
+
+def device_source(overrides: Sequence[str] = (), env: Mapping[str, str] | None = None) -> str:
+    """The setting that chose the device (see :func:`requested_device`): ``trainer.device`` when the caller typed
+    it or ``PPOLAB_DEVICE`` is unset, else ``PPOLAB_DEVICE`` — so an error names what the user actually set."""
+    env = os.environ if env is None else env
+    if any(o.split("=", 1)[0].lstrip("+~") == "trainer.device" for o in overrides):
+        return "trainer.device"
+    return DEVICE_ENV if env.get(DEVICE_ENV, "").strip() else "trainer.device"
 
 
 def requested_device(configured: str, overrides: Sequence[str] = (), env: Mapping[str, str] | None = None) -> str:
@@ -65,37 +76,42 @@ def requested_device(configured: str, overrides: Sequence[str] = (), env: Mappin
     3. else the config's ``trainer.device`` (default auto).
     """
     env = os.environ if env is None else env
-    if any(o.split("=", 1)[0].lstrip("+~") == "trainer.device" for o in overrides):
-        return _check_device_name(configured, "trainer.device")
-    value = env.get(DEVICE_ENV, "").strip()
-    if value:
-        return _check_device_name(value, DEVICE_ENV)
+    if device_source(overrides, env) == DEVICE_ENV:
+        return _check_device_name(env[DEVICE_ENV].strip(), DEVICE_ENV)
     return _check_device_name(configured, "trainer.device")
 
 
 def select_device(requested: str, local_rank: int = 0, cuda_available: bool | None = None,
-                  world_size: int = 1) -> tuple[torch.device, str]:
+                  world_size: int = 1, source: str = "trainer.device") -> tuple[torch.device, str]:
     """(device, process-group backend) of one rank: the one place the device decision is made.
 
     ``auto`` is cuda when a GPU is visible, else cpu. On CUDA each rank takes ``cuda:LOCAL_RANK`` (one GPU per
     process, as torchrun lays them out) and the group is ``cpu:gloo,cuda:nccl``: gradients (CUDA tensors) go over
     NCCL, while the CPU-side traffic — token counts, the gathered batch and metrics as pickled objects — goes over
     gloo instead of a round trip through GPU memory. On CPU plain gloo. An explicit ``cuda:N`` is honoured in
-    one process; with several ranks it would put them all on one GPU, so it is refused. ``cuda`` without a GPU is an
-    error here rather than a failed ``.to('cuda')`` somewhere later.
+    one process; with several ranks it would put them all on one GPU, so it is refused. ``cuda`` without a GPU is a
+    :class:`ppolab.config.ConfigError` here rather than a failed ``.to('cuda')`` somewhere later; ``source`` is the
+    setting the errors name (``PPOLAB_DEVICE`` when the environment chose the device, :func:`device_source`).
     """
-    requested = _check_device_name(requested, "trainer.device")
-    if cuda_available is None:
+    from ppolab.config import ConfigError
+
+    requested = _check_device_name(requested, source)
+    detected = cuda_available is None  # asked torch (not a caller's what-if): the device count is real too
+    if detected:
         cuda_available = torch.cuda.is_available()
     if requested == "cpu" or (requested == "auto" and not cuda_available):
         return torch.device("cpu"), "gloo"
     if not cuda_available:
-        raise RuntimeError(f"trainer.device={requested} but torch sees no CUDA device (torch.cuda.is_available() is "
-                           "False): install a CUDA build of torch, or use trainer.device=cpu")
+        raise ConfigError(f"{source}={requested} but torch sees no CUDA device (torch.cuda.is_available() is False, "
+                          f"torch {torch.__version__}): install a CUDA build of torch, or use {source}=cpu"
+                          + (" or unset it" if source == DEVICE_ENV else ""))
     if requested.startswith("cuda:"):
         if world_size > 1:
-            raise ValueError(f"trainer.device={requested} with {world_size} ranks would put every rank on one GPU; "
-                             "use trainer.device=cuda (rank k trains on cuda:LOCAL_RANK)")
+            raise ConfigError(f"{source}={requested} with {world_size} ranks would put every rank on one GPU; "
+                              f"use {source}=cuda (rank k trains on cuda:LOCAL_RANK)")
+        if detected and int(requested[5:]) >= torch.cuda.device_count():
+            raise ConfigError(f"{source}={requested} but torch sees {torch.cuda.device_count()} CUDA device(s) "
+                              f"(cuda:0 … cuda:{torch.cuda.device_count() - 1})")
         return torch.device(requested), CUDA_BACKEND
     return torch.device("cuda", local_rank), CUDA_BACKEND
 

@@ -81,3 +81,28 @@ def timer(timing: dict[str, float], name: str) -> Iterator[None]:
     start = time.perf_counter()
     yield
     timing[name] = time.perf_counter() - start
+
+
+#: ppolab's own metrics (verl logs none of these): how much learning signal a step carried.
+SIGNAL_METRICS = ("ppolab/signal/uniform_group_frac", "ppolab/signal/identical_group_frac",
+                  "ppolab/signal/zero_adv_frac")
+
+
+def signal_metrics(batch: Batch) -> dict[str, float]:
+    """How much a step can teach, over its real rows: the fraction of prompt groups (rows sharing a ``uid``, ≥ 2
+    of them) whose scores are all equal — GRPO-style advantages are 0 there — and whose responses are token for
+    token identical; and the fraction of response tokens whose advantage is 0. With one response per prompt the
+    whole batch is the group. Read by :class:`ppolab.watch.LearningSignalWatch`."""
+    real = ~batch["is_pad"].bool()
+    scores = batch["token_level_scores"][real].sum(-1)
+    responses, mask = batch["responses"][real], batch["response_mask"][real].bool()
+    uid = batch["uid"][real]
+    groups = [torch.nonzero(uid == u).flatten() for u in torch.unique(uid)]
+    groups = [g for g in groups if len(g) > 1] or ([torch.arange(len(uid))] if len(uid) > 1 else [])
+    if not groups:
+        return {}
+    uniform = [bool(scores[g].max() - scores[g].min() <= 1e-9) for g in groups]
+    identical = [bool((responses[g] == responses[g[0]]).all()) for g in groups]
+    advantages = batch["advantages"][real][mask]
+    return {SIGNAL_METRICS[0]: float(np.mean(uniform)), SIGNAL_METRICS[1]: float(np.mean(identical)),
+            SIGNAL_METRICS[2]: float((advantages.abs() <= 1e-8).float().mean()) if advantages.numel() else 1.0}

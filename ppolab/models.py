@@ -154,3 +154,40 @@ def generation_config_for(tokenizer: Any) -> GenerationConfig:
 def count_parameters(model: torch.nn.Module) -> int:
     """Distinct parameters (tied embeddings counted once)."""
     return sum(p.numel() for p in model.parameters())
+
+
+def linear_module_names(model: torch.nn.Module) -> list[str]:
+    """The distinct last name parts of the layers LoRA can wrap (``q_proj``, ``up_proj``, …), sorted."""
+    kinds = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d)
+    return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules()
+                   if name and (isinstance(m, kinds) or type(m).__name__ == "Conv1D")})
+
+
+def check_target_modules(model: torch.nn.Module, target_modules: Any,
+                         key: str = "actor_rollout_ref.model.target_modules") -> None:
+    """Refuse LoRA ``target_modules`` entries that name no layer of ``model`` (peft would silently wrap only the
+    others: a typo trains on fewer layers than asked), listing the layers it has. ``"all-linear"`` is peft's to
+    resolve."""
+    from ppolab.config import ConfigError
+
+    if isinstance(target_modules, str):  # "all-linear" (config validation refuses any other string)
+        return
+    names = [n for n, _ in model.named_modules() if n]
+    layers = f"its layers LoRA can wrap: {', '.join(linear_module_names(model))} (or 'all-linear')"
+    missing = [t for t in target_modules if not any(n == t or n.endswith(f".{t}") for n in names)]
+    if missing:
+        path = getattr(getattr(model, "config", None), "_name_or_path", "") or "the model"
+        raise ConfigError(f"{key}: {', '.join(map(repr, missing))} {'is' if len(missing) == 1 else 'are'} not a "
+                          f"layer of {path}; {layers}")
+
+
+def check_vocab_fits(model: torch.nn.Module, tokenizer: Any, key: str, path: Any) -> None:
+    """Refuse a model whose embedding has fewer rows than ``tokenizer`` has ids (an ``IndexError`` in the middle of
+    a step otherwise), naming the config key."""
+    from ppolab.config import ConfigError
+
+    rows, ids = model.get_input_embeddings().num_embeddings, len(tokenizer)
+    if rows < ids:
+        raise ConfigError(f"{key}={str(path)!r}: its embedding has {rows} rows but the actor's tokenizer has {ids} "
+                          f"token ids, so token ids ≥ {rows} would index past it; give a model built on the actor's "
+                          "tokenizer (the same vocabulary)")

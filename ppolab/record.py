@@ -2,7 +2,9 @@
 
 Layout of a run dir::
 
-    config.json                 resolved config, batch plan, library versions
+    .ppolab-run                 the claim: marks a folder ppolab made; locked by the process writing it (rundir.py)
+    config.json                 resolved config, batch plan, library versions, fingerprints of the model and data
+                                files, and ``resumes`` (each resume's step and changed settings)
     metrics.jsonl               one JSON object per training step (verl metric names)
     steps/step_000005.safetensors + .json    the real tensors of a recorded step + decoded texts
     checkpoints/step_000020/    adapters, value head, optimizer and RNG state (safetensors + JSON)
@@ -19,6 +21,7 @@ import json
 import math
 import os
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,37 +118,38 @@ def refuse_existing_run(run_dir: str | os.PathLike) -> None:
                           "to continue it, or give a new trainer.run_dir — nothing in it was changed")
 
 
-def fresh_run_dir(base: str | os.PathLike) -> Path:
-    """``base``, or ``base-2``, ``base-3``, ... — the first name that does not exist yet (default run names)."""
-    base, k = Path(base), 1
-    path = base
-    while path.exists():
-        k += 1
-        path = base.with_name(f"{base.name}-{k}")
-    return path
-
-
 class Recorder:
     """Writes one run directory. The trainer hands it plain dicts and tensors; it decides the layout."""
 
     def __init__(self, run_dir: str | os.PathLike, config: dict[str, Any], info: dict[str, Any], write: bool = True,
-                 resume: bool = False):
+                 resume: dict[str, Any] | None = None):
         """``write=False`` (data-parallel ranks other than 0): keep metrics in memory, write nothing.
-        ``resume=False`` refuses a directory that already holds a run (:func:`refuse_existing_run`);
-        ``resume=True`` keeps its metrics (the trainer truncates them to the checkpoint's step). Create the
+        ``resume=None`` refuses a directory that already holds a run (:func:`refuse_existing_run`); a resume passes
+        ``{"at_step": k, "changed": {key: [old, new]}}`` (:func:`ppolab.rundir.check_resume`): the logged metrics
+        are kept (the trainer truncates them to the checkpoint's step) and the resume is appended to
+        ``config.json``'s ``resumes``, so the run dir says which settings produced which steps. Create the
         recorder of a resumed run only after its checkpoint loaded: this writes ``config.json``."""
+        from ppolab.rundir import fingerprints, flatten
+
         self.run_dir = Path(run_dir)
         self.write = write
         self.metrics: list[dict[str, Any]] = []
         if not write:
             return
         existing = self.run_dir / "metrics.jsonl"
-        if not resume:
+        resumes: list[dict[str, Any]] = []
+        if resume is None:
             refuse_existing_run(self.run_dir)
-        elif existing.exists():  # resuming: keep what was logged
-            self.metrics = _read_jsonl(existing)
+        else:
+            if existing.exists():  # resuming: keep what was logged
+                self.metrics = _read_jsonl(existing)
+            recorded = read_json(self.run_dir / "config.json")
+            resumes = [*recorded.get("resumes", []), {**resume, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}]
+            if recorded.get("world_size", info.get("world_size")) != info.get("world_size"):
+                resumes[-1]["world_size"] = [recorded.get("world_size"), info.get("world_size")]
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_json(self.run_dir / "config.json", {"config": config, **info})
+        write_json(self.run_dir / "config.json", {"config": config, **info,
+                                                  "fingerprints": fingerprints(flatten(config)), "resumes": resumes})
 
     def log_metrics(self, step: int, metrics: dict[str, Any]) -> None:
         """Add (or replace, when resuming) the metrics of ``step`` and rewrite metrics.jsonl atomically."""
@@ -437,6 +441,12 @@ class Run:
                                       f"(recorded: {steps}) or {_REDO}") from None
             self._cache[k] = StepRecord(k, tensors, read_json(info_file))
         return self._cache[k]
+
+    @property
+    def resumes(self) -> list[dict[str, Any]]:
+        """Each resume of the run: ``at_step`` (the checkpoint it continued from) and ``changed`` (``{key: [old,
+        new]}`` of the settings that differ from then on); empty for a run trained in one go."""
+        return list(self.info.get("resumes", []))
 
     @property
     def summary(self) -> dict[str, Any]:

@@ -11,6 +11,8 @@ function is loaded the way verl reads ``custom_reward_function.path`` / ``.name`
 
 from __future__ import annotations
 
+import _thread
+import copy
 import functools
 import hashlib
 import importlib.util
@@ -19,7 +21,10 @@ import math
 import numbers
 import os
 import re
+import signal
 import sys
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -135,7 +140,15 @@ def load_custom_reward_fn(path: str | os.PathLike, name: str = "compute_score") 
         raise ImportError(f"custom_reward_function.path: cannot import '{path}' as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as e:  # a syntax error, a failing import, even sys.exit() at import time: name the file
+        from ppolab.errors import RewardError
+
+        sys.modules.pop(module_name, None)
+        where = f" (line {e.lineno})" if isinstance(e, SyntaxError) and e.lineno else ""
+        raise RewardError(f"custom_reward_function.path: importing '{path}'{where} raised {type(e).__name__}: {e}; "
+                          "fix the file") from None
     fn = getattr(module, name, None)
     if not callable(fn):
         raise AttributeError(f"custom_reward_function.name: reward function '{name}' not found in '{path}'")
@@ -206,20 +219,148 @@ def checked_score(result: Any) -> float:
     return value
 
 
+class _Watchdog:
+    """One daemon thread that watches the reward call in progress: it prints a line naming a slow call after
+    ``warn_s`` and, past ``timeout_s``, interrupts the main thread (``_thread.interrupt_main``), which
+    :func:`call_reward_with_info` turns into a :class:`ppolab.errors.RewardError`. Nothing runs in another
+    thread but the watching: rewards that use signals themselves (``signal.alarm`` timeouts) keep working. A call
+    stuck inside C code that never returns to Python cannot be interrupted; the line still names it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.call: dict[str, Any] | None = None
+        self.fired: set[int] = set()  # calls whose timeout interrupted the main thread
+        self.late: set[int] = set()  # of those, the ones already ended (their interrupt may land a moment later)
+        self.counter = 0
+        self.thread: threading.Thread | None = None
+
+    def begin(self, what: str, timeout_s: float | None) -> int:
+        """Start watching a call; only a call on the main thread can be interrupted (elsewhere: the line only)."""
+        with self.lock:
+            self.counter += 1
+            warn = min(SLOW_REWARD_WARN_S, timeout_s / 2) if timeout_s else SLOW_REWARD_WARN_S
+            main = threading.current_thread() is threading.main_thread()
+            self.call = {"token": self.counter, "what": what, "start": time.monotonic(), "warn": warn,
+                         "timeout": timeout_s if main else None, "warned": False}
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._watch, name="ppolab-reward-watchdog", daemon=True)
+                self.thread.start()
+            return self.counter
+
+    def end(self, token: int) -> bool:
+        """Close call ``token``; True when its timeout fired."""
+        with self.lock:
+            if self.call is not None and self.call["token"] == token:
+                self.call = None
+            fired = token in self.fired
+            if fired:
+                self.fired.discard(token)
+                self.late.add(token)
+            return fired
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(0.05)
+            with self.lock:
+                call = self.call
+                if call is None:
+                    continue
+                elapsed = time.monotonic() - call["start"]
+                if not call["warned"] and elapsed >= call["warn"]:
+                    call["warned"] = True
+                    limit = f"it is stopped after {call['timeout']:g} s" if call["timeout"] else "no time limit is set"
+                    print(f"ppolab: the reward function {call['what']} has been running for {elapsed:.0f} s ({limit}:"
+                          " custom_reward_function.timeout_s)", file=sys.stderr, flush=True)
+                if call["timeout"] and elapsed >= call["timeout"] and call["token"] not in self.fired:
+                    self.fired.add(call["token"])
+                    _interrupt_main_thread()
+
+
+def _interrupt_main_thread() -> None:
+    """A real SIGINT to the main thread: it also wakes a blocking call (``time.sleep``, a socket read), which
+    ``_thread.interrupt_main``'s simulated one does not."""
+    if hasattr(signal, "pthread_kill"):
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    else:
+        _thread.interrupt_main()
+
+
+_WATCHDOG = _Watchdog()
+#: Seconds after which a reward call still running is named on stderr (sooner when timeout_s / 2 is shorter).
+SLOW_REWARD_WARN_S = 10.0
+#: ``custom_reward_function.timeout_s``'s default: generous for a rule, enough for a slow judge model.
+DEFAULT_REWARD_TIMEOUT_S = 300.0
+
+
+class _SigintSeen:
+    """While scoring on the main thread: remember whether a real SIGINT (Ctrl-C, a notebook's interrupt) arrived,
+    so a KeyboardInterrupt the reward raised itself, or the watchdog's, is told apart from the user's."""
+
+    def __init__(self) -> None:
+        self.seen, self.previous, self.active = False, None, False
+
+    def __enter__(self) -> _SigintSeen:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.getsignal(signal.SIGINT)
+            signal.signal(signal.SIGINT, self._handler)
+            self.active = True
+        return self
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if not _WATCHDOG.fired:
+            self.seen = True
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.active:
+            signal.signal(signal.SIGINT, self.previous)
+
+
 def call_reward_with_info(fn: RewardFn, data_source: str, solution_str: str, ground_truth: str,
-                          extra_info: dict | None = None) -> tuple[float, dict[str, Any]]:
-    """``fn(data_source, solution_str, ground_truth, extra_info)`` as (checked float score, extra info): an
-    exception inside the function or a bad return value becomes a :class:`ppolab.errors.RewardError` naming
-    the function (file and name), the offending value and the response it scored."""
+                          extra_info: dict | None = None, timeout_s: float | None = DEFAULT_REWARD_TIMEOUT_S,
+                          _sigint: _SigintSeen | None = None) -> tuple[float, dict[str, Any]]:
+    """``fn(data_source, solution_str, ground_truth, extra_info)`` as (checked float score, extra info).
+
+    The call is isolated: ``fn`` gets its own deep copy of ``extra_info`` (a change never reaches the dataset, the
+    other samples of the prompt or a later validation). Everything that goes wrong becomes a
+    :class:`ppolab.errors.RewardError` naming the function (file and name), the offending value and the response
+    it scored: an exception, a bad return value, ``sys.exit()`` or a ``KeyboardInterrupt`` raised by the function
+    itself (never a clean exit of the run), and a call longer than ``timeout_s`` seconds (None: no limit). A real
+    Ctrl-C still interrupts the run as usual."""
     from ppolab.errors import RewardError
 
     context = f"on the response {_short(solution_str)} (data_source {data_source!r}, ground_truth {ground_truth!r})"
+    todo = "" if inspect.unwrap(fn) is compute_score else "; fix the function (custom_reward_function.path)"
+    too_slow = (f"reward function {describe_reward_fn(fn)} took more than {timeout_s or 0:g} s {context} and was "
+                "stopped; make it faster, or raise custom_reward_function.timeout_s (null: no limit)")
+    token = _WATCHDOG.begin(f"{describe_reward_fn(fn)} {context}", timeout_s)
+    late = False
     try:
-        result = fn(data_source, solution_str, ground_truth, extra_info)
+        result = fn(data_source, solution_str, ground_truth, copy.deepcopy(extra_info))
+        late = _WATCHDOG.end(token)
+        if late:  # it returned as its time ran out: the interrupt is due; let it land here, not in the trainer
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        if _WATCHDOG.end(token) or token in _WATCHDOG.late:
+            raise RewardError(too_slow) from None
+        if _sigint is None or _sigint.seen:
+            raise  # the user's Ctrl-C: the trainer stops cleanly
+        raise RewardError(f"reward function {describe_reward_fn(fn)} raised KeyboardInterrupt itself {context}; a "
+                          f"reward must return a score{todo}") from None
+    except SystemExit as e:
+        _WATCHDOG.end(token)
+        raise RewardError(f"reward function {describe_reward_fn(fn)} called sys.exit({e.code!r}) {context}: that would "
+                          f"end the training without a word; a reward must return a score{todo}") from None
     except Exception as e:
-        todo = "" if inspect.unwrap(fn) is compute_score else "; fix the function (custom_reward_function.path)"
+        _WATCHDOG.end(token)
         raise RewardError(f"reward function {describe_reward_fn(fn)} raised {type(e).__name__} {context}: "
                           f"{e}{todo}") from e
+    except BaseException as e:  # GeneratorExit and other non-errors: still never a way out of the run
+        _WATCHDOG.end(token)
+        raise RewardError(f"reward function {describe_reward_fn(fn)} raised {type(e).__name__} {context}; a reward "
+                          f"must return a score{todo}") from None
+    if late:
+        raise RewardError(too_slow)
     try:
         score = checked_score(result)
     except ValueError as e:
@@ -230,16 +371,19 @@ def call_reward_with_info(fn: RewardFn, data_source: str, solution_str: str, gro
     return score, extras
 
 
-def score_responses(fn: RewardFn, items: Sequence[Mapping[str, Any]], texts: Sequence[str]
-                    ) -> tuple[list[float], list[dict[str, Any]]]:
+def score_responses(fn: RewardFn, items: Sequence[Mapping[str, Any]], texts: Sequence[str],
+                    timeout_s: float | None = DEFAULT_REWARD_TIMEOUT_S) -> tuple[list[float], list[dict[str, Any]]]:
     """Score every decoded response with verl's reward signature: ``items[i]`` holds the ``data_source``,
     ``ground_truth`` and ``extra_info`` of ``texts[i]``. Returns (checked scores, the extra keys of each dict
-    return). The one scoring loop of ppolab: training rewards, ReMax baselines, validation and ``ppolab.eval``."""
+    return). The one scoring loop of ppolab: training rewards, ReMax baselines, validation and ``ppolab.eval``;
+    each call isolated and timed (:func:`call_reward_with_info`)."""
     scores, extras = [], []
-    for item, text in zip(items, texts, strict=True):  # a NaN, None or crash stops here, naming fn and response
-        score, extra = call_reward_with_info(fn, item["data_source"], text, item["ground_truth"], item["extra_info"])
-        scores.append(score)
-        extras.append(extra)
+    with _SigintSeen() as sigint:
+        for item, text in zip(items, texts, strict=True):  # a NaN, None or crash stops here, naming fn and response
+            score, extra = call_reward_with_info(fn, item["data_source"], text, item["ground_truth"],
+                                                 item["extra_info"], timeout_s, sigint)
+            scores.append(score)
+            extras.append(extra)
     return scores, extras
 
 
@@ -254,54 +398,6 @@ def reward_components(extras: Sequence[Mapping[str, Any]] | None) -> dict[str, l
 
 #: data sources whose built-in rule compares numbers: a ground truth that is not one can never be matched.
 NUMERIC_SOURCES = ("arith", "arith_tool", "gsm8k", "openai/gsm8k")
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(str(text).replace(",", ""))
-    except ValueError:
-        return False
-    return True
-
-
-class ConstantRewardWatch:
-    """Watches the scores of the first ``steps`` training steps; :meth:`see` returns one warning sentence
-    (naming the likely cause) when every response of those steps got the same score, else None."""
-
-    def __init__(self, reward_fn: RewardFn, steps: int = 3):
-        self.reward_fn, self.steps = reward_fn, steps
-        self.values: set[float] = set()
-        self.seen, self.count = 0, 0
-        self.bad_truths: list[tuple[str, str]] = []
-
-    def see(self, scores: Sequence[float], data_sources: Sequence[str], ground_truths: Sequence[str]) -> str | None:
-        if self.seen >= self.steps:
-            return None
-        self.seen += 1
-        self.count += len(scores)
-        self.values.update(float(s) for s in scores)
-        builtin = inspect.unwrap(self.reward_fn) is compute_score
-        self.bad_truths += [(d, g) for d, g in zip(data_sources, ground_truths)
-                            if builtin and d in NUMERIC_SOURCES and not _is_number(g)]
-        if self.seen < self.steps or len(self.values) != 1:
-            return None
-        value = next(iter(self.values))
-        head = (f"every one of the {self.count} responses of the first {self.steps} step(s) got reward {value:g}, "
-                "so the advantages are 0 and nothing is learned")
-        if self.bad_truths:
-            source, truth = self.bad_truths[0]
-            cause = (f"the likely cause: ground_truth {truth!r} (data_source {source!r}) is not a number, so the "
-                     f"built-in rule can never match it; fix reward_model.ground_truth in data.train_files")
-        elif not builtin:
-            cause = (f"the likely cause: the reward function {describe_reward_fn(self.reward_fn)} returns "
-                     f"{value:g} whatever the response; check it on a few responses of this run")
-        elif value == 0:
-            cause = ("the likely cause: the model never writes a correct '#### <number>' answer (check "
-                     "actor_rollout_ref.model.path and data.max_response_length) or the data_source/ground_truth "
-                     "do not fit the built-in rule")
-        else:
-            cause = "the likely cause: the task is already solved by every sample; use harder prompts"
-        return f"{head}; {cause}"
 
 
 def reward_warning_signs(metrics: Any) -> list[str]:

@@ -23,7 +23,7 @@ from torch import nn
 
 from ppolab.algos import calculate_sum_pi_squared_from_logits, entropy_from_logits, logprobs_from_logits, scale_logits
 from ppolab.algos.logprob import chunked_logprobs_entropy, use_chunked_logits
-from ppolab.models import load_tokenizer_and_model
+from ppolab.models import check_target_modules, check_vocab_fits, load_tokenizer_and_model
 
 
 @dataclass
@@ -142,6 +142,7 @@ class PolicyModels:
         gradient_checkpointing: bool = False,
     ):
         self.tokenizer, base = load_tokenizer_and_model(path, dtype, device)
+        check_vocab_fits(base, self.tokenizer, "actor_rollout_ref.model.path", path)
         self.gradient_checkpointing = gradient_checkpointing
         if gradient_checkpointing:
             enable_gradient_checkpointing(base)
@@ -153,6 +154,8 @@ class PolicyModels:
         self.value_head: ValueHead | None = None
         if self.lora:
             from peft import LoraConfig, get_peft_model
+
+            check_target_modules(base, target_modules)
 
             def lora_config(rank: int, alpha: int) -> LoraConfig:
                 return LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_modules, lora_dropout=0.0,
@@ -184,6 +187,7 @@ class PolicyModels:
                         f"critic.model.path={critic_path!r} has a different vocabulary ({len(critic_tok)} tokens) "
                         f"from the actor's {path!r} ({len(self.tokenizer)} tokens): the critic reads the actor's "
                         "token ids; give a critic built on the same tokenizer, or leave critic.model.path unset")
+                check_vocab_fits(critic, self.tokenizer, "critic.model.path", critic_path or path)
                 self.critic_model = critic.requires_grad_(True)
                 if gradient_checkpointing:
                     enable_gradient_checkpointing(critic)

@@ -23,7 +23,10 @@ import torch
 
 from ppolab import distributed
 from ppolab.config import PPOConfig, load_config, to_dict
-from ppolab.record import Recorder, Run, StepRecord, fresh_run_dir, read_checkpoint, read_json, resume_checkpoint
+from ppolab.errors import RunDirError
+from ppolab.record import Recorder, Run, StepRecord, read_checkpoint, read_json, resume_checkpoint
+from ppolab.rundir import check_resume, claim_run_dir, describe_leftovers, leftover_temp_files, new_run_dir, \
+    remove_leftovers
 
 #: Tensors of the final step batch that go into a recorded step (chapter §1: what exists after each stage).
 RECORDED_TENSORS = ("prompts", "prompt_mask", "responses", "response_mask", "response_attention_mask", "loss_mask",
@@ -127,29 +130,101 @@ def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequen
     the last step whose metrics were logged. A ``trainer.run_dir`` that already holds a run is refused
     unless ``trainer.resume=true`` (before any model loads; nothing in it changes).
     """
+    check_train_arguments(config, overrides, on_step, progress)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))  # set by torchrun / accelerate launch
+    cfg = resolve_config(config, overrides, world_size=world_size)
+    typed = _as_list(overrides) if overrides else []
+    device = distributed.requested_device(cfg.trainer.device, typed)
+    if device != cfg.trainer.device:  # PPOLAB_DEVICE: part of building the config, before anything runs
+        cfg = resolve_config(cfg, [f"trainer.device={device}"], world_size=world_size)
+    source = distributed.device_source(typed)
+    distributed.select_device(device, int(os.environ.get("LOCAL_RANK", "0")), world_size=world_size, source=source)
+    info = distributed.init_from_env(cfg.trainer.device)
+    t = cfg.trainer
+    # Rank 0 claims the run dir before any model loads; the others learn whether it could.
+    claim, problem, run_dir = None, None, None
+    if info.is_main:
+        try:
+            run_dir = Path(t.run_dir) if t.run_dir else new_run_dir(f"runs/{t.experiment_name}-"
+                                                                    f"{time.strftime('%Y%m%d-%H%M%S')}")
+            claim = claim_run_dir(run_dir)
+        except RunDirError as e:
+            problem, run_dir = e, None
+    shared = distributed.all_gather_object((str(run_dir) if run_dir else None, str(problem) if problem else None),
+                                           info)[0]
+    if shared[1] is not None:
+        raise problem if problem is not None else RunDirError(shared[1])
+    run_dir = Path(shared[0])
+    try:
+        return _train_claimed(cfg, info, run_dir, claim, on_step, progress)
+    finally:
+        if claim is not None:
+            claim.release()
+
+
+def check_train_arguments(config: Any, overrides: Any, on_step: Any, progress: Any) -> None:
+    """``ppolab.train``'s arguments, checked before anything loads: a TypeError naming the bad one and what it
+    takes (a deep loader error names neither)."""
+    from ppolab.config import list_presets
+
+    if not (config is None or isinstance(config, (PPOConfig, str, os.PathLike))):
+        raise TypeError(f"ppolab.train(config={config!r}): expected a preset name ({', '.join(list_presets())}), a "
+                        f"YAML path or a PPOConfig, not {type(config).__name__}")
+    if isinstance(overrides, (str, bytes)):
+        raise TypeError(f"ppolab.train(overrides={overrides!r}): expected a list of 'key=value' strings or a dict; "
+                        f"wrap one override in a list: [{overrides!r}]")
+    if overrides is not None and not isinstance(overrides, (dict, list, tuple)):
+        raise TypeError(f"ppolab.train(overrides={overrides!r}): expected a list of 'key=value' strings or a dict, "
+                        f"not {type(overrides).__name__}, e.g. ['trainer.total_training_steps=20']")
+    if isinstance(overrides, dict):
+        bad = [k for k in overrides if not isinstance(k, str)]
+        if bad:
+            raise TypeError(f"ppolab.train(overrides=…): dict keys must be dotted config keys (strings), got "
+                            f"{bad[0]!r}")
+    elif overrides is not None:
+        bad = [o for o in overrides if not isinstance(o, str) or "=" not in o]
+        if bad:
+            raise TypeError(f"ppolab.train(overrides=…): {bad[0]!r} is not a 'key=value' string, e.g. "
+                            "'trainer.total_training_steps=20'")
+    if on_step is not None:
+        import inspect
+
+        try:
+            takes_three = callable(on_step) and bool(inspect.signature(on_step).bind(0, {}, None))
+        except TypeError:
+            takes_three = False
+        except ValueError:  # a builtin without a signature: let the call decide
+            takes_three = callable(on_step)
+        if not takes_three:
+            raise TypeError(f"ppolab.train(on_step={on_step!r}): expected a function called as on_step(step, metrics, "
+                            "record) after every step, or None")
+    if not isinstance(progress, bool):
+        raise TypeError(f"ppolab.train(progress={progress!r}): expected True or False")
+
+
+def _train_claimed(cfg: PPOConfig, info, run_dir: Path, claim, on_step: OnStep | None, progress: bool) -> Run:
+    """The loop of :func:`train` in a run dir this process has claimed (rank 0) or its rank 0 claimed."""
     from tqdm.auto import tqdm
 
     from ppolab.errors import RewardWarning, RunWarning
-    from ppolab.rewards import ConstantRewardWatch
     from ppolab.trainer import PPOTrainer
+    from ppolab.watch import LearningSignalWatch
 
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))  # set by torchrun / accelerate launch
-    cfg = resolve_config(config, overrides, world_size=world_size)
-    device = distributed.requested_device(cfg.trainer.device, _as_list(overrides) if overrides else [])
-    if device != cfg.trainer.device:  # PPOLAB_DEVICE: part of building the config, before anything runs
-        cfg = resolve_config(cfg, [f"trainer.device={device}"], world_size=world_size)
-    info = distributed.init_from_env(cfg.trainer.device)
     t, summary = cfg.trainer, {}
-    if t.run_dir:
-        run_dir = Path(t.run_dir)
-    else:  # a new name, one for all ranks; never an existing directory
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        run_dir = Path(distributed.all_gather_object(str(fresh_run_dir(f"runs/{t.experiment_name}-{stamp}")),
-                                                     info)[0])
-    # Before any model loads: a directory holding a run is resumed (trainer.resume=true) or refused, never mixed.
+    if claim is not None and claim.stale:
+        warnings.warn(claim.stale, RunWarning, stacklevel=3)
+    # Before any model loads: a directory holding a run is resumed (trainer.resume=true) or refused, never mixed;
+    # a resume must be of the same run (check_resume lists every field that would change what it is).
     checkpoint, notes = resume_checkpoint(run_dir, t.resume)
+    changed = check_resume(run_dir, to_dict(cfg)) if checkpoint is not None else None
     for note in notes if info.is_main else ():
-        warnings.warn(note, RunWarning, stacklevel=2)
+        warnings.warn(note, RunWarning, stacklevel=3)
+    if checkpoint is not None and info.is_main:
+        leftovers = leftover_temp_files(run_dir)
+        if leftovers:
+            remove_leftovers(run_dir)
+            warnings.warn(f"removed {len(leftovers)} temporary file(s) a killed process left in {run_dir} "
+                          f"({describe_leftovers(leftovers)}); nothing read them", RunWarning, stacklevel=3)
     if checkpoint is not None and (run_dir / "summary.json").exists():
         summary = read_json(run_dir / "summary.json")
         for key in ("interrupted_at_step", "val_after"):  # facts of the earlier session, re-derived below
@@ -160,13 +235,16 @@ def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequen
     # Only rank 0 writes the run directory; the other ranks compute and log nothing.
     recorder = Recorder(run_dir, to_dict(cfg), {"batch_plan": trainer.plan.as_dict(), "versions": _versions(),
                                                 "world_size": trainer.dp_size}, write=info.is_main,
-                        resume=checkpoint is not None)
+                        resume=None if checkpoint is None else {"at_step": trainer.global_step, "changed": changed})
+    if claim is not None:
+        claim.used = True
     if checkpoint is not None:
         recorder.truncate_metrics(trainer.global_step)
     progress = progress and info.is_main
     writer = _tensorboard(cfg, run_dir) if info.is_main else None
-    watch = ConstantRewardWatch(trainer.reward_fn, min(3, trainer.total_steps)) \
-        if checkpoint is None and info.is_main else None
+    watch = LearningSignalWatch(trainer.reward_fn, cfg.actor_rollout_ref.rollout,
+                                patience=max(1, min(3, trainer.total_steps - trainer.global_step))) \
+        if info.is_main else None
     done = trainer.global_step  # the last step whose metrics are logged: what the run holds
     recording = None  # a step whose tensors are being written but whose metrics are not logged yet
     bar = tqdm(total=trainer.total_steps, initial=trainer.global_step, disable=not progress, desc="ppolab",
@@ -179,7 +257,7 @@ def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequen
             metrics, batch, histories = trainer.step()
             step = trainer.global_step
             if watch is not None:
-                note = watch.see(*_real_scores(batch))
+                note = watch.see(metrics, *_real_scores(batch), step=step)
                 if note:
                     bar.clear()  # the warning on its own lines, not glued to the progress bar
                     warnings.warn(note, RewardWarning, stacklevel=2)
@@ -227,12 +305,14 @@ def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequen
     return Run(run_dir) if info.is_main else None
 
 
-def _real_scores(batch) -> tuple[list[float], list[str], list[str]]:
-    """Scores, data sources and ground truths of the batch's real rows (padding samples left out)."""
+def _real_scores(batch) -> tuple[list[float], int, list[str], list[str]]:
+    """Scores, the number of prompt groups, data sources and ground truths of the batch's real rows (padding
+    samples left out)."""
     real = (~batch["is_pad"].bool()).tolist()
     scores = batch["token_level_scores"].sum(-1).tolist()
     pick = lambda values: [v for v, keep in zip(values, real) if keep]  # noqa: E731
-    return pick(scores), pick(batch.lists["data_source"]), pick(batch.lists["ground_truth"])
+    groups = len(set(pick(batch["uid"].tolist())))
+    return pick(scores), groups, pick(batch.lists["data_source"]), pick(batch.lists["ground_truth"])
 
 
 def tensorboard_dir(cfg: PPOConfig, run_dir: Path) -> Path:
@@ -272,8 +352,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ppolab.errors import PpolabError
 
     start = time.perf_counter()
-    try:
-        run = train(cfg)
+    try:  # the preset and the typed overrides, not the resolved cfg: what was typed outranks PPOLAB_DEVICE
+        run = train(args.preset, args.overrides)
     except (ConfigError, PpolabError) as e:  # a run dir, data file, model file or reward mistake: one line
         print(f"{'config error' if isinstance(e, ConfigError) else 'error'}: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1

@@ -28,7 +28,7 @@ from ppolab.config import PPOConfig
 from ppolab.distributed import DistInfo
 from ppolab.engine import Batch, concat_padded, pad_and_balance
 from ppolab.eval import validation_metrics
-from ppolab.metrics import data_metrics, timer, timing_metrics
+from ppolab.metrics import data_metrics, signal_metrics, timer, timing_metrics
 from ppolab.rewards import reward_components, score_responses
 from ppolab.rng import load_rng_state, rng_state, seed_everything
 from ppolab.rollout import SamplingParams, make_rollout_engine, require_engine
@@ -46,6 +46,7 @@ class PPOTrainer:
         # Files and the reward function are checked before the model loads: a mistake costs no waiting.
         check_data_files(cfg.data, need_val=cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train)
         self.reward_fn = get_reward_fn(cfg.custom_reward_function)
+        self.reward_timeout_s = cfg.custom_reward_function.timeout_s
         self.dist = dist_info or DistInfo()
         self.dp_rank, self.dp_size = self.dist.rank, self.dist.world_size
         self.local_rows: list[int] | None = None  # this rank's chunk of the balanced batch
@@ -131,7 +132,7 @@ class PPOTrainer:
         out = self.rollout.generate([p["input_ids"] for p in prompts], 1,
                                     SamplingParams(r.temperature, r.top_p, r.top_k, False),
                                     self.config.data.max_response_length)
-        scores, _ = score_responses(self.reward_fn, prompts, self.decode(out.responses))
+        scores, _ = score_responses(self.reward_fn, prompts, self.decode(out.responses), self.reward_timeout_s)
         return torch.tensor(scores, dtype=out.response_mask.dtype)
 
     def decode(self, responses: torch.Tensor) -> list[str]:
@@ -144,7 +145,8 @@ class PPOTrainer:
         keys = ("data_source", "ground_truth", "extra_info")
         items = [dict(zip(keys, row)) for row in zip(*(batch.lists[k] for k in keys))]
         scores, batch.lists["reward_extra_info"] = score_responses(self.reward_fn, items,
-                                                                   self.decode(batch["responses"]))
+                                                                   self.decode(batch["responses"]),
+                                                                   self.reward_timeout_s)
         # The last position with response_mask = 1: the end of the policy's own text (tool observations,
         # spliced in with mask 0, may sit before it; padding after it).
         mask = batch["response_mask"]
@@ -314,6 +316,7 @@ class PPOTrainer:
         if self.kl_ctrl_in_reward is None and self.config.actor_rollout_ref.actor.use_kl_loss:
             metrics["actor/kl_coef"] = self.config.actor_rollout_ref.actor.kl_loss_coef
         metrics.update(data_metrics(batch, self.use_critic, self.config.data.max_response_length))
+        metrics.update(signal_metrics(batch))
         metrics.update(timing_metrics(batch, timing, self.dp_size))
         return metrics, batch, histories
 
@@ -327,7 +330,7 @@ class PPOTrainer:
         out = self.rollout.generate([p["input_ids"] for p in self.val_data], vk.n, sampling,
                                     self.config.data.max_response_length)
         items = [p for p in self.val_data for _ in range(vk.n)]
-        scores, _ = score_responses(self.reward_fn, items, self.decode(out.responses))
+        scores, _ = score_responses(self.reward_fn, items, self.decode(out.responses), self.reward_timeout_s)
         return validation_metrics(items, scores, out.response_mask.sum(-1), vk.n)
 
     # ================================================================== checkpoints

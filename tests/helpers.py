@@ -1,10 +1,13 @@
 """Small helpers shared by test modules (tests/ is on sys.path under pytest)."""
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 
 def logged(run) -> list[dict]:
@@ -41,3 +44,32 @@ def sweep_all(w, n: int = 5, skip=()) -> None:
         for v in sweep_values(ctl, n):
             ctl.value = (v,) if isinstance(start, tuple) else v  # a SelectMultiple takes tuples
         ctl.value = start
+
+
+# 2 prompts × 2 answers: the smallest run that still has groups, an optimizer step and validation.
+TINY = [
+    "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.actor.ppo_epochs=1",
+    "data.val_max_samples=4", "trainer.record_freq=1",
+]
+NO_VAL = ["trainer.test_freq=-1", "trainer.val_before_train=false"]
+
+
+def tree_hash(root: Path) -> dict[str, str]:
+    """Every file under ``root`` (relative path → sha256): equal before and after means nothing changed."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def no_model(tmp_path) -> str:
+    """An override whose model does not exist: a check that passes this point ran before any model loads."""
+    return f"actor_rollout_ref.model.path={tmp_path / 'no-model'}"
+
+
+def write_parquet(path: Path, rows: list[dict]) -> Path:
+    """A verl-format parquet of ``rows`` (``ppolab.data.make_row``), with the schema of a well-formed row."""
+    from ppolab.data import make_row
+
+    schema = pa.Table.from_pylist([make_row("What is 1+1?", 2, "train", 0)]).schema
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+    return path

@@ -116,7 +116,8 @@ def test_loads_a_verl_gsm8k_style_file(tmp_path, tok):
     rows = [
         {
             "data_source": "openai/gsm8k",
-            "prompt": [{"role": "user", "content": "Tom has 3 apples. How many? Let's think step by step."}],
+            # (the tiny tokenizer's characters only: a real GSM8K prompt needs a real model's tokenizer)
+            "prompt": [{"role": "user", "content": "What is 1+2?"}],
             "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": "3"},
             "extra_info": {"split": "test", "index": 7, "answer": "He has 3.\n#### 3", "question": "Tom has 3 apples."},

@@ -1,13 +1,10 @@
 """Nothing lost, nothing silent (issue 14): bad run dirs, rewards, data, model files and recorded runs stop or
 warn with a message naming the culprit, and no file of an existing run changes."""
-import hashlib
 import math
 import shutil
 from pathlib import Path
 
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 import ppolab
@@ -16,52 +13,12 @@ from ppolab.data import make_row
 from ppolab.errors import DataError, FileFormatError, MissingFileError, RewardError, RewardWarning, RunDirError, \
     RunWarning
 from ppolab.models import SHIPPED_MODEL, load_tokenizer_and_model
-from ppolab.record import fresh_run_dir, holds_run, resume_checkpoint
-from ppolab.rewards import ConstantRewardWatch, compute_score, get_reward_fn, reward_warning_signs
+from ppolab.record import holds_run, resume_checkpoint
+from ppolab.rundir import new_run_dir
+from ppolab.rewards import compute_score, get_reward_fn, reward_warning_signs
 from ppolab.train import main, resolve_config
 from ppolab.trainer import PPOTrainer
-
-# 2 prompts × 2 answers: the smallest run that still has groups, an optimizer step and validation.
-TINY = [
-    "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.actor.ppo_epochs=1",
-    "data.val_max_samples=4", "trainer.record_freq=1",
-]
-NO_VAL = ["trainer.test_freq=-1", "trainer.val_before_train=false"]
-
-
-def tree_hash(root: Path) -> dict[str, str]:
-    """Every file under ``root`` (relative path → sha256): equal before and after means nothing changed."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def no_model(tmp_path) -> str:
-    """An override whose model does not exist: a check that passes this point ran before any model loads."""
-    return f"actor_rollout_ref.model.path={tmp_path / 'no-model'}"
-
-
-def write_parquet(path: Path, rows: list[dict]) -> Path:
-    schema = pa.Table.from_pylist([make_row("What is 1+1?", 2, "train", 0)]).schema
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
-    """A finished 2-step run with a checkpoint after each step (never modified: tests copy it)."""
-    run_dir = tmp_path_factory.mktemp("finished") / "run"
-    ppolab.train("grpo_tiny", [*TINY, *NO_VAL, "trainer.total_training_steps=2", "trainer.save_freq=1",
-                               f"trainer.run_dir={run_dir}"], progress=False)
-    return run_dir
-
-
-@pytest.fixture
-def copy_of(finished, tmp_path):
-    dst = tmp_path / "copy"
-    shutil.copytree(finished, dst)
-    return dst
-
+from helpers import NO_VAL, TINY, no_model, tree_hash, write_parquet
 
 # ====================================================================== run directories
 def test_training_into_a_finished_run_is_refused_before_the_model_loads(finished, tmp_path, capsys):
@@ -86,12 +43,12 @@ def test_a_start_that_failed_before_step_1_is_not_a_run_but_one_logged_step_is(t
     assert not holds_run(d) and resume_checkpoint(d, resume=False) == (None, [])
     (d / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
     assert holds_run(d)
-    assert fresh_run_dir(d) == tmp_path / "run-2"  # default run names never reuse a directory
+    assert new_run_dir(d) == tmp_path / "run-2"  # default run names never reuse a directory
 
 
 def test_a_resume_that_fails_leaves_the_run_as_it_was(copy_of):
     before = tree_hash(copy_of)
-    with pytest.raises(RunDirError, match="step_000002") as e:  # a LoRA rank the checkpoint does not fit
+    with pytest.raises(RunDirError, match="lora_rank: 8 → 4") as e:  # a LoRA rank the checkpoint does not fit
         ppolab.train("grpo_tiny", [*TINY, *NO_VAL, "trainer.total_training_steps=3", f"trainer.run_dir={copy_of}",
                                    "trainer.resume=true", "actor_rollout_ref.model.lora_rank=4"], progress=False)
     assert "config.json" in str(e.value)
@@ -225,12 +182,22 @@ def test_constant_rewards_warn_and_name_a_ground_truth_that_is_not_a_number(tmp_
                                    f"trainer.run_dir={tmp_path / 'run'}"], progress=False)
 
 
-def test_constant_reward_watch_and_warning_signs():
-    watch = ConstantRewardWatch(compute_score, steps=2)
-    assert watch.see([1.0, 0.0], ["arith"] * 2, ["2", "3"]) is None
-    assert watch.see([0.0, 0.0], ["arith"] * 2, ["2", "3"]) is None  # not constant over both steps
-    custom = ConstantRewardWatch(lambda *a: 0.5, steps=1)
-    assert "returns 0.5 whatever the response" in custom.see([0.5, 0.5], ["x"] * 2, ["a", "b"])
+def test_learning_signal_watch_and_warning_signs():
+    from types import SimpleNamespace
+
+    from ppolab.watch import LearningSignalWatch
+
+    rollout = SimpleNamespace(temperature=1.0, top_k=-1, n=2)
+    flat = {"ppolab/signal/uniform_group_frac": 1.0, "ppolab/signal/identical_group_frac": 0.0,
+            "ppolab/signal/zero_adv_frac": 1.0}
+    watch = LearningSignalWatch(compute_score, rollout, patience=2)
+    assert watch.see({**flat, "ppolab/signal/uniform_group_frac": 0.5, "ppolab/signal/zero_adv_frac": 0.5},
+                     [1.0, 0.0], 1, ["arith"] * 2, ["2", "3"], step=1) is None
+    assert watch.see(flat, [0.0, 0.0], 1, ["arith"] * 2, ["2", "3"], step=2) is None  # one step of 1 group: chance
+    assert "never writes a correct" in watch.see(flat, [0.0, 0.0], 1, ["arith"] * 2, ["2", "3"], step=3)
+    assert watch.see(flat, [0.0, 0.0], 1, ["arith"] * 2, ["2", "3"], step=4) is None  # said once
+    custom = LearningSignalWatch(lambda *a: 0.5, rollout, patience=1)
+    assert "returns 0.5 whatever the response" in custom.see(flat, [0.5, 0.5], 1, ["x"] * 2, ["a", "b"], step=1)
     frame = pd.DataFrame({"critic/score/mean": [0.0, float("nan"), 0.0], "critic/score/min": [0.0, None, 0.0],
                           "critic/score/max": [0.0, None, 0.0]}, index=[1, 2, 3])
     signs = reward_warning_signs(frame)

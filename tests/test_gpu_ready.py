@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from ppolab import distributed
+from ppolab.config import ConfigError
 from ppolab.algos import entropy_from_logits, logprobs_from_logits, scale_logits
 from ppolab.algos.logprob import CHUNK_LOGITS, CHUNK_LOGITS_THRESHOLD, chunked_logprobs_entropy, top_k_top_p_filter
 
@@ -41,7 +42,7 @@ def test_each_rank_gets_its_own_gpu_and_cuda_tensors_go_over_nccl(requested, loc
 
 
 def test_impossible_device_requests_are_named():
-    with pytest.raises(RuntimeError, match="trainer.device=cuda but torch sees no CUDA"):
+    with pytest.raises(ConfigError, match="trainer.device=cuda but torch sees no CUDA"):
         distributed.select_device("cuda", 0, cuda_available=False)
     with pytest.raises(ValueError, match="every rank on one GPU"):
         distributed.select_device("cuda:0", 1, cuda_available=True, world_size=2)

@@ -285,6 +285,10 @@ class CustomRewardFunctionConfig:
     """Python file defining the function; None = built-in scorer by data_source."""
     name: str = "compute_score"
     """Function name inside that file (verl signature)."""
+    timeout_s: Optional[float] = 300.0
+    """ppolab's, not verl's (verl waits forever): seconds one reward call may take before the run stops with an error
+    naming the function; None = no limit. Either way a call still running after ``min(10, timeout_s / 2)`` s prints
+    one line naming the function and the response it is scoring."""
 
 
 @dataclass

@@ -311,6 +311,8 @@ def _check_algorithm_trainer(c: _Checks) -> None:
          f"group of one has no baseline (verl then uses the raw score); set {_R}.n ≥ 2 (e.g. 8)")
     c.unit("algorithm.gamma", lo_open=False)
     c.unit("algorithm.lam", lo_open=False)
+    if cfg.custom_reward_function.timeout_s is not None:
+        c.at_least("custom_reward_function.timeout_s", 0, strict=True, why=" seconds (or null for no limit)")
     c.at_least("algorithm.kl_ctrl.kl_coef", 0)
     if alg.kl_ctrl.type == "adaptive":
         c.at_least("algorithm.kl_ctrl.horizon", 0, strict=True, why=" for the adaptive controller")

@@ -5,9 +5,9 @@ import contextlib
 from typing import Iterator, Sequence
 
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
-from ppolab.algos import logprobs_from_logits, scale_logits
+from ppolab.algos import scale_logits
 from ppolab.algos.logprob import top_k_top_p_filter
 from ppolab.engine import pad_right
 from ppolab.rollout.base import RolloutOutput, SamplingParams, eos_token_ids, left_pad, response_mask_from_ids
@@ -16,9 +16,10 @@ from ppolab.rollout.base import RolloutOutput, SamplingParams, eos_token_ids, le
 class HFRollout:
     """Samples with ``model.generate`` on the actor (LoRA adapter active).
 
-    ``rollout_log_probs`` come from the *raw* logits the engine returned (``output_logits=True``) divided
-    by the temperature — ``output_scores`` would give scores after top-p/top-k processing (see the
-    environment notes) — so they measure the same temperature-scaled policy the trainer recomputes.
+    ``rollout_log_probs`` come from the *raw* logits of each step divided by the temperature (recorded step by
+    step in :func:`generate_tokens`, never as a (rows, length, vocab) history) — ``output_scores`` would give
+    scores after top-p/top-k processing (see the environment notes) — so they measure the same
+    temperature-scaled policy the trainer recomputes.
 
     ``dtype`` (``actor_rollout_ref.rollout.dtype``): None generates in the weights' own dtype, so on fp32 weights
     rollout and old log-probs agree to ~1e-6; ``"bfloat16"`` / ``"float16"`` generate under ``torch.autocast``
@@ -67,18 +68,19 @@ def generate_tokens(model, tokenizer, contexts: Sequence[Sequence[int]], max_new
     ``contexts`` are left-padded and generated ``chunk_size`` rows at a time, in eval mode, under the neutral
     generation config, with every sampling knob passed explicitly. Returns ``(tokens, log_probs, mask)``, each
     (N, L) on the CPU, right-padded with the pad id: the new tokens; their temperature-scaled log-probs from the
-    raw logits (``output_logits`` — after top-k / top-p filtering when those are on, the distribution the token was
-    drawn from); and 1 up to and including the first stop id (EOS, or the agent's ``<|/tool_call|>``), 0 after.
+    raw logits (after top-k / top-p filtering when those are on — the distribution the token was drawn from); and
+    1 up to and including the first stop id (EOS, or the agent's ``<|/tool_call|>``), 0 after.
+
+    The log-probs are taken step by step (:class:`SampledLogProbs`), so generation holds one (rows, V) float32 row
+    of logits beside the model, never the (rows, L, V) history ``output_logits`` would keep.
     """
     pad = tokenizer.pad_token_id
     kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=list(stop_ids),
-                  do_sample=sampling.do_sample, output_logits=True, return_dict_in_generate=True)
+                  do_sample=sampling.do_sample)
     if sampling.do_sample:
         # transformers fills an unset top_k with 50; 0 switches it off (verl's -1).
         kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p,
                       top_k=sampling.top_k if sampling.top_k > 0 else 0)
-    temperature = sampling.temperature if sampling.do_sample else 1.0
-    filtered = sampling.do_sample and (sampling.top_k > 0 or sampling.top_p < 1.0)
     device = next(model.parameters()).device
     chunks = []
     was_training = model.training
@@ -87,12 +89,11 @@ def generate_tokens(model, tokenizer, contexts: Sequence[Sequence[int]], max_new
         with neutral_generation_config(model, tokenizer):
             for start in range(0, len(contexts), chunk_size):
                 ids, mask = left_pad(contexts[start:start + chunk_size], pad)
-                out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
-                new = out.sequences[:, ids.shape[1]:]
-                logits = scale_logits(torch.stack(out.logits, dim=1).float(), temperature)
-                if filtered:  # the distribution the token was drawn from: temperature, then top-k, then top-p
-                    logits = top_k_top_p_filter(logits, sampling.top_k, sampling.top_p)
-                chunks.append((new.cpu(), logprobs_from_logits(logits, new).cpu()))
+                recorder = SampledLogProbs(sampling)
+                sequences = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                           logits_processor=LogitsProcessorList([recorder]), **kwargs)
+                new = sequences[:, ids.shape[1]:]
+                chunks.append((new.cpu(), recorder.log_probs(new).cpu()))
     finally:
         model.train(was_training)
     width = max(t.shape[1] for t, _ in chunks)
@@ -100,6 +101,51 @@ def generate_tokens(model, tokenizer, contexts: Sequence[Sequence[int]], max_new
     log_probs = torch.cat([pad_right(lp, width) for _, lp in chunks])
     mask = response_mask_from_ids(tokens, stop_ids)
     return torch.where(mask.bool(), tokens, torch.full_like(tokens, pad)), log_probs, mask
+
+
+class SampledLogProbs(LogitsProcessor):
+    """Records log π(token) of each sampled token during ``generate``, one step at a time (chapter §2).
+
+    ``generate`` calls a logits processor with the step's raw float32 logits (rows, V) — under the neutral
+    generation config no other processor runs before it; transformers appends temperature / top-k / top-p after
+    the user's processors — and *before* it samples. So each call keeps that step's scaled (and, with a filter
+    on, filtered) logits ``z`` and their logsumexp until the next call, whose ``input_ids`` end with the token
+    that was drawn: log π = z[token] − logsumexp(z), exactly :func:`~ppolab.algos.logprobs_from_logits` on the
+    one row. The last step's token is read from the finished sequences in :meth:`log_probs`. Memory: one
+    (rows, V) row plus (rows,) per step. Returns ``scores`` unchanged, so sampling is untouched.
+    """
+
+    def __init__(self, sampling: SamplingParams):
+        self.temperature = sampling.temperature if sampling.do_sample else 1.0
+        self.top_k, self.top_p = sampling.top_k, sampling.top_p
+        self.filtered = sampling.do_sample and (sampling.top_k > 0 or sampling.top_p < 1.0)
+        self.steps: list[torch.Tensor] = []  # (rows,) log-probs of the tokens drawn so far
+        self.pending: tuple[torch.Tensor, torch.Tensor] | None = None  # (z (rows, V), logsumexp (rows,))
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.pending is not None:
+            self.steps.append(self._pick(input_ids[:, -1]))
+        z = scale_logits(scores.float(), self.temperature)
+        if self.filtered:  # the distribution the token is drawn from: temperature, then top-k, then top-p
+            z = top_k_top_p_filter(z, self.top_k, self.top_p)
+        self.pending = (z, torch.logsumexp(z, dim=-1))
+        return scores
+
+    def _pick(self, tokens: torch.Tensor) -> torch.Tensor:
+        """log π of ``tokens`` (rows,) under the pending step's distribution, as a (rows,) tensor."""
+        z, lse = self.pending
+        return torch.gather(z, -1, tokens[:, None]).squeeze(-1) - lse
+
+    def log_probs(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """(rows, L) log-probs of ``new_tokens`` (rows, L), the tokens ``generate`` added."""
+        length = new_tokens.shape[1]
+        if len(self.steps) < length:  # the last drawn token no call saw
+            self.steps.append(self._pick(new_tokens[:, len(self.steps)]))
+        self.pending = None
+        if length == 0:
+            return new_tokens.new_zeros(new_tokens.shape, dtype=torch.float32)
+        # a stop check that ran a step past the end (transformers defers it on some devices) is cut off here
+        return torch.stack(self.steps[:length], dim=1)
 
 
 @contextlib.contextmanager
