@@ -85,7 +85,12 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
     A ``tokenizer_class`` of ``PreTrainedTokenizerFast`` is honoured as written (``AutoTokenizer``
     would swap in ``Qwen2Tokenizer`` for a Qwen2 config); anything else goes through ``AutoTokenizer``.
     """
-    p = _model_dir(path)
+    return load_tokenizer_files(_model_dir(path))
+
+
+def load_tokenizer_files(p: str | os.PathLike) -> Any:
+    """:func:`load_tokenizer` of a folder of tokenizer files alone (a run dir's ``tokenizer/``: no model config)."""
+    p = Path(p)
     _check_tokenizer_files(p)
     cfg_file = p / "tokenizer_config.json"
     cls = json.loads(cfg_file.read_text()).get("tokenizer_class") if cfg_file.is_file() else None

@@ -7,6 +7,7 @@ Layout of a run dir::
                                 files, and ``resumes`` (each resume's step and changed settings)
     metrics.jsonl               one JSON object per training step (verl metric names)
     steps/step_000005.safetensors + .json    the real tensors of a recorded step + decoded texts
+    tokenizer/                  the tokenizer files and chat template the run was trained with (Run.tokenizer)
     checkpoints/step_000020/    adapters, value head, optimizer and RNG state (safetensors + JSON)
     summary.json                before/after validation accuracy, written at the end
 
@@ -30,6 +31,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 STEP_FILE = "step_{:06d}"
+#: The folder of a run dir holding the tokenizer it was trained with.
+TOKENIZER_DIR = "tokenizer"
 #: What makes a directory a run directory: training into one of these without resuming would mix two runs.
 #: (A ``config.json`` alone, metrics of step 0 only or a summary of 0 steps is a start stopped before step 1.)
 RUN_ENTRIES = ("metrics.jsonl", "summary.json", "steps", "checkpoints")
@@ -150,6 +153,22 @@ class Recorder:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_json(self.run_dir / "config.json", {"config": config, **info,
                                                   "fingerprints": fingerprints(flatten(config)), "resumes": resumes})
+
+    def save_tokenizer(self, tokenizer: Any) -> None:
+        """``tokenizer/``: the tokenizer files (and chat template) the run was trained with, as ``save_pretrained``
+        writes them (JSON and plain text), so the run decodes exactly on any machine (:meth:`Run.tokenizer`).
+        Written once, into a temporary folder renamed into place; a resumed run keeps the one it has."""
+        if not self.write or (self.run_dir / TOKENIZER_DIR).is_dir():
+            return
+        tmp = Path(tempfile.mkdtemp(dir=self.run_dir, prefix=f".{TOKENIZER_DIR}.", suffix=".tmp"))
+        try:
+            tokenizer.save_pretrained(str(tmp))
+            os.replace(tmp, self.run_dir / TOKENIZER_DIR)
+        finally:
+            if tmp.exists():
+                import shutil
+
+                shutil.rmtree(tmp, ignore_errors=True)
 
     def log_metrics(self, step: int, metrics: dict[str, Any]) -> None:
         """Add (or replace, when resuming) the metrics of ``step`` and rewrite metrics.jsonl atomically."""
@@ -390,6 +409,7 @@ class Run:
         self.info: dict[str, Any] = meta
         self._cache: dict[int, StepRecord] = {}
         self._ppo_config = None
+        self._tokenizer = None
         if (self.path / "metrics.jsonl").exists():
             _read_jsonl(self.path / "metrics.jsonl")  # a torn line is reported when the run is opened
 
@@ -441,6 +461,44 @@ class Run:
                                       f"(recorded: {steps}) or {_REDO}") from None
             self._cache[k] = StepRecord(k, tensors, read_json(info_file))
         return self._cache[k]
+
+    def tokenizer(self) -> Any:
+        """The tokenizer the run was trained with, from its ``tokenizer/`` folder — never another model's. A run
+        recorded before runs carried their tokenizer is a :class:`ppolab.errors.MissingFileError` saying so."""
+        from ppolab.errors import MissingFileError
+        from ppolab.models import load_tokenizer_files
+
+        if self._tokenizer is None:
+            folder = self.path / TOKENIZER_DIR
+            if not folder.is_dir():
+                model = self.config.get("actor_rollout_ref", {}).get("model", {}).get("path", "?")
+                raise MissingFileError(f"{self.path} has no {TOKENIZER_DIR}/ folder (recorded before runs carried the "
+                                       f"tokenizer they were trained with; it was {model}): copy that model's "
+                                       f"tokenizer files into {folder}, or {_REDO}")
+            self._tokenizer = load_tokenizer_files(folder)
+        return self._tokenizer
+
+    def model_path(self) -> Path:
+        """The base model the run was trained with, on this machine: the recorded ``actor_rollout_ref.model.path``
+        when it exists, else the folder of the same name under this checkout's ``data/models`` (a run recorded in
+        another clone) — in both cases only when its fingerprint equals the recorded one (``config.json``'s
+        ``fingerprints``). Never a different model: otherwise a :class:`ppolab.errors.MissingFileError` naming the
+        recorded path and what to do."""
+        from ppolab.errors import MissingFileError
+        from ppolab.models import REPO_ROOT
+        from ppolab.rundir import fingerprint
+
+        recorded = str(self.config.get("actor_rollout_ref", {}).get("model", {}).get("path", ""))
+        expected = (self.info.get("fingerprints") or {}).get("actor_rollout_ref.model.path")
+        candidates = [Path(recorded).expanduser(), REPO_ROOT / "data" / "models" / Path(recorded).name]
+        for candidate in candidates if recorded else []:
+            if (candidate / "config.json").is_file() and (expected is None and candidate == candidates[0]
+                                                          or fingerprint(candidate) == expected):
+                return candidate
+        why = ("not on this machine" if not any(c.exists() for c in candidates) else
+               "here with other weights (its fingerprint differs from the recorded one)")
+        raise MissingFileError(f"{self.path} was trained with the model {recorded or '?'}, which is {why}: copy that "
+                               "model directory there (or into data/models/) to replay or read full distributions")
 
     @property
     def resumes(self) -> list[dict[str, Any]]:

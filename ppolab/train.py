@@ -238,6 +238,7 @@ def _train_claimed(cfg: PPOConfig, info, run_dir: Path, claim, on_step: OnStep |
                         resume=None if checkpoint is None else {"at_step": trainer.global_step, "changed": changed})
     if claim is not None:
         claim.used = True
+    recorder.save_tokenizer(trainer.tokenizer)
     if checkpoint is not None:
         recorder.truncate_metrics(trainer.global_step)
     progress = progress and info.is_main
