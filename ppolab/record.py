@@ -25,6 +25,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -372,12 +373,45 @@ def resume_checkpoint(run_dir: str | os.PathLike, resume: bool) -> tuple[Path | 
     return found, notes
 
 
+class LazyTensors(Mapping):
+    """The tensors of one ``steps/step_<k>.safetensors``, read on first use of each name (memory-mapped through
+    ``safe_open``; only the header is read when the step is opened, which also checks the file is complete).
+    A read-only mapping: name → tensor, each loaded once."""
+
+    def __init__(self, path: Path):
+        from safetensors import safe_open
+
+        self.path = path
+        with safe_open(str(path), framework="pt") as f:
+            self._names = list(f.keys())
+        self._loaded: dict[str, torch.Tensor] = {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._loaded:
+            if name not in self._names:
+                raise KeyError(f"{name!r} is not recorded in {self.path} (it holds {', '.join(self._names)})")
+            from safetensors import safe_open
+
+            with safe_open(str(self.path), framework="pt") as f:
+                self._loaded[name] = f.get_tensor(name)
+        return self._loaded[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+
 @dataclass
 class StepRecord:
     """One recorded training step: ``tensors`` (name → tensor) and ``info`` (texts, batch plan, …)."""
 
     step: int
-    tensors: dict[str, torch.Tensor]
+    tensors: Mapping[str, torch.Tensor]
     info: dict[str, Any] = field(default_factory=dict)
 
     def __getitem__(self, key: str) -> torch.Tensor:
@@ -410,6 +444,8 @@ class Run:
         self._cache: dict[int, StepRecord] = {}
         self._ppo_config = None
         self._tokenizer = None
+        self._metrics: tuple[Any, Any] | None = None
+        self._steps: tuple[int, list[int]] | None = None
         if (self.path / "metrics.jsonl").exists():
             _read_jsonl(self.path / "metrics.jsonl")  # a torn line is reported when the run is opened
 
@@ -419,9 +455,11 @@ class Run:
         import pandas as pd
 
         path = self.path / "metrics.jsonl"
-        rows = _read_jsonl(path) if path.exists() else []
-        frame = pd.DataFrame(rows)
-        return frame.set_index("step").sort_index() if "step" in frame else frame
+        stamp = (path.stat().st_mtime_ns, path.stat().st_size) if path.exists() else None
+        if self._metrics is None or self._metrics[0] != stamp:  # parsed once per version of the file
+            frame = pd.DataFrame(_read_jsonl(path) if stamp else [])
+            self._metrics = (stamp, frame.set_index("step").sort_index() if "step" in frame else frame)
+        return self._metrics[1].copy()  # a caller may change its frame without changing another's
 
     @property
     def steps(self) -> list[int]:
@@ -430,12 +468,15 @@ class Run:
         folder = self.path / "steps"
         if not folder.exists():
             return []
-        found = set()
-        for p in folder.glob("step_*"):
-            number = p.stem.split("_")[1]
-            if p.suffix in (".safetensors", ".json") and number.isdigit():
-                found.add(int(number))
-        return sorted(found)
+        stamp = folder.stat().st_mtime_ns
+        if self._steps is None or self._steps[0] != stamp:  # listed once per change of the folder
+            found = set()
+            for p in folder.glob("step_*"):
+                number = p.stem.split("_")[1]
+                if p.suffix in (".safetensors", ".json") and number.isdigit():
+                    found.add(int(number))
+            self._steps = (stamp, sorted(found))
+        return list(self._steps[1])
 
     def step(self, k: int | None = None) -> StepRecord:
         """The recorded step ``k`` (default: the last one); a missing or unreadable file is an error naming it."""
@@ -455,7 +496,7 @@ class Run:
                     raise MissingFileError(f"{f} is missing, so step {k} is only half recorded; open another step "
                                            f"(recorded: {steps}) or {_REDO}")
             try:
-                tensors = load_file(str(tensors_file))
+                tensors = LazyTensors(tensors_file)
             except Exception as e:  # safetensors' own error type for a truncated or foreign file
                 raise FileFormatError(f"{tensors_file} is not a complete safetensors file ({e}); open another step "
                                       f"(recorded: {steps}) or {_REDO}") from None
