@@ -177,13 +177,19 @@ def check_target_modules(model: torch.nn.Module, target_modules: Any,
 
     if isinstance(target_modules, str):  # "all-linear" (config validation refuses any other string)
         return
+    wrappable = set(linear_module_names(model))
     names = [n for n, _ in model.named_modules() if n]
-    layers = f"its layers LoRA can wrap: {', '.join(linear_module_names(model))} (or 'all-linear')"
+    layers = f"its layers LoRA can wrap: {', '.join(sorted(wrappable))} (or 'all-linear')"
+    path = getattr(getattr(model, "config", None), "_name_or_path", "") or "the model"
     missing = [t for t in target_modules if not any(n == t or n.endswith(f".{t}") for n in names)]
     if missing:
-        path = getattr(getattr(model, "config", None), "_name_or_path", "") or "the model"
         raise ConfigError(f"{key}: {', '.join(map(repr, missing))} {'is' if len(missing) == 1 else 'are'} not a "
                           f"layer of {path}; {layers}")
+    unwrappable = [t for t in target_modules if t.rsplit(".", 1)[-1] not in wrappable]
+    if unwrappable:  # a norm or a whole block: peft refuses it deep inside get_peft_model
+        raise ConfigError(f"{key}: {', '.join(map(repr, unwrappable))} in {path} "
+                          f"{'is not a layer' if len(unwrappable) == 1 else 'are not layers'} LoRA can wrap (a "
+                          f"linear or embedding layer); {layers}")
 
 
 def check_vocab_fits(model: torch.nn.Module, tokenizer: Any, key: str, path: Any) -> None:

@@ -138,6 +138,7 @@ class PolicyModels:
         critic_lora_rank: int | None = None,
         critic_lora_alpha: int | None = None,
         critic_path: str | None = None,
+        critic_target_modules=None,
         seed: int = 0,
         gradient_checkpointing: bool = False,
     ):
@@ -156,18 +157,21 @@ class PolicyModels:
             from peft import LoraConfig, get_peft_model
 
             check_target_modules(base, target_modules)
+            critic_targets = target_modules if critic_target_modules is None else critic_target_modules
+            if use_critic:
+                check_target_modules(base, critic_targets, key="critic.model.target_modules")
 
-            def lora_config(rank: int, alpha: int) -> LoraConfig:
-                return LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_modules, lora_dropout=0.0,
-                                  bias="none")
+            def lora_config(rank: int, alpha: int, targets) -> LoraConfig:
+                return LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, bias="none")
 
             torch.manual_seed(seed)  # LoRA A matrices are random; B is zero, so actor == base at step 0
             with warnings.catch_warnings():  # peft calls a transformers API deprecated in v5; not ours to fix
                 warnings.simplefilter("ignore", FutureWarning)
-                self.model = get_peft_model(base, lora_config(lora_rank, lora_alpha), adapter_name="actor")
+                self.model = get_peft_model(base, lora_config(lora_rank, lora_alpha, target_modules),
+                                            adapter_name="actor")
             if use_critic:
-                self.model.add_adapter("critic",
-                                       lora_config(critic_lora_rank or lora_rank, critic_lora_alpha or lora_alpha))
+                self.model.add_adapter("critic", lora_config(critic_lora_rank or lora_rank,
+                                                             critic_lora_alpha or lora_alpha, critic_targets))
             self._lora_params = {name: [p for n, p in self.model.named_parameters() if f".{name}." in n]
                                  for name in (("actor", "critic") if use_critic else ("actor",))}
             self._activate("actor")

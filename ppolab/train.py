@@ -145,8 +145,9 @@ def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequen
     claim, problem, run_dir = None, None, None
     if info.is_main:
         try:
-            run_dir = Path(t.run_dir) if t.run_dir else new_run_dir(f"runs/{t.experiment_name}-"
-                                                                    f"{time.strftime('%Y%m%d-%H%M%S')}")
+            # absolute: a reward function or notebook that changes the working directory cannot move the writes
+            run_dir = Path(t.run_dir).expanduser().absolute() if t.run_dir else new_run_dir(
+                Path(f"runs/{t.experiment_name}-{time.strftime('%Y%m%d-%H%M%S')}").absolute())
             claim = claim_run_dir(run_dir)
         except RunDirError as e:
             problem, run_dir = e, None

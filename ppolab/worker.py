@@ -40,7 +40,8 @@ def build_models(cfg: Any, dist: DistInfo | None = None) -> PolicyModels:
         arr.model.path, arr.model.lora_rank, arr.model.lora_alpha, arr.model.target_modules, arr.model.dtype,
         str(device), use_critic=cfg.use_critic, use_reference=cfg.use_reference_policy,
         critic_lora_rank=cfg.critic.model.lora_rank, critic_lora_alpha=cfg.critic.model.lora_alpha,
-        critic_path=cfg.critic.model.path, seed=cfg.trainer.seed,
+        critic_path=cfg.critic.model.path,
+        critic_target_modules=cfg.critic.model.target_modules, seed=cfg.trainer.seed,
         gradient_checkpointing=arr.model.enable_gradient_checkpointing,
     )
 

@@ -425,3 +425,33 @@ def test_an_on_step_of_the_wrong_shape_is_refused_before_training(tmp_path):
     with pytest.raises(TypeError, match="on_step"):
         run(tmp_path, on_step=lambda step: None)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_target_module_that_is_not_a_linear_layer_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="'input_layernorm' in .* is not a layer LoRA can wrap"):
+        run(tmp_path, "actor_rollout_ref.model.target_modules=[q_proj,input_layernorm]")
+
+
+def test_a_reward_that_changes_the_working_directory_cannot_move_the_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    f = _reward_file(tmp_path, f"    os.chdir({str(elsewhere)!r})\n    return 0.0")
+    result = ppolab.train("grpo_tiny", [*TINY, *NO_VAL, "trainer.total_training_steps=1", "trainer.run_dir=rel",
+                                        *_with_reward(f)], progress=False)
+    assert result.path == tmp_path / "rel" and (tmp_path / "rel" / "metrics.jsonl").is_file()
+    assert not (elsewhere / "rel").exists()
+
+
+def test_the_critic_adapter_wraps_critic_model_target_modules(tmp_path):
+    from ppolab.trainer import PPOTrainer
+
+    cfg = resolve_config("ppo_gae_tiny", [*TINY, *NO_VAL, "critic.ppo_micro_batch_size_per_gpu=4",
+                                          "critic.model.target_modules=[q_proj]"])
+    trainer = PPOTrainer(cfg)
+    names = [n for n, _ in trainer.models.model.named_parameters() if ".critic." in n]
+    assert names and all(".q_proj." in n for n in names)  # the actor's seven projections are not the critic's
+    cfg = resolve_config("ppo_gae_tiny", [*TINY, *NO_VAL, "critic.ppo_micro_batch_size_per_gpu=4",
+                                          "critic.model.target_modules=[q_prj]"])
+    with pytest.raises(ConfigError, match="critic.model.target_modules: 'q_prj' is not a layer"):
+        PPOTrainer(cfg)
