@@ -1,15 +1,18 @@
 """Solutions to lab 00's exercises (kept out of the notebook). A callable solution is the code a learner
 would write; it is called with the exercise's context (e.g. ``run``)."""
 from ppolab import algos
-from ppolab.batching import plan_batches
-from ppolab.widgets.common import optimizer_step_batch, resolve_run, step_tensors
+from ppolab.batching import padding_multiple, plan_batches
+from ppolab.numbers import optimizer_step_batch, resolve_run, step_tensors
 
 
 def optimizer_steps(run=None):
-    c = resolve_run(run).config
-    actor = c["actor_rollout_ref"]["actor"]
-    plan = plan_batches(c["data"]["train_batch_size"], c["actor_rollout_ref"]["rollout"]["n"],
-                        actor["ppo_mini_batch_size"], 1, actor["ppo_micro_batch_size_per_gpu"], actor["ppo_epochs"])
+    r = resolve_run(run)
+    c, dp = r.config, int(r.info.get("dp_size", 1) or 1)
+    actor, n = c["actor_rollout_ref"]["actor"], c["actor_rollout_ref"]["rollout"]["n"]
+    minis = [actor["ppo_mini_batch_size"] * n] + ([c["critic"]["ppo_mini_batch_size"] * n] if "values" in
+                                                   r.step(r.steps[0]).tensors else [])
+    plan = plan_batches(c["data"]["train_batch_size"], n, actor["ppo_mini_batch_size"], dp,
+                        actor["ppo_micro_batch_size_per_gpu"], actor["ppo_epochs"], pad_to=padding_multiple(dp, *minis))
     return plan.optimizer_steps
 
 

@@ -1,6 +1,6 @@
 """Solutions to lab 01's exercises (kept out of the notebook). A callable solution is the code a learner
 would write; it is called with the exercise's context (e.g. ``run``)."""
-from ppolab.widgets.common import step_tensors
+from ppolab.numbers import step_tensors
 
 
 def response_tokens(run=None):

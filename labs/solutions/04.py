@@ -1,20 +1,29 @@
 """Solutions to lab 04's exercises (kept out of the notebook). A callable solution is the code a learner
 would write; it is called with the exercise's context (e.g. ``run``)."""
 from ppolab import algos
-from ppolab.widgets.common import actor_config, optimizer_step_batch, resolve_run, step_tensors
+from ppolab.exercises.lab04 import code_case, predict_case
+from ppolab.numbers import actor_config, optimizer_step_batch, resolve_run, step_tensors
 
 RUN = "ppo_fire_tiny"
 
 
-def _batch(run=None, step=24, opt_step=8):
+def _batch(run=None, step=None, opt_step=None):
+    c = predict_case(run)
+    step = c["step"] if step is None else step
+    opt_step = c["opt_step"] if opt_step is None else opt_step
     return optimizer_step_batch(step_tensors(run, step, default=RUN), opt_step)
+
+
+def _code(run=None):  # exercise 04.3's (step, optimizer step) in this run
+    c = code_case(run)
+    return c["step"], c["opt_step"]
 
 
 def _run_eps(run=None):  # the run's own clip_ratio (0.07 for ppo_fire_tiny)
     return actor_config(resolve_run(run, default=RUN)).clip_ratio
 
 
-def clipfrac(run=None, step=24, opt_step=8, eps=0.05):
+def clipfrac(run=None, step=None, opt_step=None, eps=0.05):
     b = _batch(run, step, opt_step)
     clipped = algos.ppo_clip_terms(b["old_log_probs"], b["log_prob"], b["advantages"], eps, eps)["clipped"]
     return algos.masked_mean(clipped, b["response_mask"]).item()
@@ -25,18 +34,18 @@ def clipfrac_at_0_05(run=None):
 
 
 def my_clipfrac(run=None):
-    return clipfrac(run, opt_step=12, eps=_run_eps(run))
+    return clipfrac(run, *_code(run), eps=_run_eps(run))
 
 
 def _clipped_count(run=None):
-    b = _batch(run, opt_step=12)
+    b = _batch(run, *_code(run))
     eps = _run_eps(run)
     return int(algos.ppo_clip_terms(b["old_log_probs"], b["log_prob"], b["advantages"], eps, eps)["clipped"]
                [b["response_mask"].bool()].sum())
 
 
 def _clipfrac_over_all_positions(run=None):
-    b = _batch(run, opt_step=12)
+    b = _batch(run, *_code(run))
     eps = _run_eps(run)
     return algos.ppo_clip_terms(b["old_log_probs"], b["log_prob"], b["advantages"], eps, eps)["clipped"].mean().item()
 
@@ -57,9 +66,9 @@ WRONG = {
     # a count, not a fraction; averaged over every padded position; another optimizer step (the explorer's);
     # verl's default ε; ε = 0.1 (the value the run used before it was re-recorded at 0.07)
     "04.3": [_clipped_count, _clipfrac_over_all_positions,
-             lambda run=None: clipfrac(run, opt_step=8, eps=_run_eps(run)),
-             lambda run=None: clipfrac(run, opt_step=12, eps=0.2),
-             lambda run=None: clipfrac(run, opt_step=12, eps=0.1)],
+             lambda run=None: clipfrac(run, eps=_run_eps(run)),
+             lambda run=None: clipfrac(run, *_code(run), eps=0.2),
+             lambda run=None: clipfrac(run, *_code(run), eps=0.1)],
     # the unclipped branch with the gradient flowing; the right loss but a flowing gradient; the wrong sign
     "04.4": [(0.7, True), (0.8, True), (-0.8, False), (0.7, False)],
 }

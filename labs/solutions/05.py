@@ -1,38 +1,48 @@
 """Solutions to lab 05's exercises (kept out of the notebook). A callable solution is the code a learner
 would write; it is called with the exercise's context (e.g. ``run``)."""
 from ppolab import algos
-from ppolab.widgets.common import optimizer_step_batch, step_tensors
+from ppolab.exercises.lab05 import asym_case, dual_case
+from ppolab.numbers import actor_config, optimizer_step_batch, resolve_run, step_tensors
 
 RUN = "ppo_fire_tiny"
-EPS = 0.07              # the run's clip_ratio
-DUAL_STEP = 15          # the recorded step where the dual clip binds
 
 
-def _batch(run=None, step=DUAL_STEP, opt_step=11):
+def _eps(run=None):  # the run's clip_ratio (0.07 for ppo_fire_tiny)
+    return actor_config(resolve_run(run, default=RUN)).clip_ratio
+
+
+def _batch(run=None, step=None, opt_step=None):  # default: exercise 05.5's optimizer step
+    if step is None or opt_step is None:
+        c = dual_case(run)
+        step, opt_step = c["step"], c["code"]
     return optimizer_step_batch(step_tensors(run, step, default=RUN), opt_step)
 
 
-def clipped_counts(run=None, step=24, opt_step=12, low=EPS, highs=(EPS, 0.2)):
-    b = _batch(run, step, opt_step)
+def clipped_counts(run=None, low=None, highs=(None, 0.2)):
+    c = asym_case(run)
+    b = _batch(run, c["step"], c["opt_step"])
+    low = _eps(run) if low is None else low
     m = b["response_mask"].bool()
-    return tuple(int(algos.ppo_clip_terms(b["old_log_probs"], b["log_prob"], b["advantages"], low, high)["clipped"]
-                     [m].sum()) for high in highs)
+    return tuple(int(algos.ppo_clip_terms(b["old_log_probs"], b["log_prob"], b["advantages"], low,
+                                          low if high is None else high)["clipped"][m].sum()) for high in highs)
 
 
-def binding_opt_steps(run=None, step=DUAL_STEP, c=1.2):
-    rec = step_tensors(run, step, default=RUN)
-    out = []
+def binding_opt_steps(run=None, c=None):
+    rec = step_tensors(run, dual_case(run)["step"], default=RUN)
+    c = actor_config(resolve_run(run, default=RUN)).clip_ratio_c if c is None else c
+    eps, out = _eps(run), []
     for k in range(rec.tensors["actor_log_probs"].shape[0]):
         b = optimizer_step_batch(rec, k)
-        dual = algos.ppo_clip_terms(b["old_log_probs"], b["log_prob"], b["advantages"], EPS, EPS, c)["dual_clipped"]
+        dual = algos.ppo_clip_terms(b["old_log_probs"], b["log_prob"], b["advantages"], eps, eps, c)["dual_clipped"]
         if dual[b["response_mask"].bool()].sum() > 0:
             out.append(k)
     return out
 
 
-def clipfrac_lower(run=None, c=1.2, over="all"):
+def clipfrac_lower(run=None, c=None, over="all"):
     b = _batch(run)
-    terms = algos.ppo_clip_terms(b["old_log_probs"], b["log_prob"], b["advantages"], EPS, EPS, c)
+    c = actor_config(resolve_run(run, default=RUN)).clip_ratio_c if c is None else c
+    terms = algos.ppo_clip_terms(b["old_log_probs"], b["log_prob"], b["advantages"], _eps(run), _eps(run), c)
     m = b["response_mask"]
     if over == "negative":  # only the tokens with A < 0 in the denominator
         m = m * (b["advantages"] < 0).float()

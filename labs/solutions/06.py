@@ -5,8 +5,8 @@ import torch
 from ppolab.algos import POLICY_LOSS_REGISTRY, ppo_loss
 from ppolab.config import ActorConfig
 from ppolab.exercises.lab06 import e1_metrics, toy_batch
-from ppolab.widgets.gradients import gradient_weights
-from ppolab.widgets.common import optimizer_step_batch, resolve_run, step_tensors
+from ppolab.numbers.gradients import gradient_weights
+from ppolab.numbers import optimizer_step_batch, resolve_run, step_tensors
 
 
 def total_loss(run=None):

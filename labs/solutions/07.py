@@ -3,7 +3,7 @@ would write; it is called with the exercise's context (e.g. ``run``)."""
 import math
 
 from ppolab.exercises.lab07 import step1_entropy
-from ppolab.widgets.common import resolve_run
+from ppolab.record import resolve_run
 
 
 def entropy_ratio(run=None):

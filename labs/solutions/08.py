@@ -3,9 +3,9 @@ would write; it is called with the exercise's context (e.g. ``run``)."""
 import torch
 
 from ppolab.algos import AdaptiveKLController, kl_penalty, masked_mean
-from ppolab.exercises.lab08 import reward_kl_statistic
-from ppolab.widgets.common import resolve_run
-from ppolab.widgets.kl import full_log_probs, response_logits
+from ppolab.exercises.lab08 import e8_case, reward_kl_statistic
+from ppolab.record import resolve_run
+from ppolab.numbers.kl import full_log_probs, response_logits
 
 RUN = "ppo_fire_tiny"
 
@@ -59,14 +59,14 @@ def beta_with_controller(step=3, run=None):
     return ctrl.value
 
 
-def my_current_kl(run=None, step=3):
-    t = resolve_run(run or RUN).step(step).tensors
+def my_current_kl(run=None, step=None):
+    t = resolve_run(run or RUN).step(e8_case(run)["step"] if step is None else step).tensors
     kld = kl_penalty(t["old_log_probs"], t["ref_log_prob"], "kl") * t["loss_mask"]
     return torch.mean(masked_mean(kld, t["loss_mask"], axis=-1)).item()
 
 
-def pooled_kl(run=None, step=3):
-    t = resolve_run(run or RUN).step(step).tensors
+def pooled_kl(run=None, step=None):
+    t = resolve_run(run or RUN).step(e8_case(run)["step"] if step is None else step).tensors
     kld = kl_penalty(t["old_log_probs"], t["ref_log_prob"], "kl") * t["loss_mask"]
     return (kld.sum() / t["loss_mask"].sum()).item()
 
@@ -101,8 +101,8 @@ WRONG = {
              lambda run=None: beta_at(3, run, read_after_update=True), lambda run=None: beta_at(2, run)],
     # the rejection-rewritten response_mask; the padding rows left out of the mean; k3 instead of the run's k1;
     # all tokens pooled instead of a mean of per-sequence means
-    "08.8": [lambda run=None: reward_kl_statistic(run, 3, mask="response_mask"),
-             lambda run=None: reward_kl_statistic(run, 3, real_rows_only=True),
-             lambda run=None: reward_kl_statistic(run, 3, kl_penalty="k3"),
+    "08.8": [lambda run=None: reward_kl_statistic(run, e8_case(run)["step"], mask="response_mask"),
+             lambda run=None: reward_kl_statistic(run, e8_case(run)["step"], real_rows_only=True),
+             lambda run=None: reward_kl_statistic(run, e8_case(run)["step"], kl_penalty="k3"),
              lambda run=None: pooled_kl(run)],
 }

@@ -1,9 +1,9 @@
 """Solutions to lab 09's exercises (kept out of the notebook). A callable solution is the code a learner
 would write; it is called with the exercise's context (e.g. ``run``)."""
 from ppolab.algos import compute_value_loss, masked_mean, value_clip_terms
-from ppolab.exercises.lab09 import critic_batch, first_update_vf_loss, logged_clipfrac
+from ppolab.exercises.lab09 import critic_batch, first_update_vf_loss, logged_clipfrac, update_case
 from ppolab.widgets import value_clip_explorer
-from ppolab.widgets.common import resolve_run
+from ppolab.record import resolve_run
 
 RUN = "ppo_fire_tiny"
 
@@ -12,7 +12,12 @@ def eps_v(run=None):
     return resolve_run(run or RUN).config["critic"]["cliprange_value"]
 
 
-def my_clipfrac(run=None, update=3, eps=None, strict=True):
+def _last(run=None):  # the last critic optimizer step of the first recorded step
+    return update_case(run)["last"]
+
+
+def my_clipfrac(run=None, update=None, eps=None, strict=True):
+    update = update_case(run)["update"] if update is None else update
     vp, g, v, mask = critic_batch(run, update)
     _, e_new, e_clip, _ = value_clip_terms(vp, g, v, eps_v(run) if eps is None else eps)
     hit = e_clip > e_new if strict else e_clip >= e_new
@@ -27,23 +32,26 @@ def rank_share(run=None, update=3, rank=0):
     return masked_mean((e_clip > e_new).float(), mask[sel]).item()
 
 
-def per_rank_mean(run=None, update=3):
-    """What a learner writes with the explorer's batch: split the mini-batch by rank, average the two shares."""
+def per_rank_mean(run=None, update=None):
+    """What a learner writes with the explorer's batch: split the mini-batch by rank, average the ranks' shares
+    (one micro-batch per rank, as in ppo_fire_tiny)."""
+    c = update_case(run)
+    update = c["update"] if update is None else update
     w = value_clip_explorer(run or RUN)
     vp, g, v, mask, row_ids = w.batch(update)
-    half = w.record.tensors["responses"].shape[0] // 2
+    chunk = w.record.tensors["responses"].shape[0] // c["dp"]
     shares = []
-    for k in (0, 1):
-        sel = (row_ids // half) == k
+    for k in range(c["dp"]):
+        sel = (row_ids // chunk) == k
         _, e_new, e_clip, _ = value_clip_terms(vp[sel], g[sel], v[sel], eps_v(run))
         shares.append(masked_mean((e_clip > e_new).float(), mask[sel]).item())
-    return sum(shares) / 2
+    return sum(shares) / len(shares)
 
 
 SOLUTIONS = {
     "09.1": 0.5 * max((0.1 - 0.0) ** 2, (0.3 - 0.0) ** 2),
     "09.2": my_clipfrac,
-    "09.3": lambda run=None: round(my_clipfrac(run, 15, 0.05), 2),
+    "09.3": lambda run=None: round(my_clipfrac(run, update_case(run)["last"], 0.05), 2),
     "09.4": per_rank_mean,
 }
 
@@ -52,13 +60,13 @@ WRONG = {
     # the unclipped error; no ½; the clip towards the wrong bound (0.7)
     "09.1": [0.5 * 0.1 ** 2, 0.3 ** 2, 0.5 * 0.7 ** 2],
     # ≥ instead of > (counts untouched tokens, where both errors are equal); verl's default ε_v 0.5; another update
-    "09.2": [lambda run=None: my_clipfrac(run, 3, strict=False), lambda run=None: my_clipfrac(run, 3, 0.5),
+    "09.2": [lambda run=None: my_clipfrac(run, strict=False), lambda run=None: my_clipfrac(run, eps=0.5),
              lambda run=None: my_clipfrac(run, 2)],
     # the share at the run's ε_v (as if the window did not matter); a wider window; the vf_loss instead of the share
-    "09.3": [lambda run=None: my_clipfrac(run, 15), lambda run=None: my_clipfrac(run, 15, 0.2),
-             lambda run=None: float(compute_value_loss(*critic_batch(run, 15), 0.05)[0])],
+    "09.3": [lambda run=None: my_clipfrac(run, _last(run)), lambda run=None: my_clipfrac(run, _last(run), 0.2),
+             lambda run=None: float(compute_value_loss(*critic_batch(run, _last(run)), 0.05)[0])],
     # the share pooled over the whole global mini-batch (token-weighted); one rank only; another update
-    "09.4": [lambda run=None: my_clipfrac(run, 3), rank_share, lambda run=None: rank_share(run, 3, 1),
+    "09.4": [lambda run=None: my_clipfrac(run), rank_share, lambda run=None: rank_share(run, 3, 1),
              lambda run=None: logged_clipfrac(run, 2)],
 }
 
@@ -76,7 +84,7 @@ SOLUTIONS["09.6"] = first_vf_loss
 # the step's logged vf_clipfrac (a mean over 16 updates); the share of the next update; the share at ε_v = 0.05 of the
 # last update (exercise 09.3)
 WRONG["09.5"] = [lambda run=None: float(resolve_run(run or RUN).metrics.loc[1, "critic/vf_clipfrac"]),
-                 lambda run=None: my_clipfrac(run, 1), lambda run=None: my_clipfrac(run, 15, 0.05)]
+                 lambda run=None: my_clipfrac(run, 1), lambda run=None: my_clipfrac(run, _last(run), 0.05)]
 # no ½; the rejection-rewritten response_mask as denominator (re-normalised over the survivors); the step's logged
 # vf_loss (the mean over its 16 updates)
 WRONG["09.6"] = [lambda run=None: first_update_vf_loss(run, half=False),

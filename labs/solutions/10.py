@@ -1,7 +1,7 @@
 """Solutions to lab 10's exercises (kept out of the notebook). A callable solution is the code a learner
 would write; it is called with the exercise's context (e.g. ``run``)."""
 from ppolab.exercises.lab10 import first_step_log_ratio
-from ppolab.widgets.common import step_tensors
+from ppolab.numbers import step_tensors
 
 RUN = "ppo_fire_tiny"
 

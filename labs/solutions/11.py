@@ -1,6 +1,6 @@
 """Solutions to lab 11's exercises (kept out of the notebook). A callable solution is the code a learner
 would write; it is called with the exercise's context (e.g. ``run``)."""
-from ppolab.exercises.lab11 import first_mini_batch, mini_batch, ones_seq_mean, ones_token_mean
+from ppolab.exercises.lab11 import first_mini_batch, mini_batch, ones_seq_mean, ones_token_mean, padding_case
 
 
 def length_ratio(run=None):
@@ -15,8 +15,9 @@ def kept_over_counted(run=None):
 
 
 def nonempty_over_gbs(run=None):
-    b = mini_batch(run, 3)                      # the mini-batch with the padding rows (rows 24–31 and 56–63)
-    return round(float((b["response_mask"].sum(-1) > 0).sum()) / 16, 4)
+    c = padding_case(run)                       # in ppo_fire_tiny: optimizer step 3 (rows 24–31 and 56–63), B_agg 16
+    b = mini_batch(run, c["opt_step"])
+    return round(float((b["response_mask"].sum(-1) > 0).sum()) / c["gbs"], 4)
 
 
 SOLUTIONS = {

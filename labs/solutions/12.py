@@ -3,8 +3,8 @@ would write; it is called with the exercise's context (e.g. ``run``)."""
 import math
 
 from ppolab.batching import plan_dynamic_micro_batches
-from ppolab.widgets.batching import recorded_seq_lens
-from ppolab.widgets.common import resolve_run
+from ppolab.numbers.aggregation import recorded_seq_lens
+from ppolab.record import resolve_run
 
 
 def recorded_steps_and_rows(run=None, forget_n=False):
@@ -12,7 +12,8 @@ def recorded_steps_and_rows(run=None, forget_n=False):
     c = r.config
     a, n = c["actor_rollout_ref"]["actor"], c["actor_rollout_ref"]["rollout"]["n"]
     rows = a["ppo_mini_batch_size"] * (1 if forget_n else n)
-    return c["data"]["train_batch_size"] * n // rows * a["ppo_epochs"], rows
+    pad = int(r.step(1).tensors["is_pad"].sum())
+    return (c["data"]["train_batch_size"] * n + pad) // rows * a["ppo_epochs"], rows  # + the synthetic padding rows
 
 
 def dynamic_count(run=None, budget=128, fit_loop=True):

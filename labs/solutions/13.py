@@ -1,21 +1,31 @@
 """Solutions to lab 13's exercises (kept out of the notebook). A callable solution is the code a learner
 would write; it is called with the exercise's context (e.g. ``run``)."""
 from ppolab.replay import mini_batch_rows
-from ppolab.widgets.common import resolve_run
+from ppolab.record import resolve_run
 
 
 def _batch(run=None):
     r = resolve_run(run)
     rec, rows = r.step(1), mini_batch_rows(r)
-    return rec["advantages"][rows], rec["response_mask"][rows], len(rows)
+    adv = rec["advantages"][rows]
+    if "rollout_is_weights" in rec.tensors:  # rollout_is: every token's loss is −A·w (the vLLM run)
+        adv = adv * rec["rollout_is_weights"][rows]
+    return adv, rec["response_mask"][rows], len(rows)
+
+
+def _attended(run=None):  # what a micro-batch is trimmed to: the attended response positions (tool observations too)
+    r = resolve_run(run)
+    rec, rows = r.step(1), mini_batch_rows(r)
+    return rec.tensors.get("response_attention_mask", rec["response_mask"])[rows]
 
 
 def pg_loss_micro16(run=None, micro=16, width="own"):
     adv, mask, B = _batch(run)
+    seen = _attended(run)
     total = 0.0
     for i in range(0, B, micro):
         a, m = adv[i:i + micro], mask[i:i + micro]
-        T = int(m.sum(-1).max()) if width == "own" else int(mask.sum(-1).max())
+        T = int(seen[i:i + micro].sum(-1).max()) if width == "own" else int(seen.sum(-1).max())
         total += float(-(a * m).sum() / (B * T))
     return total
 
@@ -26,8 +36,8 @@ def pg_loss_token_mean(run=None):
 
 
 def full_width_sizes(run=None):
-    _, mask, M = _batch(run)
-    r_len = mask.sum(-1).long()
+    _, _, M = _batch(run)
+    r_len = _attended(run).sum(-1).long()  # the width a micro-batch is trimmed to
     sizes = [s for s in range(1, M + 1) if M % s == 0]
     return [s for s in sizes if all(int(r_len[i:i + s].max()) == int(r_len.max()) for i in range(0, M, s))]
 

@@ -2,14 +2,14 @@
 would write; it is called with the exercise's context (e.g. ``run``)."""
 import torch
 
-from ppolab.widgets.common import resolve_run
+from ppolab.record import resolve_run
 
 
 def zero_advantage_share(run=None, per_token=False):
     r = resolve_run(run)
     t = r.step(r.steps[-1]).tensors
-    real = ~t["is_pad"].bool()
     mask = t["response_mask"].bool()
+    real = ~t["is_pad"].bool() & mask.any(-1)  # real trajectories with at least one token in the loss
     if per_token:  # the share of tokens, not of trajectories
         return float((t["advantages"][real][mask[real]] == 0).float().mean())
     zero = ((t["advantages"] != 0) & mask).sum(-1) == 0

@@ -3,7 +3,8 @@ would write; it is called with the exercise's context (e.g. ``run``)."""
 import torch
 
 from ppolab.algos import AdaptiveKLController, agg_loss, apply_kl_penalty, get_policy_loss_fn, kl_penalty, masked_mean
-from ppolab.widgets.common import actor_config, optimizer_step_batch, real_rows, resolve_run
+from ppolab.exercises.lab16 import agg_case, beta_case, grad_case, rejected_case
+from ppolab.numbers import actor_config, optimizer_step_batch, real_rows, resolve_run
 
 RUN = "ppo_fire_tiny"
 
@@ -31,9 +32,9 @@ def beta_star(run=None, per_token=False, estimator="kl", mask_key="loss_mask"):
     return float(score / kld.sum(-1)[real].mean())
 
 
-def coef_star(run=None, by_value=False, step=12):
+def coef_star(run=None, by_value=False, step=None):
     r = resolve_run(run, default=RUN)
-    rec = r.step(step)
+    rec = r.step(grad_case(r)["step"] if step is None else step)
     b = optimizer_step_batch(rec, rec.tensors["actor_log_probs"].shape[0] - 1)
     cfg = actor_config(r)
     lp = b["log_prob"].clone().requires_grad_(True)
@@ -58,8 +59,9 @@ def format_shares(run=None, pattern="#### "):
     return tuple(out)
 
 
-def next_beta(run=None, step=12, n_rows=None, clip=True, mask_key="loss_mask", real_only=False):
+def next_beta(run=None, step=None, n_rows=None, clip=True, mask_key="loss_mask", real_only=False):
     r = resolve_run(run, default=RUN)
+    step = beta_case(r)["step"] if step is None else step
     rec = r.step(step)
     t, alg = rec.tensors, r.config["algorithm"]
     beta = float(r.metrics.loc[step, "actor/reward_kl_penalty_coeff"])
@@ -76,12 +78,14 @@ def next_beta(run=None, step=12, n_rows=None, clip=True, mask_key="loss_mask", r
     return ctrl.value
 
 
-def _logged_beta(run=None, step=12):
+def _logged_beta(run=None, step=None):
+    step = beta_case(run)["step"] if step is None else step
     return float(resolve_run(run, default=RUN).metrics.loc[step, "actor/reward_kl_penalty_coeff"])
 
 
-def next_beta_by_apply(run=None, step=12):  # the trainer's own call, then the controller's value
+def next_beta_by_apply(run=None, step=None):  # the trainer's own call, then the controller's value
     r = resolve_run(run, default=RUN)
+    step = beta_case(r)["step"] if step is None else step
     rec = r.step(step)
     t, alg = rec.tensors, r.config["algorithm"]
     ctrl = AdaptiveKLController(float(r.metrics.loc[step, "actor/reward_kl_penalty_coeff"]),
@@ -91,7 +95,9 @@ def next_beta_by_apply(run=None, step=12):  # the trainer's own call, then the c
     return ctrl.value
 
 
-def rejected_in_denominator(run=None, step=12, opt_step=14, whole_step=False):
+def rejected_in_denominator(run=None, step=None, opt_step=None, whole_step=False):
+    c = rejected_case(run)
+    step, opt_step = (c["step"] if step is None else step), (c["opt_step"] if opt_step is None else opt_step)
     rec = resolve_run(run, default=RUN).step(step)
     t = rec.tensors
     if whole_step:  # every rejected token of the training step, not only this mini-batch's
@@ -101,8 +107,10 @@ def rejected_in_denominator(run=None, step=12, opt_step=14, whole_step=False):
                - b["response_mask"].sum())
 
 
-def real_weight(run=None, step=30, opt_step=15, denominator="global", count_empty=False):
+def real_weight(run=None, step=None, opt_step=None, denominator="global", count_empty=False):
     r = resolve_run(run, default=RUN)
+    c = agg_case(r)
+    step, opt_step = (c["step"] if step is None else step), (c["opt_step"] if opt_step is None else opt_step)
     rec = r.step(step)
     b = optimizer_step_batch(rec, opt_step)
     real = real_rows(rec)[b["rows"]]
@@ -148,7 +156,8 @@ WRONG = {
     # "rejected tokens are not counted"; the whole training step's rejected tokens; Σ loss_mask itself
     "16.7": [0, lambda run=None: rejected_in_denominator(run, whole_step=True),
              lambda run=None: rejected_in_denominator(run) + int(optimizer_step_batch(
-                 resolve_run(run, default=RUN).step(12), 14)["response_mask"].sum())],
+                 resolve_run(run, default=RUN).step(rejected_case(run)["step"]),
+                 rejected_case(run)["opt_step"])["response_mask"].sum())],
     # every real row counted (forgot the row rejection sampling emptied); the local fallback (weights sum to 1);
     # the real rows as the denominator
     "16.8": [lambda run=None: real_weight(run, count_empty=True), 1.0,

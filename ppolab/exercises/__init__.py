@@ -16,6 +16,12 @@ the solutions live outside the notebooks, in ``labs/solutions/NN.py`` (``SOLUTIO
 In Chinese (``set_language("zh")``, the same function as :func:`ppolab.i18n.set_language`) the hints and
 :func:`prompt` come from ``ppolab/exercises/zh/NN.json``, which ``tools/build_zh_labs.py`` writes from the labs'
 translation files; the English text registered here stays the source.
+
+Any run: an exercise declares what it ``needs`` from a run (names of :data:`ppolab.numbers.NEEDS`: a critic, the
+reward-side KL, padding rows, …) and, when its prompt names a step or an optimizer step, the ``case`` finder that picks
+them in the run at hand (``ppolab.numbers.cases``); the prompt is a template filled from that case
+(``prompt("04.2", run=RUN)``). Given a run that lacks what the exercise needs, :func:`check` answers one line saying
+what is missing and which shipped run has it.
 """
 from __future__ import annotations
 
@@ -23,15 +29,17 @@ import importlib
 import json
 import math
 import pkgutil
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
 from ppolab.i18n import get_language, set_language, tr
+from ppolab.numbers.needs import NEEDS, RunLacks, require, run_label
 
-__all__ = ["Exercise", "Verdict", "check", "exercise", "hints", "prompt", "registry", "reset", "set_language", "truth",
-           "UNANSWERED"]
+__all__ = ["Exercise", "Verdict", "case", "check", "exercise", "hints", "prompt", "registry", "reset", "set_language",
+           "truth", "UNANSWERED"]
 
 #: What an unanswered exercise holds: ``answer = ...``.
 UNANSWERED = Ellipsis
@@ -43,6 +51,8 @@ class Exercise:
 
     ``compute(**context)`` returns the truth; ``rel``/``abs`` are the tolerances for numbers (a prediction
     read off a figure needs a looser one than a recomputation); ``hints`` are shown one more per wrong try.
+    ``needs`` names what the run must have (:data:`ppolab.numbers.NEEDS`), ``case(run)`` the numbers that fill the
+    prompt's and hints' ``{fields}``, and ``default_run`` the shipped run the exercise is written for (``run=None``).
     """
     id: str
     prompt: str
@@ -51,6 +61,9 @@ class Exercise:
     rel: float = 1e-6
     abs: float = 1e-9
     context: tuple[str, ...] = field(default=())
+    needs: tuple[str, ...] = field(default=())
+    case: Callable[..., dict] | None = None
+    default_run: str = "grpo_tiny"
 
     @property
     def lab(self) -> str:
@@ -81,16 +94,21 @@ _LOADED = False
 
 
 def exercise(id: str, prompt: str, hints: tuple[str, ...] | list[str], *, rel: float = 1e-6, abs: float = 1e-9,
-             context: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+             context: tuple[str, ...] = (), needs: tuple[str, ...] = (), case: Callable[..., dict] | None = None,
+             default_run: str = "grpo_tiny") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: register ``fn(**context) -> truth`` as exercise ``id`` (``"NN.k"``). At least two hints:
-    the first a nudge, the last the formula."""
+    the first a nudge, the last the formula. ``needs``, ``case``, ``default_run``: see :class:`Exercise`."""
     if len(hints) < 2:
         raise ValueError(f"exercise {id}: give at least two hints (a nudge, then the formula)")
+    unknown = set(needs) - set(NEEDS)
+    if unknown:
+        raise ValueError(f"exercise {id}: unknown needs {sorted(unknown)}; known: {', '.join(NEEDS)}")
 
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
         if id in _REGISTRY and _REGISTRY[id].compute is not fn:
             raise ValueError(f"exercise {id!r} is registered twice")
-        _REGISTRY[id] = Exercise(id, prompt, fn, tuple(hints), rel, abs, tuple(context))
+        _REGISTRY[id] = Exercise(id, prompt, fn, tuple(hints), rel, abs, tuple(context), tuple(needs), case,
+                                 default_run)
         return fn
     return register
 
@@ -137,23 +155,63 @@ def _zh(lab: str) -> dict[str, dict]:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
-def prompt(id: str) -> str:
-    """The prompt of exercise ``id`` in the current language."""
+def case(id: str, run: Any = None) -> dict:
+    """The case exercise ``id`` picks in ``run`` (default: its own shipped run): the numbers its prompt names, e.g.
+    ``{"step": 24, "opt_step": 8}``; ``{}`` for an exercise whose prompt names none. Raises
+    :class:`~ppolab.numbers.RunLacks` when the run lacks what the exercise needs."""
     ex = _get(id)
-    if get_language() == "zh":
-        return _zh(ex.lab).get(id, {}).get("prompt", ex.prompt)
-    return ex.prompt
+    if "run" in ex.context and not isinstance(run, (tuple, list)):  # 14.1 may compare a pair of runs
+        require(run, *ex.needs, default=ex.default_run)
+    return dict(ex.case(run)) if ex.case is not None else {}
 
 
-def hints(id: str) -> tuple[str, ...]:
+def _fill(text: str, fields: dict) -> str:
+    """``text`` with every ``{name}`` of ``fields`` replaced; other braces (a dict in a prompt) stay as they are."""
+    return re.sub(r"\{(\w+)\}", lambda m: str(fields[m.group(1)]) if m.group(1) in fields else m.group(0), text)
+
+
+def _case_or_default(ex: Exercise, run: Any) -> dict:
+    """The case of ``run``, or of the exercise's own run when ``run`` lacks it (the template must still read)."""
+    try:
+        return case(ex.id, run)
+    except RunLacks:
+        return case(ex.id, None)
+
+
+def prompt(id: str, run: Any = None) -> str:
+    """The prompt of exercise ``id`` in the current language, its step and optimizer step those of the case it
+    picks in ``run`` (default: its own shipped run). For a run that lacks what it needs: the lacks line after it."""
+    ex = _get(id)
+    text = _zh(ex.lab).get(id, {}).get("prompt", ex.prompt) if get_language() == "zh" else ex.prompt
+    if ex.case is None and not ex.needs:
+        return text
+    try:
+        return _fill(text, case(id, run))
+    except RunLacks as e:
+        return _fill(text, case(id, None)) + "\n" + _lacks_message(ex, e)
+
+
+def hints(id: str, run: Any = None) -> tuple[str, ...]:
     """The hints of exercise ``id`` in the current language (English where a translation is missing or stale:
-    a Chinese list of another length than the English one is not used)."""
+    a Chinese list of another length than the English one is not used), filled from the case of ``run``."""
     ex = _get(id)
+    out = ex.hints
     if get_language() == "zh":
         zh = tuple(_zh(ex.lab).get(id, {}).get("hints", ()))
         if len(zh) == len(ex.hints):
-            return zh
-    return ex.hints
+            out = zh
+    if ex.case is None:
+        return out
+    fields = _case_or_default(ex, run)
+    return tuple(_fill(h, fields) for h in out)
+
+
+def _lacks_message(ex: Exercise, lacks: RunLacks) -> str:
+    """One line: what this run lacks, and the shipped run (the exercise's own) that has it."""
+    line = tr("{id}: this run ({run}) lacks {what}; the shipped run {name} has it").format(
+        id=ex.id, run=tr("this run") if lacks.run is None else run_label(lacks.run), what=tr(lacks.what),
+        name=ex.default_run)
+    return line + f' — check(…, run="{ex.default_run}")'  # code: the same in every language
 
 
 def matches(answer: Any, expected: Any, rel: float = 1e-6, abs: float = 1e-9) -> bool:
@@ -196,12 +254,17 @@ def check(id: str, answer: Any, **context: Any) -> Verdict:
     if answer is UNANSWERED:
         return Verdict(id, False, False,
                        tr("{id}: not answered yet — replace `...` with your answer and run again.").format(id=id))
-    expected = ex.compute(**context)
+    try:
+        if "run" in ex.context and not isinstance(context.get("run"), (tuple, list)):
+            require(context.get("run"), *ex.needs, default=ex.default_run)
+        expected = ex.compute(**context)
+    except RunLacks as e:  # the run lacks the mechanism: not a wrong try, and not an error
+        return Verdict(id, False, True, _lacks_message(ex, e))
     if matches(answer, expected, ex.rel, ex.abs):
         _TRIES.pop(id, None)
         return Verdict(id, True, True, tr("{id}: right.").format(id=id))
     tries = _TRIES.get(id, 0)
     _TRIES[id] = tries + 1
-    shown = hints(id)[: min(tries + 1, len(ex.hints))]
+    shown = hints(id, context.get("run"))[: min(tries + 1, len(ex.hints))]
     text = "\n".join(tr("  hint {i}: {hint}").format(i=i + 1, hint=h) for i, h in enumerate(shown))
     return Verdict(id, False, True, tr("{id}: not yet.").format(id=id) + "\n" + text)

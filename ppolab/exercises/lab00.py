@@ -12,9 +12,9 @@ from ppolab.exercises import exercise
                  "step 1 is an average over all the step's optimizer steps, not this one.)",
                  "masked_mean(ppo_clip_terms(old_log_probs, actor_log_probs[0], advantages, 0.2, 0.2)['clipped'], "
                  "response_mask) over the rows of optimizer step 0: optimizer_step_batch(run.step(1), 0)."),
-          context=("run",))
+          context=("run",), needs=("step1",))
 def _e1(run=None) -> float:
-    from ppolab.widgets.common import optimizer_step_batch, step_tensors
+    from ppolab.numbers import optimizer_step_batch, step_tensors
 
     b = optimizer_step_batch(step_tensors(run, 1), 0)
     terms = algos.ppo_clip_terms(b["old_log_probs"], b["log_prob"], b["advantages"], 0.2, 0.2)
@@ -28,7 +28,7 @@ def _e1(run=None) -> float:
                  "plan_batches(...).optimizer_steps with the run's config."),
           context=("run",))
 def _e2(run=None) -> int:
-    from ppolab.widgets.common import step_tensors
+    from ppolab.numbers import step_tensors
 
     # the trainer recorded π_θ once per optimizer step: one slice of actor_log_probs each
     return int(step_tensors(run).tensors["actor_log_probs"].shape[0])
@@ -38,9 +38,9 @@ def _e2(run=None) -> int:
                   "run's last validation? (a signed number: after − before)",
           hints=("Read the val/accuracy column of the run's metrics; most steps have NaN there (no validation).",
                  "acc = run.metrics['val/accuracy'].dropna(); answer = acc.iloc[-1] - acc.loc[0]."),
-          context=("run",))
+          context=("run",), needs=("validation",))
 def _e3(run=None) -> float:
-    from ppolab.widgets.common import resolve_run
+    from ppolab.record import resolve_run
 
     s = resolve_run(run).summary  # written by the trainer at the end of the run
     return s["val_after"]["val/accuracy"] - s["val_before"]["val/accuracy"]

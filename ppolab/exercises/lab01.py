@@ -7,21 +7,22 @@ import re
 import torch
 
 from ppolab.exercises import exercise
+from ppolab.numbers.cases import second_epoch_case
 
 
-@exercise("01.1", "Predict, then verify: recorded step 1 holds 128 rows; its mini-batches are 64 rows, "
-                  "ppo_epochs = 2, shuffle = false. Which rows does optimizer step 2 train on? Answer (first row, "
-                  "last row), 0-based row positions of the recorded batch.",
-          hints=("Optimizer steps 0 and 1 are the two mini-batches of the first epoch. What does the second epoch "
-                 "go through, and in which order, when the mini-batches are not shuffled?",
+@exercise("01.1", "Predict, then verify: recorded step 1 holds {rows} rows; its mini-batches are {mini} rows, "
+                  "ppo_epochs = {epochs}, shuffle = false. Which rows does optimizer step {opt_step} train on? Answer "
+                  "(first row, last row), 0-based row positions of the recorded batch.",
+          hints=("Optimizer steps 0 … {per_epoch} − 1 are the mini-batches of the first epoch. What does the second "
+                 "epoch go through, and in which order, when the mini-batches are not shuffled?",
                  "Without shuffle, epoch e takes the same contiguous slices again: optimizer step k trains on rows "
-                 "(k mod 2)·64 … (k mod 2)·64 + 63. The rows of step k are those where actor_log_probs[k] is "
-                 "not NaN."),
-          context=("run",))
+                 "(k mod {per_epoch})·{mini} … (k mod {per_epoch})·{mini} + {mini} − 1. The rows of step k are those "
+                 "where actor_log_probs[k] is not NaN."),
+          context=("run",), needs=("step1", "epochs", "unshuffled"), case=second_epoch_case)
 def _e1(run=None) -> tuple[int, int]:
-    from ppolab.widgets.common import step_tensors
+    from ppolab.numbers import step_tensors
 
-    lp = step_tensors(run, 1).tensors["actor_log_probs"][2]
+    lp = step_tensors(run, 1).tensors["actor_log_probs"][second_epoch_case(run)["opt_step"]]
     rows = torch.nonzero(~torch.isnan(lp).all(dim=-1)).flatten()
     return int(rows.min()), int(rows.max())
 
@@ -30,14 +31,17 @@ def _e1(run=None) -> tuple[int, int]:
                   "rows only (not the prompt, not the padding).",
           hints=("Only positions with response_mask = 1 enter any loss; synthetic rows (is_pad = 1) have none.",
                  "int(t['response_mask'][~t['is_pad'].bool()].sum())"),
-          context=("run",))
+          context=("run",), needs=("step1",))
 def _e2(run=None) -> int:
-    from ppolab.widgets.common import step_tensors
+    from ppolab.numbers import step_tensors
 
     rec = step_tensors(run, 1)
-    # the logged response_length/mean is the mean response length over the real rows
-    n_real = int((~rec.tensors["is_pad"].bool()).sum())
-    return round(rec.info["metrics"]["response_length/mean"] * n_real)
+    # the logged response_length/mean is the mean generated length over the real rows; rejection sampling (if on)
+    # then dropped tokens from response_mask but not from loss_mask, the copy made at generation
+    t = rec.tensors
+    real = ~t["is_pad"].bool()
+    rejected = int((t["loss_mask"].bool() & ~t["response_mask"].bool())[real].sum()) if "loss_mask" in t else 0
+    return round(rec.info["metrics"]["response_length/mean"] * int(real.sum())) - rejected
 
 
 def stage_methods() -> list[str]:

@@ -16,7 +16,7 @@ def bypass_stages(run=None):
 
     from ppolab.engine import Batch
     from ppolab.trainer import PPOTrainer
-    from ppolab.widgets.common import resolve_run
+    from ppolab.record import resolve_run
 
     r = resolve_run(run, default="grpo_tiny_vllm_bf16")
     rec = r.step(r.steps[0])
@@ -26,10 +26,22 @@ def bypass_stages(run=None):
     produced_later = ("old_log_probs", "entropy", "rollout_is_weights", "token_level_rewards", "advantages",
                       "returns", "actor_log_probs", "critic_vpreds")
     batch = Batch({k: v.clone() for k, v in rec.tensors.items() if k not in produced_later})
-    trainer = SimpleNamespace(config=cfg, kl_ctrl_in_reward=None)
+    trainer = SimpleNamespace(config=cfg, kl_ctrl_in_reward=_reward_kl_controller(r, rec.step))
     batch, _ = PPOTrainer.compute_old_log_prob(trainer, batch)
     batch, _ = PPOTrainer.compute_advantage(trainer, batch)
     return rec.tensors, batch, cfg
+
+
+def _reward_kl_controller(r, step: int):
+    """A fixed controller at the β the run's reward-side KL used at ``step`` (None without a reward-side KL): stage
+    7 replayed once needs that β, not a controller that moves."""
+    alg = r.ppo_config().algorithm
+    if not alg.use_kl_in_reward:
+        return None
+    m = r.metrics
+    col = "actor/reward_kl_penalty_coeff"
+    beta = float(m.loc[step, col]) if col in m.columns and step in m.index else float(alg.kl_ctrl.kl_coef)
+    return algos.FixedKLController(kl_coef=beta)
 
 
 @exercise("02.1", "With algorithm.rollout_correction.bypass_mode=true (and rollout_is=token, as the vLLM run had): "
@@ -39,7 +51,7 @@ def bypass_stages(run=None):
                  "Once old and rollout are the same tensor, is there a gap left for IS weights to correct?",
                  "V1 stage 4: old_log_probs := rollout_log_probs; stage 7 skips the rollout correction in bypass "
                  "mode (verl trainer_base.py; ppolab PPOTrainer.compute_old_log_prob / compute_advantage)."),
-          context=("run",))
+          context=("run",), default_run="grpo_tiny_vllm_bf16")
 def _e1(run=None) -> tuple[str, bool]:
     recorded, batch, _ = bypass_stages(run)
     anchor = [k for k in sorted(recorded) if k != "old_log_probs" and recorded[k].shape == batch["old_log_probs"]
@@ -54,7 +66,7 @@ def _e1(run=None) -> tuple[str, bool]:
                  "Does the V1 trainer touch the actor's policy_loss config at all?",
                  "V1 only replaces old_log_probs; policy_loss.loss_mode keeps its configured value (the default "
                  "is vanilla), and algorithm.rollout_correction.loss_type is not propagated to the actor."),
-          context=("run",))
+          context=("run",), default_run="grpo_tiny_vllm_bf16")
 def _e2(run=None) -> str:
     _, _, cfg = bypass_stages(run)       # stages 4 and 7 ran in bypass mode; the actor config after them:
     return cfg.actor_rollout_ref.actor.policy_loss.loss_mode
@@ -63,7 +75,7 @@ def _e2(run=None) -> str:
 def bypass_first_ratio(run=None, step: int | None = None) -> torch.Tensor:
     """exp(clamp(actor_log_probs[0] − rollout_log_probs, ±20)) on the valid tokens of optimizer step 0's rows:
     the ratio bypass mode's vanilla loss would have seen at the first optimizer step."""
-    from ppolab.widgets.common import resolve_run
+    from ppolab.record import resolve_run
 
     r = resolve_run(run, default="grpo_tiny_vllm_bf16")
     t = r.step(r.steps[0] if step is None else step).tensors
@@ -80,7 +92,7 @@ def bypass_first_ratio(run=None, step: int | None = None) -> torch.Tensor:
                  "ratio is π_old/π_rollout on those tokens — the bf16 training–inference gap, as a ratio.",
                  "r = exp(clamp(actor_log_probs[0] − rollout_log_probs, ±20)) on the rows where actor_log_probs[0] "
                  "is not NaN, masked by response_mask; answer (r − 1).abs().max()."),
-          rel=0.0, abs=5.1e-4, context=("run",))
+          rel=0.0, abs=5.1e-4, context=("run",), needs=("rollout_gap",), default_run="grpo_tiny_vllm_bf16")
 def _e3(run=None) -> float:
     return (bypass_first_ratio(run) - 1).abs().max().item()
 
@@ -93,7 +105,7 @@ def _e3(run=None) -> float:
                  "['ratio'], masked by response_mask[rows], then .max()."),
           rel=0.0, abs=5.1e-5, context=("run",))
 def _e4(run=None) -> float:
-    from ppolab.widgets.common import resolve_run
+    from ppolab.record import resolve_run
 
     r = resolve_run(run)
     t = r.step(r.steps[-1]).tensors

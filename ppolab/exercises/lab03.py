@@ -5,6 +5,7 @@ import torch
 
 from ppolab import algos
 from ppolab.exercises import exercise
+from ppolab.numbers.cases import second_epoch_case
 
 
 def _t(x: float, grad: bool = False) -> torch.Tensor:
@@ -12,16 +13,17 @@ def _t(x: float, grad: bool = False) -> torch.Tensor:
 
 
 @exercise("03.1", "Predict, then verify with the drift figure: the largest ratio π_θ/π_old over the real response "
-                  "tokens of recorded step 1, optimizer step 2 (second epoch, first mini-batch). (2 decimals)",
-          hints=("Optimizer step 2 sees the rows of optimizer step 0 again, after two updates. Does the PPO clip "
-                 "(ε = 0.2) stop the ratio itself from going past 1.2?",
-                 "ratio = exp(actor_log_probs[2] − old_log_probs) on optimizer_step_batch(run.step(1), 2), "
-                 "masked by its response_mask; answer its max. The clip bounds the loss, not the ratio."),
-          rel=0.0, abs=5.1e-3, context=("run",))
+                  "tokens of recorded step 1, optimizer step {opt_step} (second epoch, first mini-batch). "
+                  "(2 decimals)",
+          hints=("Optimizer step {opt_step} sees the rows of optimizer step 0 again, after {opt_step} updates. Does "
+                 "the PPO clip (ε = 0.2) stop the ratio itself from going past 1.2?",
+                 "ratio = exp(actor_log_probs[{opt_step}] − old_log_probs) on optimizer_step_batch(run.step(1), "
+                 "{opt_step}), masked by its response_mask; answer its max. The clip bounds the loss, not the ratio."),
+          rel=0.0, abs=5.1e-3, context=("run",), needs=("step1", "epochs", "unshuffled"), case=second_epoch_case)
 def _e1(run=None) -> float:
-    from ppolab.widgets.common import optimizer_step_batch, step_tensors
+    from ppolab.numbers import optimizer_step_batch, step_tensors
 
-    b = optimizer_step_batch(step_tensors(run, 1), 2)
+    b = optimizer_step_batch(step_tensors(run, 1), second_epoch_case(run)["opt_step"])
     ratio = algos.ppo_clip_terms(b["old_log_probs"], b["log_prob"], b["advantages"], 0.2, 0.2)["ratio"]
     return ratio[b["response_mask"].bool()].max().item()
 

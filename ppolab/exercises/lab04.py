@@ -7,6 +7,7 @@ import torch
 
 from ppolab import algos
 from ppolab.exercises import exercise
+from ppolab.numbers.cases import clip_case
 
 #: The lab's run: PPO + GAE trained at clip_ratio 0.07, where the clip binds on a few % of the tokens.
 RUN = "ppo_fire_tiny"
@@ -15,12 +16,22 @@ RUN = "ppo_fire_tiny"
 STEP, OPT_PREDICT, OPT_CODE = 24, 8, 12
 
 
+def predict_case(run=None) -> dict:
+    """Exercise 04.2's (step, optimizer step): the explorer's, where the clip binds in this run."""
+    return clip_case(run, (STEP, OPT_PREDICT), default=RUN)
+
+
+def code_case(run=None) -> dict:
+    """Exercise 04.3's (step, optimizer step)."""
+    return clip_case(run, (STEP, OPT_CODE), default=RUN)
+
+
 def _t(x: float) -> torch.Tensor:
     return torch.tensor([[x]], dtype=torch.float64)
 
 
 def _batch(run, step: int, opt_step: int) -> dict[str, torch.Tensor]:
-    from ppolab.widgets.common import optimizer_step_batch, step_tensors
+    from ppolab.numbers import optimizer_step_batch, step_tensors
 
     return optimizer_step_batch(step_tensors(run, step, default=RUN), opt_step)
 
@@ -36,34 +47,36 @@ def _e1() -> tuple[float, bool]:
     return terms["pg_losses"].item(), bool(lp.grad.item() != 0)
 
 
-@exercise("04.2", f"Predict, then verify: actor/pg_clipfrac of recorded step {STEP}, optimizer step {OPT_PREDICT}, at "
-                  "ε_low = ε_high = 0.05 — a narrower window than the run's ε = 0.07 (3 decimals).",
-          hints=("The explorer opens at ε = 0.07 and shows every token's ratio. ε = 0.05 narrows the window to "
-                 "[0.95, 1.05]: every token clipped at 0.07 stays clipped, and the tokens with A > 0 and a ratio "
-                 "in (1.05, 1.07], or A < 0 and a ratio in [0.93, 0.95), join them. Set both ε sliders to 0.05 "
-                 "to check.",
+@exercise("04.2", "Predict, then verify: actor/pg_clipfrac of recorded step {step}, optimizer step {opt_step}, at "
+                  "ε_low = ε_high = 0.05 — a narrower window than the run's ε = {eps} (3 decimals).",
+          hints=("The explorer opens at ε = {eps} and shows every token's ratio. ε = 0.05 narrows the window to "
+                 "[0.95, 1.05]: every token clipped at {eps} stays clipped, and the tokens with A > 0 and a ratio "
+                 "in (1.05, 1 + {eps}], or A < 0 and a ratio in [1 − {eps}, 0.95), join them. Set both ε sliders to "
+                 "0.05 to check.",
                  "pg_clipfrac = masked_mean(ppo_clip_terms(old, log_prob, A, 0.05, 0.05)['clipped'], "
-                 f"response_mask) on optimizer_step_batch(run.step({STEP}), {OPT_PREDICT})."),
-          rel=0.0, abs=5e-4, context=("run",))
+                 "response_mask) on optimizer_step_batch(run.step({step}), {opt_step})."),
+          rel=0.0, abs=5e-4, context=("run",), needs=("opt_steps",), case=predict_case, default_run=RUN)
 def _e2(run=None) -> float:
-    b = _batch(run, STEP, OPT_PREDICT)
+    c = predict_case(run)
+    b = _batch(run, c["step"], c["opt_step"])
     terms = algos.ppo_clip_terms(b["old_log_probs"], b["log_prob"], b["advantages"], 0.05, 0.05)
     return algos.masked_mean(terms["clipped"], b["response_mask"]).item()
 
 
-@exercise("04.3", f"Write code: recompute actor/pg_clipfrac of recorded step {STEP}, optimizer step {OPT_CODE}, at the "
-                  "run's own ε = 0.07 (a fraction of that optimizer step's real response tokens). It must equal the "
+@exercise("04.3", "Write code: recompute actor/pg_clipfrac of recorded step {step}, optimizer step {opt_step}, at the "
+                  "run's own ε = {eps} (a fraction of that optimizer step's real response tokens). It must equal the "
                   "number compute_policy_loss_vanilla reports (the explorer's readout at that optimizer step).",
           hints=("Take the rows of that optimizer step (optimizer_step_batch), ppo_clip_terms(...)['clipped'] on "
                  "them, and average over the tokens that count — not over every padded position.",
-                 "masked_mean(ppo_clip_terms(b['old_log_probs'], b['log_prob'], b['advantages'], 0.07, 0.07)"
-                 f"['clipped'], b['response_mask']) with b = optimizer_step_batch(run.step({STEP}), {OPT_CODE})."),
-          context=("run",))
+                 "masked_mean(ppo_clip_terms(b['old_log_probs'], b['log_prob'], b['advantages'], {eps}, {eps})"
+                 "['clipped'], b['response_mask']) with b = optimizer_step_batch(run.step({step}), {opt_step})."),
+          context=("run",), needs=("opt_steps",), case=code_case, default_run=RUN)
 def _e3(run=None) -> float:
-    from ppolab.widgets.common import actor_config, resolve_run
+    from ppolab.numbers import actor_config, resolve_run
 
     r = resolve_run(run, default=RUN)
-    b = _batch(r, STEP, OPT_CODE)
+    c = code_case(r)
+    b = _batch(r, c["step"], c["opt_step"])
     _, metrics = algos.compute_policy_loss_vanilla(b["old_log_probs"], b["log_prob"], b["advantages"],
                                                    b["response_mask"], config=actor_config(r))
     return metrics["actor/pg_clipfrac"]

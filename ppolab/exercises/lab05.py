@@ -8,6 +8,7 @@ import torch
 
 from ppolab import algos
 from ppolab.exercises import exercise
+from ppolab.numbers.cases import clip_case, dual_clip_case
 
 #: The lab's run: trained with clip_ratio 0.07 and clip_ratio_c 1.2.
 RUN = "ppo_fire_tiny"
@@ -17,12 +18,22 @@ ASYM = (24, 12)
 DUAL_STEP, DUAL_OPEN, DUAL_CODE = 15, 7, 11
 
 
+def asym_case(run=None) -> dict:
+    """Exercise 05.3's (step, optimizer step): the lab's where the clip binds there, else where it binds most."""
+    return clip_case(run, ASYM, default=RUN)
+
+
+def dual_case(run=None) -> dict:
+    """Exercises 05.4–05.5: the first recorded step where the dual clip binds, and two of its optimizer steps."""
+    return dual_clip_case(run, (DUAL_STEP, DUAL_OPEN, DUAL_CODE), default=RUN)
+
+
 def _t(x: float) -> torch.Tensor:
     return torch.tensor([[x]], dtype=torch.float64)
 
 
 def _batch(run, step: int, opt_step: int) -> dict[str, torch.Tensor]:
-    from ppolab.widgets.common import optimizer_step_batch, step_tensors
+    from ppolab.numbers import optimizer_step_batch, step_tensors
 
     return optimizer_step_batch(step_tensors(run, step, default=RUN), opt_step)
 
@@ -55,9 +66,15 @@ def _e2() -> float:
     return hi
 
 
-def clipped_counts(run=None, step: int = ASYM[0], opt_step: int = ASYM[1], low: float = 0.07,
-                   highs: tuple[float, float] = (0.07, 0.2)) -> tuple[int, int]:
-    """Clipped real tokens of one recorded optimizer step at ε_low and each ε_high."""
+def clipped_counts(run=None, step: int | None = None, opt_step: int | None = None, low: float | None = None,
+                   highs: tuple[float | None, float] = (None, 0.2)) -> tuple[int, int]:
+    """Clipped real tokens of one recorded optimizer step (default: :func:`asym_case`'s) at ε_low and each ε_high
+    (None: the run's ε)."""
+    c = asym_case(run)
+    step = c["step"] if step is None else step
+    opt_step = c["opt_step"] if opt_step is None else opt_step
+    low = c["eps"] if low is None else low
+    highs = tuple(low if h is None else h for h in highs)
     b = _batch(run, step, opt_step)
 
     def count(eps_high: float) -> int:
@@ -67,26 +84,27 @@ def clipped_counts(run=None, step: int = ASYM[0], opt_step: int = ASYM[1], low: 
     return count(highs[0]), count(highs[1])
 
 
-@exercise("05.3", f"Predict, then verify with the asymmetric explorer: on recorded step {ASYM[0]}, optimizer step "
-                  f"{ASYM[1]}, how many real response tokens does the clip take out with the run's symmetric window "
-                  "ε_low = ε_high = 0.07, and how many with clip-higher ε_low = 0.07, ε_high = 0.2? Answer "
+@exercise("05.3", "Predict, then verify with the asymmetric explorer: on recorded step {step}, optimizer step "
+                  "{opt_step}, how many real response tokens does the clip take out with the run's symmetric window "
+                  "ε_low = ε_high = {eps}, and how many with clip-higher ε_low = {eps}, ε_high = 0.2? Answer "
                   "(symmetric count, clip-higher count).",
           hints=("Raising ε_high only moves the upper edge 1 + ε_high: it can only release tokens with A > 0 and "
-                 "a ratio between 1.07 and 1.2. Tokens with A < 0 below 1 − ε_low stay clipped.",
-                 "Count ppo_clip_terms(old, log_prob, A, 0.07, ε_high)['clipped'] over response_mask on "
-                 f"optimizer_step_batch(run.step({ASYM[0]}), {ASYM[1]}), for ε_high = 0.07 and 0.2."),
-          context=("run",))
+                 "a ratio between 1 + {eps} and 1.2. Tokens with A < 0 below 1 − ε_low stay clipped.",
+                 "Count ppo_clip_terms(old, log_prob, A, {eps}, ε_high)['clipped'] over response_mask on "
+                 "optimizer_step_batch(run.step({step}), {opt_step}), for ε_high = {eps} and 0.2."),
+          context=("run",), needs=("opt_steps",), case=asym_case, default_run=RUN)
 def _e3(run=None) -> tuple[int, int]:
     return clipped_counts(run)
 
 
-def dual_binding_opt_steps(run=None, step: int = DUAL_STEP, c: float | None = None) -> list[int]:
-    """The optimizer steps of one recorded step at which the dual clip binds on at least one real token."""
+def dual_binding_opt_steps(run=None, step: int | None = None, c: float | None = None) -> list[int]:
+    """The optimizer steps of one recorded step (default: :func:`dual_case`'s) at which the dual clip binds on at
+    least one real token."""
     from ppolab.algos.policy_loss import clip_bounds
-    from ppolab.widgets.common import actor_config, optimizer_step_batch, resolve_run
+    from ppolab.numbers import actor_config, optimizer_step_batch, resolve_run
 
     r = resolve_run(run, default=RUN)
-    rec = r.step(step)
+    rec = r.step(dual_case(r)["step"] if step is None else step)
     cfg = actor_config(r)
     low, high = clip_bounds(cfg)
     c = cfg.clip_ratio_c if c is None else c
@@ -99,35 +117,37 @@ def dual_binding_opt_steps(run=None, step: int = DUAL_STEP, c: float | None = No
     return out
 
 
-@exercise("05.4", f"Predict, then verify: the dual-clip explorer opens on recorded step {DUAL_STEP}, optimizer step "
-                  f"{DUAL_OPEN}, where the run's clip_ratio_c = 1.2 bounds one real token. At which optimizer steps of "
-                  f"step {DUAL_STEP} does the dual clip bind (pg_clipfrac_lower > 0)? Answer the list of optimizer "
+@exercise("05.4", "Predict, then verify: the dual-clip explorer opens on recorded step {step}, optimizer step "
+                  "{open}, where the run's clip_ratio_c = {c} bounds a real token. At which optimizer steps of "
+                  "step {step} does the dual clip bind (pg_clipfrac_lower > 0)? Answer the list of optimizer "
                   "steps, e.g. [1, 5].",
           hints=("A token can only be dual-clipped at the optimizer steps that train its row: its mini-batch comes "
-                 "back once per epoch (4 mini-batches per epoch here, so every 4th optimizer step). Is its ratio "
-                 "above 1.2 at each of those visits — the first one included: by then the optimizer steps on the other "
-                 "mini-batches have already moved the policy. Move the opt step slider to check.",
-                 "[k for k in range(16) if masked_sum(ppo_clip_terms(old, log_prob, A, 0.07, 0.07, 1.2)"
-                 f"['dual_clipped'], response_mask) > 0] on optimizer_step_batch(run.step({DUAL_STEP}), k)."),
-          context=("run",))
+                 "back once per epoch ({per_epoch} mini-batches per epoch here, so every {per_epoch}-th optimizer "
+                 "step). Is its ratio above {c} at each of those visits — the first one included: by then the "
+                 "optimizer steps on the other mini-batches have already moved the policy. Move the opt step slider "
+                 "to check.",
+                 "[k for k in range({n_opt}) if masked_sum(ppo_clip_terms(old, log_prob, A, {eps}, {eps}, {c})"
+                 "['dual_clipped'], response_mask) > 0] on optimizer_step_batch(run.step({step}), k)."),
+          context=("run",), needs=("opt_steps",), case=dual_case, default_run=RUN)
 def _e4(run=None) -> list[int]:
     return dual_binding_opt_steps(run)
 
 
-@exercise("05.5", f"Write code: recompute actor/pg_clipfrac_lower of recorded step {DUAL_STEP}, optimizer step "
-                  f"{DUAL_CODE}, at the run's clip_ratio_c = 1.2 (a fraction of that optimizer step's real response "
+@exercise("05.5", "Write code: recompute actor/pg_clipfrac_lower of recorded step {step}, optimizer step "
+                  "{code}, at the run's clip_ratio_c = {c} (a fraction of that optimizer step's real response "
                   "tokens). It must equal the number compute_policy_loss_vanilla reports.",
           hints=("pg_clipfrac_lower counts the tokens where the dual bound is active — A < 0 and the ordinary "
                  "clipped loss above −A·c — and divides by all the real response tokens, not only those with A < 0.",
-                 "masked_mean(ppo_clip_terms(b['old_log_probs'], b['log_prob'], b['advantages'], 0.07, 0.07, 1.2)"
-                 f"['dual_clipped'], b['response_mask']) with b = optimizer_step_batch(run.step({DUAL_STEP}), "
-                 f"{DUAL_CODE})."),
-          context=("run",))
+                 "masked_mean(ppo_clip_terms(b['old_log_probs'], b['log_prob'], b['advantages'], {eps}, {eps}, {c})"
+                 "['dual_clipped'], b['response_mask']) with b = optimizer_step_batch(run.step({step}), "
+                 "{code})."),
+          context=("run",), needs=("opt_steps",), case=dual_case, default_run=RUN)
 def _e5(run=None) -> float:
-    from ppolab.widgets.common import actor_config, resolve_run
+    from ppolab.numbers import actor_config, resolve_run
 
     r = resolve_run(run, default=RUN)
-    b = _batch(r, DUAL_STEP, DUAL_CODE)
+    c = dual_case(r)
+    b = _batch(r, c["step"], c["code"])
     _, metrics = algos.compute_policy_loss_vanilla(b["old_log_probs"], b["log_prob"], b["advantages"],
                                                    b["response_mask"], config=actor_config(r))
     return metrics["actor/pg_clipfrac_lower"]

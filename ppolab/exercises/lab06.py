@@ -5,18 +5,25 @@ import torch
 
 from ppolab import algos
 from ppolab.exercises import exercise
+from ppolab.numbers.cases import opt_step_case
 
 #: The configuration of exercise 06.1 (on top of the run's own actor config).
 E1_OVERRIDES = dict(entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="low_var_kl",
                     loss_agg_mode="token-mean")
 
 
+def e1_case(run=None) -> dict:
+    """Exercise 06.1's optimizer step: 3 of recorded step 1, or its last one when it took fewer."""
+    return opt_step_case(run, 3, 1)
+
+
 def e1_metrics(run=None) -> tuple[float, dict[str, float]]:
-    """(loss, metrics) of ``ppo_loss`` on recorded step 1, optimizer step 3, with :data:`E1_OVERRIDES`."""
-    from ppolab.widgets.common import actor_config, optimizer_step_batch, resolve_run, step_tensors
+    """(loss, metrics) of ``ppo_loss`` on recorded step 1, optimizer step :func:`e1_case`, with
+    :data:`E1_OVERRIDES`."""
+    from ppolab.numbers import actor_config, optimizer_step_batch, resolve_run, step_tensors
 
     r = resolve_run(run)
-    b = optimizer_step_batch(step_tensors(r, 1), 3)
+    b = optimizer_step_batch(step_tensors(r, 1), e1_case(r)["opt_step"])
     cfg = actor_config(r, **E1_OVERRIDES)
     loss, metrics = algos.ppo_loss(cfg, old_log_prob=b["old_log_probs"], log_prob=b["log_prob"],
                                    advantages=b["advantages"], response_mask=b["response_mask"],
@@ -52,12 +59,13 @@ def _runnable_modes():
         yield mode, cfg
 
 
-@exercise("06.1", "Recorded step 1, optimizer step 3, with entropy_coeff = 0.01, use_kl_loss on, kl_loss_coef = 0.1, "
+@exercise("06.1", "Recorded step 1, optimizer step {opt_step}, with entropy_coeff = 0.01, use_kl_loss on, "
+          "kl_loss_coef = 0.1, "
           "kl_loss_type = low_var_kl, token-mean: write the total actor loss from the metrics "
           "actor/pg_loss, actor/entropy_loss, actor/kl_loss and the two coefficients.",
           hints=("Three terms: the PG loss, the entropy bonus, the reference penalty. Which one is subtracted?",
                  "loss = pg_loss − entropy_coeff · entropy_loss + kl_loss_coef · kl_loss (chapter §5)."),
-          context=("run",))
+          context=("run",), needs=("step1", "reference"), case=e1_case)
 def _e1(run=None) -> float:
     return e1_metrics(run)[0]
 
@@ -84,9 +92,9 @@ def _e2() -> set[str]:
                  "but token-mean weighs every token, so a longer trajectory counts more.",
                  "pg_loss = −Σ_{i,t} A_{i,t} m_{i,t} / Σ m over the mini-batch = "
                  "agg_loss(−advantages, response_mask, 'token-mean') on optimizer_step_batch(run.step(1), 0)."),
-          rel=0.0, abs=1e-4, context=("run",))
+          rel=0.0, abs=1e-4, context=("run",), needs=("step1",))
 def _e3(run=None) -> float:
-    from ppolab.widgets.common import actor_config, optimizer_step_batch, resolve_run, step_tensors
+    from ppolab.numbers import actor_config, optimizer_step_batch, resolve_run, step_tensors
 
     r = resolve_run(run)
     b = optimizer_step_batch(step_tensors(r, 1), 0)
@@ -132,7 +140,7 @@ E5_TOKEN = dict(ratio=1.3, advantage=1.0, old_prob=0.5)
                  "0. dppo_tv drops a token only when π_θ − π_old > δ: here 0.5·0.3 = 0.15 ≤ 0.2."))
 def _e5() -> set[str]:
     from ppolab.config import ActorConfig
-    from ppolab.widgets.gradients import gradient_weights
+    from ppolab.numbers.gradients import gradient_weights
 
     t = E5_TOKEN
     return {mode for mode in algos.POLICY_LOSS_REGISTRY

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import functools
 import math
-from pathlib import Path
 
 import torch
 
@@ -19,19 +18,16 @@ def _model(path: str):
 
 
 def _run_model(run):
-    from ppolab.models import SHIPPED_MODEL
+    from ppolab.numbers.kl import run_base_model
 
-    path = run.ppo_config().actor_rollout_ref.model.path
-    if not path or not (Path(path) / "config.json").is_file():
-        path = SHIPPED_MODEL
-    return _model(str(path))
+    return _model(str(run_base_model(run)))
 
 
 def step1_entropy(run=None, temperature: float = 1.0) -> float:
     """Masked mean entropy of recorded step 1's response tokens under the base model at ``temperature``,
     through the trainer's own forward pass (``ppolab.roles.forward_response``)."""
     from ppolab.roles import forward_response
-    from ppolab.widgets.common import resolve_run
+    from ppolab.record import resolve_run
 
     r = resolve_run(run)
     t = r.step(1).tensors
@@ -48,7 +44,7 @@ def step1_entropy(run=None, temperature: float = 1.0) -> float:
           hints=("Divide the response logits by T before the softmax, take each position's entropy, then average "
                  "over the response mask.",
                  "masked_mean(entropy_from_logits(scale_logits(response_logits, 0.5)), response_mask)."),
-          rel=0.0, abs=2e-5, context=("run",))
+          rel=0.0, abs=2e-5, context=("run",), needs=("step1",))
 def _e1(run=None) -> float:
     return step1_entropy(run, 0.5)
 
@@ -59,7 +55,7 @@ def _e1(run=None) -> float:
                  "ent = run.metrics['actor/entropy'].dropna(); ent.iloc[-10:].mean() / ent.iloc[:10].mean()."),
           context=("run",))
 def _e2(run=None) -> float:
-    from ppolab.widgets.common import resolve_run
+    from ppolab.record import resolve_run
 
     ent = resolve_run(run).metrics["actor/entropy"].dropna()
     return float(ent.iloc[-10:].mean() / ent.iloc[:10].mean())
@@ -73,7 +69,7 @@ def _e2(run=None) -> float:
                  "T → ∞."),
           context=("run",))
 def _e3(run=None) -> float:
-    from ppolab.widgets.common import resolve_run
+    from ppolab.record import resolve_run
 
     return math.log(_run_model(resolve_run(run)).config.vocab_size)
 
@@ -83,6 +79,6 @@ def _e3(run=None) -> float:
           hints=("T > 1 flattens every distribution: the entropy grows with T, towards log V. Set the slider to 2.0 "
                  "and read the dot.",
                  "masked_mean(entropy_from_logits(scale_logits(response_logits, 2.0)), response_mask)."),
-          rel=0.0, abs=5e-4, context=("run",))
+          rel=0.0, abs=5e-4, context=("run",), needs=("step1",))
 def _e4(run=None) -> float:
     return step1_entropy(run, 2.0)

@@ -7,6 +7,8 @@ import torch
 
 from ppolab import algos
 from ppolab.exercises import exercise
+from ppolab.numbers import RunLacks
+from ppolab.numbers.cases import recorded_step_case
 
 #: π_θ of the §7.3 exercises: the base model at this temperature (π_ref: the base model at the run's temperature).
 T_THETA = 0.7
@@ -15,7 +17,7 @@ RUN = "ppo_fire_tiny"
 
 
 def _run(run=None):
-    from ppolab.widgets.common import resolve_run
+    from ppolab.record import resolve_run
 
     return resolve_run(run, RUN)
 
@@ -71,7 +73,7 @@ def _e2() -> dict[str, str]:
 
 
 def _lps(run=None, temperature: float = T_THETA):
-    from ppolab.widgets.kl import full_log_probs, response_logits
+    from ppolab.numbers.kl import full_log_probs, response_logits
 
     src = response_logits(_run(run), 1)
     m = src["mask"]
@@ -84,9 +86,9 @@ def _lps(run=None, temperature: float = T_THETA):
                  "needed. Sum over the vocabulary, then average over the positions.",
                  "KL = Σ_a π_θ(a)·(log π_θ(a) − log π_ref(a)) on the last dimension of lp_theta, lp_ref; "
                  "then .mean() over positions."),
-          rel=1e-4, abs=1e-9, context=("run",))
+          rel=1e-4, abs=1e-9, context=("run",), needs=("step1",), default_run=RUN)
 def _e3(run=None) -> float:
-    from ppolab.widgets.kl import exact_kl
+    from ppolab.numbers.kl import exact_kl
 
     lp_theta, lp_ref = _lps(run)
     return exact_kl(lp_theta, lp_ref).mean().item()
@@ -98,7 +100,7 @@ def _e3(run=None) -> float:
                  "direction, and with which sign?",
                  "E_{a∼π_ref}[log π_θ(a) − log π_ref(a)] = −KL(π_ref‖π_θ): Σ_a π_ref(a)·(lp_theta − lp_ref)(a), "
                  "averaged over positions."),
-          rel=0.0, abs=5e-4, context=("run",))
+          rel=0.0, abs=5e-4, context=("run",), needs=("step1",), default_run=RUN)
 def _e4(run=None) -> float:
     lp_theta, lp_ref = _lps(run)
     return (lp_ref.exp() * (lp_theta - lp_ref)).sum(-1).mean().item()
@@ -110,9 +112,9 @@ def _e4(run=None) -> float:
                  "token that a much sharper π_θ has almost ruled out?",
                  "Compare estimator_table(run, 1, T)['rows'][name]['pi_theta']['var'] for k1 and k3 at T = 0.8 and "
                  "at T = 0.5."),
-          context=("run",))
+          context=("run",), needs=("step1",), default_run=RUN)
 def _e5(run=None) -> tuple[str, str]:
-    from ppolab.widgets.kl import estimator_table
+    from ppolab.numbers.kl import estimator_table
 
     out = []
     for temperature in (0.8, 0.5):
@@ -128,9 +130,9 @@ def _e5(run=None) -> tuple[str, str]:
                  "∇KL(π_θ‖π_ref) = E_{π_θ}[d·∇log π_θ] with d = log π_θ − log π_ref: the estimators whose "
                  "derivative is d, i.e. k2 and every '+' form (value of the base, gradient of k2). k1's average "
                  "gradient is 0; k3's is that of KL(π_ref‖π_θ). gradient_table(run, 1, 0.7) shows it."),
-          context=("run",))
+          context=("run",), needs=("step1",), default_run=RUN)
 def _e6(run=None) -> set[str]:
-    from ppolab.widgets.kl import gradient_table
+    from ppolab.numbers.kl import gradient_table
 
     table = gradient_table(_run(run), 1, T_THETA)
     return {name for name, row in table.items() if row["to KL(θ‖ref)"] < 1e-6}
@@ -145,22 +147,31 @@ def _e6(run=None) -> set[str]:
                  "β₃ = kl_coef · Π_{k=1,2} (1 + clip(KL_k / target_kl − 1, −0.2, 0.2) · n_steps / horizon), "
                  "n_steps = the rows of the balanced batch (real + padding) — replay_adaptive_kl(kl, kl_coef, "
                  "target_kl, horizon, n_steps)[2] (chapter §7.1)."),
-          context=("run",))
+          context=("run",), needs=("adaptive_kl",), default_run=RUN)
 def _e7(run=None) -> float:
-    from ppolab.widgets.kl import adaptive_kl_trace
+    from ppolab.numbers.kl import adaptive_kl_trace
 
     trace = adaptive_kl_trace(_run(run))
+    if 3 not in trace["steps"]:
+        raise RunLacks("a third training step that logged actor/reward_kl_penalty", _run(run))
     return trace["replay"][trace["steps"].index(3)]
 
 
-@exercise("08.8", "Recompute actor/reward_kl_penalty of recorded step 3 — the KL statistic apply_kl_penalty fed the "
+def e8_case(run=None) -> dict:
+    """Exercise 08.8's step: recorded step 3, or the run's first recorded step; with its number of rows."""
+    c = recorded_step_case(run, 3, default=RUN)
+    return {**c, "rows": int(_run(run).step(c["step"]).tensors["responses"].shape[0])}
+
+
+@exercise("08.8", "Recompute actor/reward_kl_penalty of recorded step {step} — the KL statistic apply_kl_penalty "
+          "fed the "
           "adaptive controller — from the recorded old_log_probs, ref_log_prob and the right mask.",
           hints=("Stage 7 applies the reward KL BEFORE rejection sampling rewrites response_mask: which recorded mask "
                  "is the one it saw? And verl averages per sequence first, then over every row of the batch.",
                  "kld = kl_penalty(old_log_probs, ref_log_prob, 'kl') * loss_mask; "
-                 "torch.mean(masked_mean(kld, loss_mask, axis=-1)) over all 64 rows, padding rows (0) included "
+                 "torch.mean(masked_mean(kld, loss_mask, axis=-1)) over all {rows} rows, padding rows (0) included "
                  "(verl core_algos.py::apply_kl_penalty, chapter §7.1)."),
-          rel=1e-5, abs=1e-9, context=("run",))
+          rel=1e-5, abs=1e-9, context=("run",), needs=("kl_in_reward", "reference"), case=e8_case, default_run=RUN)
 def _e8(run=None) -> float:
     # float32 tensors summed in another order (a learner may work in float64): agreement to ~1e-7 relative
-    return reward_kl_statistic(run, 3)
+    return reward_kl_statistic(run, e8_case(run)["step"])

@@ -5,6 +5,7 @@ import torch
 
 from ppolab import algos
 from ppolab.exercises import exercise
+from ppolab.numbers.cases import critic_case
 
 #: The lab's run: PPO + GAE whose critic is clipped at ε_v = 0.1, so the value clip binds at every step.
 RUN = "ppo_fire_tiny"
@@ -15,7 +16,7 @@ def _t(x: float) -> torch.Tensor:
 
 
 def _record(run=None, step: int | None = None):
-    from ppolab.widgets.common import resolve_run, step_tensors
+    from ppolab.numbers import resolve_run, step_tensors
 
     r = resolve_run(run, RUN)
     return r, step_tensors(r, step, RUN)
@@ -74,6 +75,11 @@ def logged_clipfrac(run=None, update: int = 0, cliprange_value: float | None = N
     return sum(per_rank) / len(per_rank)
 
 
+def update_case(run=None) -> dict:
+    """Exercises 09.2–09.4's critic optimizer steps: update 3 (or the last when there are fewer), the last one."""
+    return critic_case(run, 3, default=RUN)
+
+
 @exercise("09.1", "V_old = 0.5, V_new = 0.1, G = 0, ε_v = 0.2: the value loss compute_value_loss returns for this "
           "single token (token-mean).",
           hints=("First clip V_new into [V_old − ε_v, V_old + ε_v]; then compare the two squared errors.",
@@ -82,40 +88,44 @@ def _e1() -> float:
     return algos.compute_value_loss(_t(0.1), _t(0.0), _t(0.5), _t(1.0), cliprange_value=0.2)[0].item()
 
 
-@exercise("09.2", "Critic optimizer step 3 of the first recorded step, at the run's own ε_v (critic.cliprange_value): "
+@exercise("09.2", "Critic optimizer step {update} of the first recorded step, at the run's own ε_v "
+          "(critic.cliprange_value): "
           "compute vf_clipfrac yourself from value_clip_terms — the share of valid tokens of its global mini-batch "
           "where (V_clip − G)² > (V_new − G)².",
           hints=("value_clip_terms returns V_clip and both squared errors; compare them token by token, then "
                  "average over the response mask.",
                  "masked_mean((err_clip > err_new).float(), response_mask) with "
                  "_, err_new, err_clip, _ = value_clip_terms(vpreds, returns, values, eps_v)."),
-          context=("run",))
+          context=("run",), needs=("critic", "critic_updates"), case=update_case, default_run=RUN)
 def _e2(run=None) -> float:
-    return clipfrac(run, 3)
+    return clipfrac(run, update_case(run)["update"])
 
 
-@exercise("09.3", "Predict, then verify with the explorer: vf_clipfrac of critic optimizer step 15 (the last) of the "
-          "first recorded step, pooled over its global mini-batch, if ε_v were 0.05 instead of the run's 0.1 "
+@exercise("09.3", "Predict, then verify with the explorer: vf_clipfrac of critic optimizer step {last} (the last) of "
+          "the first recorded step, pooled over its global mini-batch, if ε_v were 0.05 instead of the run's {eps_v} "
           "(2 decimals).",
-          hints=("A narrower window around V_old: can a token that was clipped at ε_v = 0.1 escape the clip at 0.05? "
+          hints=("A narrower window around V_old: can a token that was clipped at ε_v = {eps_v} escape the clip at "
+                 "0.05? "
                  "Start from the share at the run's ε_v.",
-                 "compute_value_loss(vpreds, returns, values, response_mask, 0.05)[1] on w.batch(15) — or set update "
-                 "15 and ε_v 0.05 in the explorer and read the summary."),
-          rel=0.0, abs=5e-3, context=("run",))
+                 "compute_value_loss(vpreds, returns, values, response_mask, 0.05)[1] on w.batch({last}) — or set "
+                 "update {last} and ε_v 0.05 in the explorer and read the summary."),
+          rel=0.0, abs=5e-3, context=("run",), needs=("critic", "critic_updates"), case=update_case, default_run=RUN)
 def _e3(run=None) -> float:
-    return clipfrac(run, 15, 0.05)
+    return clipfrac(run, update_case(run)["last"], 0.05)
 
 
 @exercise("09.4", "critic/vf_clipfrac is logged per micro-batch and averaged, not pooled over tokens. For critic "
-          "optimizer step 3 of the first recorded step, at the run's ε_v: the value the trainer logged for that "
-          "optimizer step — the mean over the two ranks of each rank's share (one micro-batch per rank here).",
+          "optimizer step {update} of the first recorded step, at the run's ε_v: the value the trainer logged for "
+          "that optimizer step — the mean over the {dp} rank(s) of each rank's share, each rank's share the mean over "
+          "its micro-batches.",
           hints=("Rank k trains on the k-th contiguous half of the balanced batch (rows 0–31 and 32–63); each computes "
                  "masked_mean over its own micro-batch; the logged value is the plain mean of those shares.",
-                 "For each rank's rows of w.batch(3)'s row ids (row // 32 == k): masked_mean((err_clip > "
+                 "For each rank's rows of w.batch({update})'s row ids (row // 32 == k): masked_mean((err_clip > "
                  "err_new).float(), response_mask); then the mean of the two numbers."),
-          rel=1e-6, abs=1e-9, context=("run",))
+          rel=1e-6, abs=1e-9, context=("run",), needs=("critic", "critic_updates"), case=update_case,
+          default_run=RUN)
 def _e4(run=None) -> float:
-    return logged_clipfrac(run, 3)
+    return logged_clipfrac(run, update_case(run)["update"])
 
 
 def first_update_vf_loss(run=None, step: int | None = None, half: bool = True,
@@ -139,7 +149,7 @@ def first_update_vf_loss(run=None, step: int | None = None, half: bool = True,
                  "V_new = V_old on every token of update 0 (critic_vpreds[0] == values), so V_clip = V_new and the two "
                  "squared errors are equal: (V_clip − G)² > (V_new − G)² never holds — compute_value_loss(*w.batch(0)"
                  "[:4], eps_v)[1]."),
-          rel=0.0, abs=5e-3, context=("run",))
+          rel=0.0, abs=5e-3, context=("run",), needs=("critic",), default_run=RUN)
 def _e5(run=None) -> float:
     return clipfrac(run, 0)
 
@@ -151,7 +161,7 @@ def _e5(run=None) -> float:
                  "½ · Σ (values − returns)²·response_mask ÷ Σ loss_mask over the rows of update 0 (those with "
                  "critic_vpreds[0] not NaN) — compute_value_loss(values, returns, values, response_mask, eps_v, "
                  "batch_num_tokens=loss_mask.sum())[0] (chapter §8, §9)."),
-          rel=1e-5, abs=1e-9, context=("run",))
+          rel=1e-5, abs=1e-9, context=("run",), needs=("critic",), default_run=RUN)
 def _e6(run=None) -> float:
     # float32 recorded tensors; a learner may compute in float32 or float64: agreement to ~1e-7 relative
     return first_update_vf_loss(run)

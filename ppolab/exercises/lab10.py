@@ -7,6 +7,7 @@ import torch
 
 from ppolab import algos
 from ppolab.exercises import exercise
+from ppolab.numbers import RunLacks
 
 
 #: The lab's run: synthetic padding rows and rejection sampling are both real in it.
@@ -14,7 +15,7 @@ RUN = "ppo_fire_tiny"
 
 
 def _record(run=None):
-    from ppolab.widgets.common import step_tensors
+    from ppolab.numbers import step_tensors
 
     return step_tensors(run, None, RUN)
 
@@ -38,7 +39,7 @@ def nan_loss_and_mask() -> tuple[torch.Tensor, torch.Tensor]:
                  "sampling on, response_mask and loss_mask can differ.",
                  "int(response_mask[2].sum()) — equivalently agg_loss(ones, response_mask[2:3], 'token-sum'); "
                  "loss_mask only counts the denominator (chapter §9)."),
-          context=("run",))
+          context=("run",), default_run=RUN)
 def _e1(run=None) -> int:
     t = _record(run).tensors
     ones = torch.ones(1, t["responses"].shape[1], dtype=torch.float64)
@@ -50,12 +51,14 @@ def _e1(run=None) -> int:
           hints=("Position t of a causal LM predicts the token at t + 1; response token j sits at position P + j.",
                  "logit position = P − 1 + j (the one-token shift; shift_table(rec, tokenizer, row)['logit "
                  "position'])."),
-          context=("run",))
+          context=("run",), default_run=RUN)
 def _e2(run=None) -> int:
-    from ppolab.widgets.masks import run_tokenizer, shift_table
-    from ppolab.widgets.common import resolve_run
+    from ppolab.numbers.masks import run_tokenizer, shift_table
+    from ppolab.record import resolve_run
 
     rec = _record(run)
+    if rec.tensors["responses"].shape[1] < 5:
+        raise RunLacks("responses at least 5 tokens wide (data.max_response_length)", resolve_run(run, RUN))
     return int(shift_table(rec, run_tokenizer(resolve_run(run, RUN)), 0)["logit position"][4])
 
 
@@ -71,14 +74,28 @@ def _e3() -> set[str]:
     return {mode for mode in algos.LOSS_AGG_MODES if torch.isnan(algos.agg_loss(loss, mask, mode)).item()}
 
 
-@exercise("10.4", "Predict, then verify: data.train_batch_size 60 prompts × rollout.n 1, trained on 2 ranks with "
-          "ppo_mini_batch_size 16 (actor and critic). How many synthetic padding rows (is_pad) does a step of this "
+def padding_case(run=None) -> dict:
+    """Exercise 10.4's batch arithmetic, read off the run's config: prompts, n, ranks, mini-batch sizes."""
+    from ppolab.record import resolve_run
+
+    r = resolve_run(run, RUN)
+    c = r.ppo_config()
+    n = c.actor_rollout_ref.rollout.n
+    return {"tb": c.data.train_batch_size, "n": n, "dp": int(_record(r).info.get("dp_size", 1) or 1),
+            "mini": c.actor_rollout_ref.actor.ppo_mini_batch_size,
+            "mini_n": c.actor_rollout_ref.actor.ppo_mini_batch_size * n,
+            "critic_n": (c.critic.ppo_mini_batch_size * n) if c.use_critic else "—"}
+
+
+@exercise("10.4", "Predict, then verify: data.train_batch_size {tb} prompts × rollout.n {n}, trained on {dp} ranks "
+          "with "
+          "ppo_mini_batch_size {mini} (actor and critic). How many synthetic padding rows (is_pad) does a step of this "
           "run hold?",
           hints=("balance_batch pads the batch so it divides evenly among the ranks AND into mini-batches of mini × n "
                  "rows (of the actor, and of the critic when there is one).",
-                 "pad to the next multiple of lcm(dp_size, actor mini × n, critic mini × n) = lcm(2, 16, 16): "
-                 "int(is_pad.sum()) — or batch_plan['padding_rows'] (verl padding_utils.py, chapter §9)."),
-          context=("run",))
+                 "pad to the next multiple of lcm(dp_size, actor mini × n, critic mini × n) = lcm({dp}, {mini_n}, "
+                 "{critic_n}): int(is_pad.sum()) — or batch_plan['padding_rows'] (verl padding_utils.py, chapter §9)."),
+          context=("run",), needs=("padding_rows",), case=padding_case, default_run=RUN)
 def _e4(run=None) -> int:
     return int(_record(run).tensors["is_pad"].sum())
 
@@ -90,7 +107,7 @@ def _e4(run=None) -> int:
                  "int((loss_mask.bool() & ~response_mask.bool()).sum()) — the same as loss_mask.sum() − "
                  "response_mask.sum(); rollout_corr/rollout_rs_masked_fraction × loss_mask.sum() (verl "
                  "rollout_corr_helper.py)."),
-          context=("run",))
+          context=("run",), needs=("rejection",), default_run=RUN)
 def _e5(run=None) -> int:
     return int(rejected_tokens(run).sum())
 
@@ -114,6 +131,6 @@ def first_step_log_ratio(run=None, opt_step: int = 0, mask: str = "response_mask
                  "The update's forward attends with response_attention_mask (rejected tokens stay attended), so it "
                  "recomputes old_log_probs exactly: (actor_log_probs[0] − old_log_probs)[rows][response_mask[rows] "
                  "> 0].abs().max() is 0 — not the bf16 rollout gap, which is π_rollout vs π_old."),
-          rel=0.0, abs=1e-4, context=("run",))
+          rel=0.0, abs=1e-4, context=("run",), default_run=RUN)
 def _e6(run=None) -> float:
     return first_step_log_ratio(run)

@@ -5,6 +5,7 @@ import torch
 
 from ppolab import algos
 from ppolab.exercises import exercise
+from ppolab.numbers import RunLacks
 
 #: The lab's run: its global mini-batches hold synthetic padding rows and rejected tokens.
 RUN = "ppo_fire_tiny"
@@ -14,7 +15,7 @@ def mini_batch(run=None, opt_step: int = 0, step: int | None = None) -> dict[str
     """The global mini-batch of actor optimizer step ``opt_step`` of recorded step ``step`` (default the first): the
     rows whose ``actor_log_probs[opt_step]`` are not NaN — on several ranks, each rank's share of it. Returns ``rows``
     and, float64 for those rows, ``loss`` (ℓ = −advantages), ``response_mask``, ``loss_mask`` and ``is_pad``."""
-    from ppolab.widgets.common import step_tensors
+    from ppolab.numbers import step_tensors
 
     t = step_tensors(run, step, RUN).tensors
     rows = (~torch.isnan(t["actor_log_probs"][opt_step]).all(-1)).nonzero().flatten()
@@ -31,17 +32,27 @@ def first_mini_batch(run=None) -> tuple[torch.Tensor, torch.Tensor]:
 
 def padded_mini_batch_step(run=None) -> int:
     """The first actor optimizer step of the first recorded step whose global mini-batch holds a padding row."""
-    from ppolab.widgets.common import step_tensors
+    from ppolab.numbers import step_tensors
+
+    from ppolab.record import resolve_run
 
     t = step_tensors(run, None, RUN).tensors
     pad = t["is_pad"].bool()
-    return next(k for k in range(t["actor_log_probs"].shape[0])
-                if (pad & ~torch.isnan(t["actor_log_probs"][k]).all(-1)).any())
+    found = next((k for k in range(t["actor_log_probs"].shape[0])
+                  if (pad & ~torch.isnan(t["actor_log_probs"][k]).all(-1)).any()), None)
+    if found is None:
+        raise RunLacks("synthetic padding rows (is_pad) in the first recorded step", resolve_run(run, RUN))
+    return found
+
+
+def padding_case(run=None) -> dict:
+    """Exercise 11.4: the trainer's B_agg (``gbs``) and the optimizer step whose mini-batch holds padding rows."""
+    return {"gbs": global_batch_size(run), "opt_step": padded_mini_batch_step(run)}
 
 
 def global_batch_size(run=None) -> int:
     """B_agg of the trainer: actor.ppo_mini_batch_size × rollout.n (verl passes it as global_batch_size)."""
-    from ppolab.widgets.common import resolve_run
+    from ppolab.record import resolve_run
 
     arr = resolve_run(run, RUN).ppo_config().actor_rollout_ref
     return arr.actor.ppo_mini_batch_size * arr.rollout.n
@@ -49,7 +60,7 @@ def global_batch_size(run=None) -> int:
 
 def weight_ratio(run=None, mode: str = "token-mean") -> float:
     """Weight of a longest row over weight of a shortest non-empty row of :func:`first_mini_batch` under ``mode``."""
-    from ppolab.widgets.aggregation import trajectory_weights
+    from ppolab.numbers.aggregation import trajectory_weights
 
     loss, mask = first_mini_batch(run)
     lengths = mask.sum(-1)
@@ -81,7 +92,7 @@ def ones_seq_mean(run=None, opt_step: int | None = None, fixed: bool = True) -> 
                  "share = T_A / (T_A + T_B); trajectory_weights(ones, mask, 'token-mean') gives the weights "
                  "(chapter §10.1, §10.6)."))
 def _e1() -> float:
-    from ppolab.widgets.aggregation import trajectory_weights
+    from ppolab.numbers.aggregation import trajectory_weights
 
     mask = torch.zeros(2, 9, dtype=torch.float64)
     mask[0, :3], mask[1, :] = 1, 1
@@ -96,7 +107,7 @@ def _e1() -> float:
                  "sampling dropped?",
                  "Σ response_mask / Σ loss_mask over the mini-batch = agg_loss(ones, response_mask, 'token-mean', "
                  "batch_num_tokens=loss_mask.sum()) (chapter §9, §10.1)."),
-          rel=0.0, abs=1e-4, context=("run",))
+          rel=0.0, abs=1e-4, context=("run",), default_run=RUN)
 def _e2(run=None) -> float:
     return ones_token_mean(run, 0)
 
@@ -108,7 +119,7 @@ def _e2(run=None) -> float:
                  "The cell above printed the shortest and longest response lengths.",
                  "(T_max / T_min, 1.0): trajectory_weights(loss, mask, mode) for both modes, at the rows with the "
                  "largest and the smallest non-zero response_mask.sum(-1)."),
-          rel=1e-6, abs=1e-9, context=("run",))
+          rel=1e-6, abs=1e-9, context=("run",), default_run=RUN)
 def _e3(run=None) -> tuple[float, float]:
     return weight_ratio(run, "token-mean"), weight_ratio(run, "seq-mean-token-mean")
 
@@ -119,7 +130,7 @@ def _e3(run=None) -> tuple[float, float]:
           hints=("Every non-empty row has a sequence mean of 1 (up to the 1e-8 in its denominator); q_i = 0 removes a "
                  "padding row from the sum — but is it removed from B_agg?",
                  "(number of non-empty rows) / global_batch_size = agg_loss(ones, response_mask, "
-                 "'seq-mean-token-mean', global_batch_size=16) on that mini-batch (chapter §10.3–§10.4)."),
-          rel=0.0, abs=1e-4, context=("run",))
+                 "'seq-mean-token-mean', global_batch_size={gbs}) on that mini-batch (chapter §10.3–§10.4)."),
+          rel=0.0, abs=1e-4, context=("run",), needs=("padding_rows",), case=padding_case, default_run=RUN)
 def _e4(run=None) -> float:
     return ones_seq_mean(run)

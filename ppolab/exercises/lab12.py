@@ -12,9 +12,9 @@ from ppolab.exercises import exercise
                  "ppo_mini_batch_size counts prompts; the trainer multiplies it by rollout.n (§11.2).",
                  "rows = ppo_mini_batch_size × n; steps = (train_batch_size × n) / rows × ppo_epochs. On the "
                  "recorded tensors: actor_log_probs.shape[0], and the rows of actor_log_probs[k] that are not NaN."),
-          context=("run",))
+          context=("run",), needs=("step1",))
 def _e1(run=None) -> tuple[int, int]:
-    from ppolab.widgets.common import step_tensors
+    from ppolab.numbers import step_tensors
 
     lp = step_tensors(run, 1).tensors["actor_log_probs"]
     rows = (~torch.isnan(lp).all(-1)).sum(-1)
@@ -60,11 +60,11 @@ def _e3() -> tuple[int, int]:
                  "0.9.1 does when a Karmarkar–Karp partition overshoots the budget.",
                  "len(plan_dynamic_micro_batches(recorded_seq_lens(rec, local_mini_batch), 128)): ceil(ΣL / 128), "
                  "plus one micro-batch per retry of the fit loop until every micro-batch holds ≤ 128 tokens."),
-          context=("run",))
+          context=("run",), needs=("step1",))
 def _e4(run=None) -> int:
     from ppolab.batching import plan_dynamic_micro_batches
-    from ppolab.widgets.batching import recorded_seq_lens
-    from ppolab.widgets.common import step_tensors
+    from ppolab.numbers.aggregation import recorded_seq_lens
+    from ppolab.numbers import step_tensors
 
     rec = step_tensors(run, 1)
     return len(plan_dynamic_micro_batches(recorded_seq_lens(rec, rec.info["batch_plan"]["local_mini_batch"]), 128))

@@ -16,7 +16,7 @@ TOL = 1e-5
 def _replays(run, mode: str, factor):
     """(rows of the mini-batch, {micro-batch size: replay}) for every size that divides the mini-batch."""
     from ppolab.replay import mini_batch_rows
-    from ppolab.widgets.invariance import cached_replay, divisors
+    from ppolab.numbers.invariance import cached_replay, divisors
 
     rows = mini_batch_rows(run)
     return rows, {s: cached_replay(run, loss_agg_mode=mode, loss_scale_factor=factor, micro_batch_size=s)
@@ -24,7 +24,7 @@ def _replays(run, mode: str, factor):
 
 
 def _factor(run) -> int:
-    from ppolab.widgets.common import resolve_run
+    from ppolab.record import resolve_run
 
     return resolve_run(run).ppo_config().data.max_response_length
 
@@ -45,10 +45,10 @@ def _same(a: dict, ref: dict) -> bool:
                  "token-mean divides by batch_num_tokens of the mini-batch → invariant; sum-norm with "
                  "loss_scale_factor=None divides each micro-batch by B·T_k, T_k its own padded width → not "
                  "(unless every micro-batch keeps the full width)."),
-          context=("run",))
+          context=("run",), needs=("step1",))
 def _e1(run=None) -> tuple[bool, bool]:
     from ppolab.replay import mini_batch_rows
-    from ppolab.widgets.invariance import cached_replay
+    from ppolab.numbers.invariance import cached_replay
 
     whole = len(mini_batch_rows(run))
     factor = float(_factor(run))
@@ -68,9 +68,9 @@ def _e1(run=None) -> tuple[bool, bool]:
                  "pg_loss = Σ_k Σ_{i∈k} (−Σ_t A_{i,t} m_{i,t}) / (B · T_k); the replay "
                  "cached_replay(run, loss_agg_mode='seq-mean-token-sum-norm', loss_scale_factor=None, "
                  "micro_batch_size=16)['metrics']['actor/pg_loss'] is the truth."),
-          rel=1e-5, abs=1e-7, context=("run",))
+          rel=1e-5, abs=1e-7, context=("run",), needs=("step1",))
 def _e2(run=None) -> float:
-    from ppolab.widgets.invariance import cached_replay
+    from ppolab.numbers.invariance import cached_replay
 
     return float(cached_replay(run, loss_agg_mode=SUM_NORM, loss_scale_factor=None,
                                micro_batch_size=16)["metrics"]["actor/pg_loss"])
@@ -83,7 +83,7 @@ def _e2(run=None) -> float:
                  "as the mini-batch's longest response for every k?",
                  "sizes s for which every contiguous chunk rows[i:i+s] contains a row of the mini-batch's maximal "
                  "response length: all(r_len[i:i+s].max() == r_len.max() for i in range(0, M, s))."),
-          context=("run",))
+          context=("run",), needs=("step1",))
 def _e3(run=None) -> list[int]:
     rows, outs = _replays(run, SUM_NORM, None)
     ref = outs[len(rows)]

@@ -17,10 +17,11 @@ TOOL_RUN = "grpo_tool_tiny"
                  "runs hold it as info['batch_plan'] and as actor_log_probs.shape[0]."),
           context=("run",))
 def _e1(run=None) -> tuple[tuple[int, int], tuple[int, int]]:
-    from ppolab.widgets.common import resolve_run
+    from ppolab.record import resolve_run
 
     out = []
-    for name in (run or DEFAULT_RUNS):
+    # the question compares the two configurations: a single run (the lab's RUN) does not change it
+    for name in (run if isinstance(run, (tuple, list)) else DEFAULT_RUNS):
         r = resolve_run(name)
         rec = r.step(r.steps[0])
         out.append((int(rec.info["batch_plan"]["n_trajectories"]), int(rec.tensors["actor_log_probs"].shape[0])))
@@ -43,7 +44,7 @@ def _e2() -> tuple[str, str]:
 
 
 def _tool_record(run=None, step: int = 1):
-    from ppolab.widgets.common import resolve_run
+    from ppolab.record import resolve_run
 
     return resolve_run(run, default=TOOL_RUN).step(step)
 
@@ -54,7 +55,7 @@ def _tool_record(run=None, step: int = 1):
                  "and response_mask (what the loss trains on). A tool observation is in one and not the other.",
                  "((response_attention_mask == 1) & (response_mask == 0)) summed over the real rows "
                  "(is_pad == 0)."),
-          context=("run",))
+          context=("run",), needs=("step1", "tool_obs"), default_run=TOOL_RUN)
 def _e3(run=None) -> int:
     t = _tool_record(run).tensors
     real = ~t["is_pad"].bool()
@@ -69,7 +70,7 @@ def _e3(run=None) -> int:
                  "them. Then 0.9.1's fit loop may add micro-batches until each fits.",
                  "len(ppolab.engine.micro_batches(batch.select(mini_batch_rows(run, 1, 0)), None, "
                  "ppo_max_token_len_per_gpu)); Batch.seq_lens() = prompt_mask + response_attention_mask sums."),
-          context=("run",))
+          context=("run",), needs=("step1", "tool_obs"), default_run=TOOL_RUN)
 def _e4(run=None) -> int:
     return len(tool_micro_batches(run)[0])
 
@@ -79,7 +80,7 @@ def tool_micro_batches(run=None, step: int = 1, mini_batch: int = 0):
     tool run, cut by the engine's own ``micro_batches`` call with the run's ``ppo_max_token_len_per_gpu``."""
     from ppolab.engine import Batch, micro_batches
     from ppolab.replay import mini_batch_rows
-    from ppolab.widgets.common import resolve_run
+    from ppolab.record import resolve_run
 
     r = resolve_run(run, default=TOOL_RUN)
     a = r.ppo_config().actor_rollout_ref.actor

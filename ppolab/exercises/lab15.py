@@ -25,7 +25,7 @@ SNIPPET = pd.DataFrame({
                  "least one response token; for GRPO = 8 × (number of groups whose 8 scores are equal) / 128."),
           rel=0.0, abs=5e-4, context=("run",))
 def _e1(run=None) -> float:
-    from ppolab.widgets.common import real_rows, resolve_run
+    from ppolab.numbers import real_rows, resolve_run
 
     r = resolve_run(run)
     rec = r.step(r.steps[-1])
@@ -60,7 +60,7 @@ def _e2() -> float:
                  "(ratio below THRESHOLDS['entropy_collapse_ratio'])."),
           context=("frame",))
 def _e3(frame=None) -> str:
-    from ppolab.widgets.metrics import warning_signs
+    from ppolab.numbers.metrics import warning_signs
 
     found = warning_signs(SNIPPET if frame is None else frame)
     return found[0].split(" (")[0] if len(found) == 1 else f"{len(found)} warnings"
@@ -73,9 +73,9 @@ def _e3(frame=None) -> str:
                  "m = metrics[metrics['training/global_step'].notna()]; second = m.iloc[len(m)//2:]; "
                  "(second['actor/kl_coef'] * second['actor/kl_loss']).median() / "
                  "second['actor/pg_loss'].abs().median()."),
-          context=("run",))
+          context=("run",), needs=("kl_loss",))
 def _e4(run=None) -> float:
-    from ppolab.widgets.common import resolve_run
+    from ppolab.record import resolve_run
 
     m = resolve_run(run).metrics
     m = m[m["training/global_step"].notna()]

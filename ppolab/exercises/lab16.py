@@ -6,6 +6,7 @@ import torch
 
 from ppolab import algos
 from ppolab.exercises import exercise
+from ppolab.numbers.cases import adaptive_kl_case, padded_mini_batch_case, rejection_case
 
 #: The lab's run, and the recorded step its explorers open on.
 RUN, STEP = "ppo_fire_tiny", 12
@@ -14,9 +15,33 @@ RUN, STEP = "ppo_fire_tiny", 12
 AGG_STEP, AGG_OPT = 30, 15
 
 
+def grad_case(run=None) -> dict:
+    """Exercise 16.4's step: :data:`STEP` if the run recorded it, else its last recorded step."""
+    from ppolab.record import resolve_run
+
+    steps = resolve_run(run, default=RUN).steps
+    return {"step": STEP if STEP in steps else steps[-1]}
+
+
+def beta_case(run=None) -> dict:
+    """Exercise 16.6's step: :data:`STEP`, or the last recorded step whose next step logged β."""
+    return adaptive_kl_case(run, STEP, default=RUN)
+
+
+def rejected_case(run=None) -> dict:
+    """Exercise 16.7's (step, optimizer step): the lab's, or the one whose mini-batch holds the most rejected
+    tokens."""
+    return rejection_case(run, (STEP, 14), default=RUN)
+
+
+def agg_case(run=None) -> dict:
+    """Exercise 16.8's (step, optimizer step): the lab's, or the first whose mini-batch holds padding rows."""
+    return padded_mini_batch_case(run, (AGG_STEP, AGG_OPT), default=RUN)
+
+
 def _loss_mask(rec):
     """loss_mask × real rows: the mask as generated (rejection sampling rewrites only response_mask)."""
-    from ppolab.widgets.common import real_rows
+    from ppolab.numbers import real_rows
 
     t = rec.tensors
     return t.get("loss_mask", t["response_mask"]).float() * real_rows(rec).float().unsqueeze(-1)
@@ -29,9 +54,9 @@ def _loss_mask(rec):
                  "stage 4, π_ref from stage 5); mask out padding positions and synthetic padding rows.",
                  "masked_mean(kl_penalty(old_log_probs, ref_log_prob, 'k1'), response_mask × real_rows) — k1 is "
                  "log π_old − log π_ref."),
-          rel=1e-5, abs=1e-9, context=("run",))
+          rel=1e-5, abs=1e-9, context=("run",), needs=("reference",), default_run=RUN)
 def _e1(run=None) -> float:
-    from ppolab.widgets.common import real_rows, resolve_run
+    from ppolab.numbers import real_rows, resolve_run
 
     r = resolve_run(run, default=RUN)
     rec = r.step(r.steps[-1])
@@ -54,7 +79,7 @@ def _e2() -> tuple[int, int]:
     return plan.optimizer_steps, plan.global_mini_batch
 
 
-@exercise("16.3", "Mistake 9, reward side: on the last recorded step of ppo_fire_tiny (trained with the reward-side "
+@exercise("16.3", "Mistake 9, reward side: on the last recorded step of the run (trained with the reward-side "
                   "KL, kl_penalty = kl), find β* at which the mean penalty per trajectory, β·Σ_t KL_t, equals the "
                   "mean score per trajectory — over the tokens the trainer shaped, loss_mask (real trajectories; "
                   "4 significant digits).",
@@ -63,9 +88,9 @@ def _e2() -> tuple[int, int]:
                  "before rejection sampling rewrites response_mask, so it covers every token of loss_mask.",
                  "β* = mean_i Σ_t token_level_scores / mean_i Σ_t kl_penalty(old_log_probs, ref_log_prob, 'kl')"
                  "·loss_mask over the real rows (kl_drowning's penalty_mean at β = 1 is the denominator)."),
-          rel=1e-4, abs=1e-9, context=("run",))
+          rel=1e-4, abs=1e-9, context=("run",), needs=("kl_in_reward", "reference"), default_run=RUN)
 def _e3(run=None) -> float:
-    from ppolab.widgets.common import real_rows, resolve_run
+    from ppolab.numbers import real_rows, resolve_run
 
     r = resolve_run(run, default=RUN)
     rec = r.step(r.steps[-1])
@@ -74,19 +99,27 @@ def _e3(run=None) -> float:
     return float(t["token_level_scores"].sum(-1)[real].mean() / kld.sum(-1)[real].mean())
 
 
-@exercise("16.4", f"Mistake 9, loss side: on the last optimizer step of recorded step {STEP} of ppo_fire_tiny, at "
+@exercise("16.4", "Mistake 9, loss side: on the last optimizer step of recorded step {step} of the run, at "
                   "which kl_loss_coef c does the KL term's gradient with respect to the token log-probs, "
                   "‖∂(c·kl_loss)/∂log π‖, equal the policy loss's, ‖∂pg_loss/∂log π‖? (2 decimals)",
           hints=("The KL term's gradient is linear in c; read grad_ratio off the table for any c and scale. The "
                  "value ratio (loss_ratio) is another question.",
                  "c* = ‖∂pg_loss/∂log π‖ / ‖∂kl_loss/∂log π‖ = c / grad_ratio(c) in "
-                 f"kl_term_vs_policy_gradient(RUN, step={STEP})."),
-          rel=0.0, abs=5e-3, context=("run",))
+                 "kl_term_vs_policy_gradient(RUN, step={step})."),
+          rel=0.0, abs=5e-3, context=("run",), needs=("kl_loss", "reference"), case=grad_case, default_run=RUN)
 def _e4(run=None) -> float:
-    from ppolab.widgets.mistakes import kl_term_vs_policy_gradient
+    from ppolab.numbers.mistakes import kl_term_vs_policy_gradient
 
-    table = kl_term_vs_policy_gradient(run, step=STEP, coefs=(1.0,))
-    return float(1.0 / table.loc[1.0, "grad_ratio"])
+    import math
+
+    from ppolab.numbers import RunLacks
+    from ppolab.record import resolve_run
+
+    ratio = float(kl_term_vs_policy_gradient(run, step=grad_case(run)["step"], coefs=(1.0,)).loc[1.0, "grad_ratio"])
+    if not math.isfinite(ratio) or ratio == 0:  # all advantages 0, or π_θ = π_ref: no crossing to find
+        raise RunLacks("a policy-loss gradient and a KL-term gradient that are both non-zero",
+                       resolve_run(run, default=RUN))
+    return 1.0 / ratio
 
 
 @exercise("16.5", "Predict, then verify: in the run (default grpo_tiny), what share of the real responses contains the "
@@ -98,67 +131,73 @@ def _e4(run=None) -> float:
                  "rec.info['texts']['responses'] of the real rows that contain '#### '."),
           rel=0.0, abs=5e-4, context=("run",))
 def _e5(run=None) -> tuple[float, float]:
-    from ppolab.widgets.mistakes import reference_drift
+    from ppolab.numbers.mistakes import reference_drift
 
     share = reference_drift(run)["format_share"]
     return float(share.iloc[0]), float(share.iloc[-1])
 
 
-@exercise("16.6", f"Predict, then verify — mistake 3's reward side moves: ppo_fire_tiny's adaptive controller held "
-                  f"β = actor/reward_kl_penalty_coeff at step {STEP} (target_kl 0.02, horizon 256). From step {STEP}'s "
-                  f"recorded tensors, what β does it hold at step {STEP + 1}? (4 significant digits)",
+@exercise("16.6", "Predict, then verify — mistake 3's reward side moves: the run's adaptive controller held "
+                  "β = actor/reward_kl_penalty_coeff at step {step} (target_kl {target_kl}, horizon {horizon}). From "
+                  "step {step}'s recorded tensors, what β does it hold at step {next}? (4 significant digits)",
           hints=("β moves once per step, after the penalty: β ← β·(1 + e·n/horizon) with e = clip(KL/target − 1, "
                  "−0.2, 0.2) and n the rows of the batch. Which KL, and which n? Both count the synthetic padding "
                  "rows (their KL is 0).",
                  "apply_kl_penalty(token_level_scores, old_log_probs, ref_log_prob, loss_mask, "
-                 f"AdaptiveKLController(β_{STEP}, 0.02, 256), 'kl') on run.step({STEP}), then the controller's .value; "
-                 f"the logged actor/reward_kl_penalty_coeff of step {STEP + 1} shows it."),
-          rel=1e-4, abs=1e-9, context=("run",))
+                 "AdaptiveKLController(β_{step}, {target_kl}, {horizon}), 'kl') on run.step({step}), then the "
+                 "controller's .value; the logged actor/reward_kl_penalty_coeff of step {next} shows it."),
+          rel=1e-4, abs=1e-9, context=("run",), needs=("adaptive_kl", "reference"), case=beta_case, default_run=RUN)
 def _e6(run=None) -> float:
-    from ppolab.widgets.common import resolve_run
+    from ppolab.record import resolve_run
 
     r = resolve_run(run, default=RUN)
-    rec = r.step(STEP)
+    step = beta_case(r)["step"]
+    rec = r.step(step)
     t, alg = rec.tensors, r.ppo_config().algorithm
-    ctrl = algos.AdaptiveKLController(float(r.metrics.loc[STEP, "actor/reward_kl_penalty_coeff"]),
+    ctrl = algos.AdaptiveKLController(float(r.metrics.loc[step, "actor/reward_kl_penalty_coeff"]),
                                       alg.kl_ctrl.target_kl, alg.kl_ctrl.horizon)
     algos.apply_kl_penalty(t["token_level_scores"].float(), t["old_log_probs"].float(), t["ref_log_prob"].float(),
                            _loss_mask(rec), ctrl, alg.kl_penalty)
     return float(ctrl.value)
 
 
-@exercise("16.7", f"Mistake 4's denominator: on recorded step {STEP}, optimizer step 14, the engine divides every "
+@exercise("16.7", "Mistake 4's denominator: on recorded step {step}, optimizer step {opt_step}, the engine divides "
+                  "every "
                   "micro-batch's token sum by batch_num_tokens = Σ loss_mask over the global mini-batch. How many of "
                   "those tokens carry no loss, because rejection sampling zeroed them in response_mask?",
           hints=("Rejection sampling (rollout_rs) rewrites response_mask before the advantage, but loss_mask is the "
                  "copy made at rollout: the loss's numerator loses the rejected tokens, the denominator keeps them.",
                  "Σ loss_mask − Σ response_mask over the rows of optimizer_step_batch(run.step("
-                 f"{STEP}), 14) (real rows) — reproduce('micro_is_not_the_batch', RUN, {STEP}, 14).details."),
-          context=("run",))
+                 "{step}), {opt_step}) (real rows) — reproduce('micro_is_not_the_batch', RUN, {step}, {opt_step})"
+                 ".details."),
+          context=("run",), needs=("rejection",), case=rejected_case, default_run=RUN)
 def _e7(run=None) -> int:
-    from ppolab.widgets.common import optimizer_step_batch, resolve_run
+    from ppolab.numbers import optimizer_step_batch, resolve_run
 
-    rec = resolve_run(run, default=RUN).step(STEP)
-    b = optimizer_step_batch(rec, 14)
+    c = rejected_case(run)
+    rec = resolve_run(run, default=RUN).step(c["step"])
+    b = optimizer_step_batch(rec, c["opt_step"])
     return int(_loss_mask(rec)[b["rows"]].sum() - b["response_mask"].sum())
 
 
-@exercise("16.8", f"Predict, then verify — mistake 7 with padding rows: on recorded step {AGG_STEP}, optimizer step "
-                  f"{AGG_OPT} (its mini-batch holds the 4 synthetic padding rows), in seq-mean-token-mean with the "
-                  "trainer's global_batch_size = ppo_mini_batch_size × n = 16, what total weight do the real "
+@exercise("16.8", "Predict, then verify — mistake 7 with padding rows: on recorded step {step}, optimizer step "
+                  "{opt_step} (its mini-batch holds the {n_pad} synthetic padding rows), in seq-mean-token-mean with "
+                  "the "
+                  "trainer's global_batch_size = ppo_mini_batch_size × n = {gbs}, what total weight do the real "
                   "trajectories carry in the loss? (4 decimals)",
           hints=("Every trajectory with at least one token in the loss weighs 1/global_batch_size, and the count "
                  "includes the padding rows. Does every real row still have a token? Rejection sampling can empty a "
                  "whole row (seq_max_k2).",
-                 "(number of rows of the mini-batch with Σ_t response_mask > 0) / 16 — or the sum of the weights "
-                 f"reproduce('agg_mode_weights', RUN, {AGG_STEP}, {AGG_OPT}).pair[1] (its details: "
+                 "(number of rows of the mini-batch with Σ_t response_mask > 0) / {gbs} — or the sum of the weights "
+                 "reproduce('agg_mode_weights', RUN, {step}, {opt_step}).pair[1] (its details: "
                  "seq_mean_weight_sum)."),
-          rel=0.0, abs=5e-5, context=("run",))
+          rel=0.0, abs=5e-5, context=("run",), needs=("padding_rows",), case=agg_case, default_run=RUN)
 def _e8(run=None) -> float:
-    from ppolab.widgets.common import optimizer_step_batch, resolve_run
+    from ppolab.numbers import optimizer_step_batch, resolve_run
 
     r = resolve_run(run, default=RUN)
-    b = optimizer_step_batch(r.step(AGG_STEP), AGG_OPT)
+    c = agg_case(r)
+    b = optimizer_step_batch(r.step(c["step"]), c["opt_step"])
     x = torch.ones_like(b["response_mask"], requires_grad=True)
     arr = r.ppo_config().actor_rollout_ref
     gbs = arr.actor.ppo_mini_batch_size * arr.rollout.n

@@ -10,8 +10,9 @@ import plotly.graph_objects as go
 import torch
 
 from ppolab.i18n import tr
-from ppolab.algos import LOSS_AGG_MODES, agg_loss
+from ppolab.algos import LOSS_AGG_MODES
 from ppolab.widgets.common import real_rows, resolve_run, step_tensors
+from ppolab.numbers.aggregation import trajectory_weights  # noqa: F401 (re-exported)
 
 #: Token-loss matrices the learner can aggregate (name → recorded tensor → (N, R) matrix).
 LOSS_SOURCES = {
@@ -20,15 +21,6 @@ LOSS_SOURCES = {
     "-old_log_probs (NLL)": lambda t: -t["old_log_probs"],
     "ones": lambda t: torch.ones_like(t["response_mask"]),
 }
-
-
-def trajectory_weights(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str,
-                       loss_scale_factor: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(total, weights): ``agg_loss`` of the matrix, and each row's Σ_t ∂agg_loss/∂ℓ_{i,t} (its weight)."""
-    x = loss_mat.detach().double().clone().requires_grad_(True)
-    total = agg_loss(x, mask.double(), mode, loss_scale_factor=loss_scale_factor)
-    total.backward()
-    return total.detach(), (x.grad * mask.double()).sum(-1)
 
 
 def aggregation_explorer(run=None, step=None, loss: str = "-advantages", loss_scale_factor: float | None = None,

@@ -16,23 +16,13 @@ import torch
 from ppolab.i18n import tr
 from ppolab.batching import padding_multiple, plan_batches, plan_dynamic_micro_batches
 from ppolab.widgets.common import resolve_run, step_tensors
+from ppolab.numbers.aggregation import recorded_seq_lens  # noqa: F401 (re-exported)
 
 #: Slider ranges (min, max) of the plan's inputs.
 RANGES = {"train_batch_size": (1, 256), "rollout_n": (1, 16), "ppo_mini_batch_size": (1, 256), "dp_size": (1, 16),
           "ppo_micro_batch_size_per_gpu": (1, 128), "ppo_epochs": (1, 4)}
 #: The timeline draws at most this many optimizer steps.
 MAX_TIMELINE_STEPS = 256
-
-
-def recorded_seq_lens(record, rows: int | None = None) -> list[int]:
-    """Effective prompt + response token counts of the first ``rows`` rows, as the engine's dynamic batching
-    counts them (``Batch.seq_lens``): prompt_mask sums plus the *attended* response tokens —
-    ``response_attention_mask`` when the rollout spliced in tool observations (attended, response_mask 0),
-    else response_mask."""
-    from ppolab.engine import Batch
-
-    lens = Batch(record.tensors).seq_lens()
-    return lens[:rows] if rows else lens
 
 
 def synthetic_padding(train_batch_size: int, rollout_n: int, ppo_mini_batch_size: int, dp_size: int = 1,

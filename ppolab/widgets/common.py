@@ -1,90 +1,25 @@
 """Shared plumbing of the explorers: which run, which step, and the masked tensors of that step."""
 from __future__ import annotations
 
-import operator
-import os
-from dataclasses import replace
 from typing import Any
 
 import ipywidgets as W
-import torch
 
-from ppolab.config.actor import ActorConfig
 from ppolab.i18n import tr
 from ppolab.record import SHIPPED_RUNS, Run, StepRecord, resolve_run  # noqa: F401 (re-exported)
-
-def step_tensors(run: Run | str | os.PathLike | None = None, step: int | None = None,
-                 default: str = "grpo_tiny") -> StepRecord:
-    """The recorded step ``step`` (default: the first recorded one, where the ratio story starts) of ``run``;
-    a step that was not recorded raises ``KeyError`` naming the recorded steps."""
-    r = resolve_run(run, default)
-    steps = r.steps
-    if not steps:
-        raise FileNotFoundError(f"{r.path} has no recorded steps; train with trainer.record_freq > 0")
-    return r.step(steps[0] if step is None else step)
-
-
-def real_rows(record: StepRecord) -> torch.Tensor:
-    """Boolean (N,) of the real trajectories (synthetic padding samples excluded)."""
-    t = record.tensors
-    return ~t["is_pad"].bool() if "is_pad" in t else torch.ones(t["responses"].shape[0], dtype=torch.bool)
-
-
-def token_labels(record: StepRecord, tokenizer: Any, row: int) -> list[str]:
-    """The decoded response tokens of one row (one string per position, padding included)."""
-    return [tokenizer.decode([int(t)]) for t in record.tensors["responses"][row]]
+from ppolab.numbers.steps import (  # noqa: F401 (re-exported: the explorers' shared helpers)
+    _check_index,
+    _n_opt_steps,
+    _opt_step_label,
+    actor_config,
+    optimizer_step_batch,
+    real_rows,
+    step_tensors,
+    token_labels,
+)
 
 
 # ----------------------------------------------------------------------------------------------- plumbing
-def actor_config(run: Run, **overrides: Any) -> ActorConfig:
-    """The run's ``actor_rollout_ref.actor`` (from ``run.ppo_config()``) as a fresh :class:`ActorConfig` with
-    ``overrides`` applied (``loss_mode`` goes to ``policy_loss.loss_mode``)."""
-    cfg = run.ppo_config().actor_rollout_ref.actor
-    if "loss_mode" in overrides:
-        overrides["policy_loss"] = replace(cfg.policy_loss, loss_mode=overrides.pop("loss_mode"))
-    return replace(cfg, **overrides)
-
-
-def _n_opt_steps(rec: StepRecord) -> int:
-    return int(rec.tensors["actor_log_probs"].shape[0])
-
-
-def _check_index(name: str, value: int | None, n: int) -> int | None:
-    if value is None:
-        return None
-    try:
-        index = operator.index(value)
-    except TypeError:
-        index = None
-    if index is None or isinstance(value, bool) or not 0 <= index < n:
-        raise ValueError(f"{name}={value!r} is out of range; allowed: an integer 0 … {n - 1}")
-    return index
-
-
-def _opt_step_label(rec: StepRecord, k: int) -> str:
-    per_epoch = int(rec.info.get("batch_plan", {}).get("optimizer_steps_per_epoch", 0) or 0)
-    if per_epoch > 0:
-        return tr("opt step {k} (epoch {e}, mini-batch {m})").format(k=k, e=k // per_epoch, m=k % per_epoch)
-    return tr("opt step {k}").format(k=k)
-
-
-def optimizer_step_batch(rec: StepRecord, k: int) -> dict[str, torch.Tensor]:
-    """The rows optimizer step ``k`` trained on: ``rows`` (indices), and for those rows ``old_log_probs``,
-    ``log_prob`` (= actor_log_probs[k]), ``advantages``, ``response_mask`` (real rows only), ``entropy``,
-    ``ref_log_prob`` — every tensor (n_rows, R), ready for the ``ppolab.algos`` losses."""
-    t = rec.tensors
-    _check_index("opt_step", k, _n_opt_steps(rec))
-    lp = t["actor_log_probs"][k]
-    rows = torch.nonzero(~torch.isnan(lp).all(dim=-1)).flatten()
-    mask = t["response_mask"].float() * real_rows(rec).float().unsqueeze(-1)
-    out = {"rows": rows, "log_prob": torch.nan_to_num(lp[rows], nan=0.0)}
-    for key in ("old_log_probs", "advantages", "entropy", "ref_log_prob"):
-        if key in t:
-            out[key] = t[key][rows].float()
-    out["response_mask"] = mask[rows]
-    # a NaN at a masked position would leak through the seq-mean modes; pad positions carry 0 instead
-    out["log_prob"] = torch.where(out["response_mask"] > 0, out["log_prob"], out["old_log_probs"])
-    return out
 
 
 def _opt_step_slider(rec: StepRecord, value: int | None, description: str = "opt step") -> W.IntSlider:

@@ -3,8 +3,6 @@ dropped by rejection sampling, and the one-token shift between logit positions a
 (chapter §9, §1)."""
 from __future__ import annotations
 
-import functools
-from pathlib import Path
 
 import ipywidgets as W
 import plotly.graph_objects as go
@@ -12,65 +10,9 @@ import torch
 
 from ppolab.i18n import tr
 from ppolab.widgets.common import real_rows, resolve_run, step_tensors
+from ppolab.numbers.masks import CATEGORIES, run_tokenizer, shift_table, token_categories  # noqa: F401
 
-#: Category codes of the token map (z of the heatmap).
-CATEGORIES = {0: "padding", 1: "prompt", 2: "response", 3: "synthetic padding row", 4: "tool observation",
-              5: "rejected token"}
 _COLORS = ["#e0e0e0", "#7fa7d9", "#f2a65a", "#b58ad8", "#6cc08b", "#d9534f"]
-
-
-@functools.lru_cache(maxsize=4)
-def _tokenizer(path: str):
-    from ppolab.models import load_tokenizer
-
-    return load_tokenizer(path)
-
-
-def run_tokenizer(run):
-    """The tokenizer of ``run``'s ``actor_rollout_ref.model.path`` if that folder exists, else the shipped model's."""
-    from ppolab.models import SHIPPED_MODEL
-
-    path = run.ppo_config().actor_rollout_ref.model.path
-    if not path or not (Path(path) / "config.json").is_file():
-        path = SHIPPED_MODEL
-    return _tokenizer(str(path))
-
-
-def token_categories(record) -> torch.Tensor:
-    """(N, P + R) integer codes of :data:`CATEGORIES` from prompt_mask, response_mask, loss_mask and is_pad; with a
-    ``response_attention_mask`` (multi-turn tool rollouts), attended response tokens with response_mask 0 are
-    tool observations; tokens with ``loss_mask`` 1 but response_mask 0 were sampled by the policy and then dropped
-    by rollout rejection sampling (``algorithm.rollout_correction.rollout_rs``), which rewrites only response_mask."""
-    t = record.tensors
-    response = 2 * t["response_mask"].long()
-    if "loss_mask" in t:
-        rejected = t["loss_mask"].bool() & ~t["response_mask"].bool()
-        response = torch.where(rejected, torch.full_like(response, 5), response)
-    if "response_attention_mask" in t:
-        observation = t["response_attention_mask"].bool() & ~t["response_mask"].bool() & (response != 5)
-        response = torch.where(observation, torch.full_like(response, 4), response)
-    cats = torch.cat([t["prompt_mask"].long(), response], dim=1)
-    pad_rows = ~real_rows(record)
-    cats[pad_rows] = 3
-    return cats
-
-
-def shift_table(record, tokenizer, row: int) -> dict[str, list]:
-    """The one-token shift of one row: for each response position j, the input position whose logits predict
-    it (P − 1 + j), the token at that input position, the predicted response token, and its masks
-    (``response_mask``, ``loss_mask`` and, when recorded, ``response_attention_mask``)."""
-    t = record.tensors
-    P = t["prompts"].shape[1]
-    seq = torch.cat([t["prompts"][row], t["responses"][row]])
-    R = t["responses"].shape[1]
-    out = {"response position j": list(range(R)), "logit position": [P - 1 + j for j in range(R)],
-           "input token there": [tokenizer.decode([int(seq[P - 1 + j])]) for j in range(R)],
-           "predicts response token": [tokenizer.decode([int(t["responses"][row, j])]) for j in range(R)],
-           "response_mask": [int(x) for x in t["response_mask"][row].tolist()],
-           "loss_mask": [int(x) for x in t["loss_mask"][row].tolist()] if "loss_mask" in t else [None] * R}
-    if "response_attention_mask" in t:  # what the model reads: 1 on tool observations and on rejected tokens too
-        out["response_attention_mask"] = [int(x) for x in t["response_attention_mask"][row].tolist()]
-    return out
 
 
 def mask_viewer(run=None, step=None, rows: list[int] | None = None, tokenizer=None) -> W.VBox:

@@ -1,0 +1,202 @@
+"""Case finders: where in *this* run a mechanism can be seen — a recorded step, an optimizer step, a critic update.
+
+Each finder takes a run (a Run, a shipped run's name or a path) and returns a dict of the numbers a prompt names
+(``{"step": 24, "opt_step": 8, …}``). A lab's own case (``prefer``) is kept when the run records it and the mechanism
+shows there, so the shipped runs keep their cases; otherwise the finder searches the run by the rule its docstring
+states. A run in which the mechanism never shows raises :class:`~ppolab.numbers.needs.RunLacks`.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from functools import lru_cache
+
+import torch
+
+from ppolab import algos
+from ppolab.numbers.needs import RunLacks, require
+from ppolab.numbers.steps import _n_opt_steps, actor_config, optimizer_step_batch, real_rows
+from ppolab.record import Run, resolve_run
+
+Case = dict[str, int | float]
+
+
+def _key(run: Run | str | None, default: str) -> tuple[str, tuple[int, ...]]:
+    r = resolve_run(run, default)
+    return str(r.path.resolve()), tuple(r.steps)
+
+
+def _cached(fn: Callable[..., Case]) -> Callable[..., Case]:
+    """Cache a finder per run directory and its recorded steps (a run still training gets a fresh search)."""
+    @lru_cache(maxsize=64)
+    def by_key(path: str, _steps: tuple[int, ...], *args) -> Case:
+        return fn(resolve_run(path), *args)
+
+    def finder(run: Run | str | None = None, *args, default: str = "grpo_tiny") -> Case:
+        return dict(by_key(*_key(run, default), *args))
+    finder.__doc__, finder.__name__ = fn.__doc__, fn.__name__
+    return finder
+
+
+def _pick(prefer: tuple[int, int] | None, candidates: Iterable[tuple[int, int]],
+          score: Callable[[int, int], float]) -> tuple[int, int] | None:
+    """``prefer`` when it is a candidate with a positive score, else the first candidate of the highest positive
+    score, else None."""
+    candidates = list(candidates)
+    if prefer in candidates and score(*prefer) > 0:
+        return prefer
+    scored = [(score(s, k), -i, (s, k)) for i, (s, k) in enumerate(candidates)]
+    best = max(scored, default=(0.0, 0, None))
+    return best[2] if best[0] > 0 else None
+
+
+def _opt_pairs(r: Run, first_opt: int = 0) -> list[tuple[int, int]]:
+    return [(s, k) for s in r.steps for k in range(first_opt, _n_opt_steps(r.step(s)))]
+
+
+def _clip_terms(r: Run, step: int, k: int, c: float | None = None) -> tuple[dict, dict]:
+    cfg = actor_config(r)
+    low, high = algos.policy_loss.clip_bounds(cfg)
+    b = optimizer_step_batch(r.step(step), k)
+    extra = () if c is None else (c,)  # no c: ppo_clip_terms' own default (the dual clip is not asked about)
+    return b, algos.ppo_clip_terms(b["old_log_probs"], b["log_prob"], b["advantages"], low, high, *extra)
+
+
+@_cached
+def clip_case(r: Run, prefer: tuple[int, int] | None = None) -> Case:
+    """The recorded step and optimizer step where the PPO clip (at the run's ε) takes out the most real response
+    tokens; optimizer step 0 is never one (π_θ is still π_old there)."""
+    require(r, "opt_steps")
+
+    def clipped(s: int, k: int) -> float:
+        b, terms = _clip_terms(r, s, k)
+        return float(algos.masked_sum(terms["clipped"], b["response_mask"]))
+    found = _pick(prefer, _opt_pairs(r, first_opt=1), clipped)
+    if found is None:
+        raise RunLacks("a PPO clip that binds (clipped tokens at an optimizer step after the first)", r)
+    return {"step": found[0], "opt_step": found[1], "eps": actor_config(r).clip_ratio}
+
+
+def _dual_binding(r: Run, step: int) -> list[int]:
+    c = actor_config(r).clip_ratio_c
+    out = []
+    for k in range(_n_opt_steps(r.step(step))):
+        b, terms = _clip_terms(r, step, k, c)
+        if algos.masked_sum(terms["dual_clipped"], b["response_mask"]).item() > 0:
+            out.append(k)
+    return out
+
+
+@_cached
+def dual_clip_case(r: Run, prefer: tuple[int, int, int] | None = None) -> Case:
+    """The first recorded step where the dual clip (the run's clip_ratio_c) binds on a real token; ``open`` and
+    ``code`` are two optimizer steps where it binds (``prefer``'s when they do, else the first and the last)."""
+    require(r, "opt_steps")
+    for s in r.steps:
+        binding = _dual_binding(r, s)
+        if binding:
+            break
+    else:
+        raise RunLacks("a dual clip that fires (pg_clipfrac_lower > 0 at a recorded optimizer step)", r)
+    if prefer and prefer[0] == s and {prefer[1], prefer[2]} <= set(binding):
+        opened, code = prefer[1], prefer[2]
+    else:
+        opened, code = binding[0], binding[-1]
+    cfg = actor_config(r)
+    return {"step": s, "open": opened, "code": code, "c": cfg.clip_ratio_c, "eps": cfg.clip_ratio,
+            "n_opt": _n_opt_steps(r.step(s)), "per_epoch": _per_epoch(r, s)}
+
+
+def _per_epoch(r: Run, step: int) -> int:
+    rec = r.step(step)
+    per = int(rec.info.get("batch_plan", {}).get("optimizer_steps_per_epoch", 0) or 0)
+    return per or max(1, _n_opt_steps(rec) // max(1, r.ppo_config().actor_rollout_ref.actor.ppo_epochs))
+
+
+@_cached
+def second_epoch_case(r: Run) -> Case:
+    """Recorded step 1's first optimizer step of the second epoch (``opt_step``), with the batch's ``rows``, the
+    global mini-batch ``mini`` and ``epochs``."""
+    require(r, "step1", "epochs")
+    rec = r.step(1)
+    per = _per_epoch(r, 1)
+    rows = int(rec.tensors["responses"].shape[0])
+    return {"step": 1, "opt_step": per, "per_epoch": per, "rows": rows, "mini": rows // per,
+            "epochs": r.ppo_config().actor_rollout_ref.actor.ppo_epochs}
+
+
+@_cached
+def opt_step_case(r: Run, prefer: int, step: int | None = None) -> Case:
+    """Optimizer step ``prefer`` of recorded step ``step`` (default the first), or that step's last optimizer step
+    when it took fewer."""
+    s = r.steps[0] if step is None else step
+    return {"step": s, "opt_step": min(prefer, _n_opt_steps(r.step(s)) - 1)}
+
+
+@_cached
+def recorded_step_case(r: Run, prefer: int) -> Case:
+    """Recorded step ``prefer`` if the run recorded it, else its first recorded step."""
+    return {"step": prefer if prefer in r.steps else r.steps[0]}
+
+
+@_cached
+def critic_case(r: Run, prefer: int = 3) -> Case:
+    """Critic optimizer step ``prefer`` of the first recorded step (its last one when it took fewer), the last
+    critic optimizer step, the run's ε_v and DP ranks."""
+    require(r, "critic", "critic_updates")
+    rec = r.step(r.steps[0])
+    n = int(rec.tensors["critic_vpreds"].shape[0])
+    return {"update": min(prefer, n - 1), "last": n - 1, "eps_v": r.ppo_config().critic.cliprange_value,
+            "dp": int(rec.info.get("dp_size", 1) or 1)}
+
+
+def _pad_rows_in(r: Run, s: int, k: int) -> int:
+    t = r.step(s).tensors
+    rows = ~torch.isnan(t["actor_log_probs"][k]).all(-1)
+    return int((t["is_pad"].bool() & rows).sum())
+
+
+@_cached
+def padded_mini_batch_case(r: Run, prefer: tuple[int, int] | None = None) -> Case:
+    """A recorded step and optimizer step whose global mini-batch holds synthetic padding rows (``prefer`` when it
+    does, else the first such pair), with ``n_pad`` and the trainer's global_batch_size ``gbs``."""
+    require(r, "padding_rows")
+    pairs = _opt_pairs(r)
+    found = prefer if prefer in pairs and _pad_rows_in(r, *prefer) else next(
+        (p for p in pairs if _pad_rows_in(r, *p)), None)
+    if found is None:
+        raise RunLacks("a global mini-batch that holds synthetic padding rows", r)
+    arr = r.ppo_config().actor_rollout_ref
+    return {"step": found[0], "opt_step": found[1], "n_pad": _pad_rows_in(r, *found),
+            "gbs": arr.actor.ppo_mini_batch_size * arr.rollout.n}
+
+
+def _rejected_in(r: Run, s: int, k: int) -> int:
+    rec = r.step(s)
+    b = optimizer_step_batch(rec, k)
+    real = real_rows(rec)[b["rows"]].float().unsqueeze(-1)
+    return int((rec.tensors["loss_mask"][b["rows"]] * real).sum() - b["response_mask"].sum())
+
+
+@_cached
+def rejection_case(r: Run, prefer: tuple[int, int] | None = None) -> Case:
+    """The recorded step and optimizer step whose global mini-batch holds the most tokens that rejection sampling
+    zeroed (``prefer`` when it holds any)."""
+    require(r, "rejection")
+    found = _pick(prefer, _opt_pairs(r), lambda s, k: _rejected_in(r, s, k))
+    if found is None:
+        raise RunLacks("tokens that rejection sampling zeroed", r)
+    return {"step": found[0], "opt_step": found[1]}
+
+
+@_cached
+def adaptive_kl_case(r: Run, prefer: int) -> Case:
+    """A recorded step ``step`` whose next training step logged β (``prefer`` when it qualifies, else the last such
+    recorded step), with the controller's ``target_kl`` and ``horizon``."""
+    require(r, "adaptive_kl")
+    logged = set(r.metrics["actor/reward_kl_penalty_coeff"].dropna().index)
+    ok = [s for s in r.steps if s in logged and s + 1 in logged]
+    if not ok:
+        raise RunLacks("two consecutive training steps that logged actor/reward_kl_penalty_coeff", r)
+    ctrl = r.ppo_config().algorithm.kl_ctrl
+    step = prefer if prefer in ok else ok[-1]
+    return {"step": step, "next": step + 1, "target_kl": ctrl.target_kl, "horizon": ctrl.horizon}
