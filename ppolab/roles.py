@@ -66,14 +66,7 @@ def forward_response(
     full-size float32 copies of the logits; None decides by size (above ``CHUNK_LOGITS_THRESHOLD`` logits), which
     the shipped tiny model never reaches — its runs keep the plain formulas below, bit for bit.
     """
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-        output_hidden_states=value_head is not None,
-        logits_to_keep=response_length + 1,
-        use_cache=False,
-    )
+    out = _forward(model, input_ids, attention_mask, response_length, hidden=value_head is not None)
     result = ResponseOutputs()
     responses = input_ids[:, -response_length:]
     if chunked is None:
@@ -96,6 +89,22 @@ def forward_response(
         hidden = out.hidden_states[-1][:, -response_length - 1 : -1, :]
         result.values = value_head(hidden.to(value_head.weight.dtype)).squeeze(-1)
     return result
+
+
+def _forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int,
+             hidden: bool = False):
+    """The model on prompt ‖ response, keeping the logits of the last R + 1 positions (the first R score the
+    response tokens: the one-token shift)."""
+    return model(input_ids=input_ids, attention_mask=attention_mask,
+                 position_ids=position_ids_from_mask(attention_mask), output_hidden_states=hidden,
+                 logits_to_keep=response_length + 1, use_cache=False)
+
+
+def response_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    response_length: int) -> torch.Tensor:
+    """(bs, R, V) raw logits (model dtype, no temperature) that score each response token — the same forward and
+    one-token shift as :func:`forward_response`, for readings over the full distribution (chapter §7.3)."""
+    return _forward(model, input_ids, attention_mask, response_length).logits[:, :-1, :]
 
 
 def enable_gradient_checkpointing(model: nn.Module) -> None:

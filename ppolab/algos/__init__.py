@@ -55,7 +55,12 @@ from ppolab.algos.kl import (
     AdaptiveKLController,
     FixedKLController,
     apply_kl_penalty,
+    estimator_moments,
+    exact_kl,
+    expected_estimator_gradient,
+    full_log_probs,
     get_kl_controller,
+    kl_gradient,
     kl_penalty,
     kl_penalty_forward,
 )

@@ -120,3 +120,49 @@ def apply_kl_penalty(
     kl_ctrl.update(current_kl=current_kl, n_steps=token_level_scores.shape[0])
     return token_level_rewards, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
 
+
+
+# ---------------------------------------------------------------------------------- over full distributions
+def full_log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log softmax(z / T) over the vocabulary (the last dimension), float64: (…, V) → (…, V)."""
+    return torch.log_softmax(logits.double() / temperature, dim=-1)
+
+
+def exact_kl(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """KL(p‖q) = Σ_a p(a)·(log p(a) − log q(a)) over the last dimension, from full log-probabilities (…, V) → (…).
+    What every estimator of chapter §7.3 estimates from one sampled token."""
+    return (logp.exp() * (logp - logq)).sum(-1)
+
+
+def estimator_moments(lp_theta: torch.Tensor, lp_ref: torch.Tensor, lp_sample: torch.Tensor,
+                      name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact mean and variance of ``kl_penalty(log π_θ(a), log π_ref(a), name)`` for a ∼ q, at every position.
+
+    All three arguments are full log-distributions (…, V); q = exp(``lp_sample``). Nothing is sampled: the mean
+    is Σ_a q(a)·k(a) and the variance Σ_a q(a)·(k(a) − mean)², so the numbers are the estimator's expectation
+    and per-token variance, clamps included (chapter §7.3). Returns two tensors of shape (…).
+    """
+    k = kl_penalty(lp_theta, lp_ref, name)
+    q = lp_sample.exp()
+    mean = (q * k).sum(-1)
+    return mean, (q * (k - mean.unsqueeze(-1)).square()).sum(-1)
+
+
+def expected_estimator_gradient(theta_logits: torch.Tensor, lp_ref: torch.Tensor, name: str) -> torch.Tensor:
+    """∇ of E_{a∼π_θ}[kl_penalty(log π_θ(a), log π_ref(a), name)] w.r.t. π_θ's (temperature-scaled) logits,
+    with the sampled tokens held fixed — what the trainer's loss gradient is on average: samples are data, so
+    no score-function term. ``theta_logits`` (…, V) are the logits π_θ = softmax(theta_logits); returns (…, V)."""
+    u = theta_logits.detach().double().clone().requires_grad_(True)
+    lp = torch.log_softmax(u, dim=-1)
+    q = lp.detach().exp()
+    (q * kl_penalty(lp, lp_ref, name)).sum().backward()
+    return u.grad
+
+
+def kl_gradient(theta_logits: torch.Tensor, lp_ref: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+    """∇ of the exact KL(π_θ‖π_ref) (or, with ``reverse``, KL(π_ref‖π_θ)) w.r.t. π_θ's logits, summed over
+    positions; (…, V)."""
+    u = theta_logits.detach().double().clone().requires_grad_(True)
+    lp = torch.log_softmax(u, dim=-1)
+    (exact_kl(lp_ref, lp) if reverse else exact_kl(lp, lp_ref)).sum().backward()
+    return u.grad

@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from ppolab.algos import AdaptiveKLController, kl_penalty
+from ppolab.algos import AdaptiveKLController, estimator_moments, exact_kl, expected_estimator_gradient, \
+    full_log_probs, kl_gradient
 from ppolab.numbers.steps import real_rows, step_tensors
 from ppolab.record import Run, resolve_run
 
@@ -68,10 +69,29 @@ def replay_adaptive_kl(
 ESTIMATORS_AND_ST = ("k1", "abs", "k2", "k3", "k1+", "abs+", "k2+", "k3+")
 
 
+#: The most float64 logits a full-distribution reading holds (positions × vocabulary), sized so one explorer move
+#: (eight estimator moments over them) stays near 100 ms on a laptop core: every response position of the shipped
+#: runs (a 29-token vocabulary), an evenly spaced sample of 6 at a real model's 151,936 tokens.
+MAX_LOGIT_ELEMENTS = 1 << 20
+#: Rows per forward pass: a step's full float32 logits at a real vocabulary would not fit.
+MAX_FORWARD_ELEMENTS = 1 << 26
+
+
+def sample_positions(mask: torch.Tensor, vocab: int, budget: int = MAX_LOGIT_ELEMENTS) -> torch.Tensor:
+    """(M, 2) (row, position) of the valid positions of ``mask`` (N, R) a reading keeps: all of them, in row-major
+    order, when M × ``vocab`` fits ``budget``; else ⌊budget / vocab⌋ evenly spaced ones (deterministic, so a
+    slider's every move reads the same tokens)."""
+    where = torch.nonzero(mask.bool())
+    keep = max(1, budget // max(vocab, 1))
+    if len(where) <= keep:
+        return where
+    return where[torch.linspace(0, len(where) - 1, keep).round().long().unique()]
+
+
 @functools.lru_cache(maxsize=4)
 def _response_logits(path: str, step: int | None) -> dict[str, Any]:
     from ppolab.models import load_tokenizer_and_model
-    from ppolab.roles import position_ids_from_mask
+    from ppolab.roles import response_logits as shifted_logits
 
     r = resolve_run(path)
     rec = step_tensors(r, step)
@@ -81,13 +101,23 @@ def _response_logits(path: str, step: int | None) -> dict[str, Any]:
     # the ref pass ran before rejection sampling rewrote response_mask: attend to every token it attended to
     seen = t.get("response_attention_mask", _mask_before_rejection(rec))
     attn = torch.cat([t["prompt_mask"], seen.long()], dim=1)
-    P, R = t["prompts"].shape[1], t["responses"].shape[1]
-    with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn),
-                       use_cache=False).logits
+    N, R = t["responses"].shape
+    vocab = model.get_output_embeddings().weight.shape[0]
     mask = _mask_before_rejection(rec).bool()
-    return {"logits": logits[:, P - 1 : P + R - 1].double(), "mask": mask, "responses": t["responses"],
-            "temperature": float(rec.info.get("temperature", 1.0)), "record": rec}
+    where = sample_positions(mask, vocab)
+    rows_per_pass = max(1, MAX_FORWARD_ELEMENTS // max((R + 1) * vocab, 1))
+    picked = []
+    with torch.no_grad():
+        for start in range(0, N, rows_per_pass):  # the trainer's forward and shift, a few rows at a time
+            rows = where[(where[:, 0] >= start) & (where[:, 0] < start + rows_per_pass)]
+            if len(rows):
+                logits = shifted_logits(model, ids[start:start + rows_per_pass], attn[start:start + rows_per_pass], R)
+                picked.append(logits[rows[:, 0] - start, rows[:, 1]].double())
+    logits = torch.cat(picked) if picked else torch.zeros(0, vocab, dtype=torch.float64)
+    return {"logits": logits, "mask": torch.ones(len(where), dtype=torch.bool), "positions": where,
+            "responses": t["responses"][where[:, 0], where[:, 1]], "n_valid": int(mask.sum()),
+            "sampled": len(where) < int(mask.sum()), "temperature": float(rec.info.get("temperature", 1.0)),
+            "record": rec}
 
 
 def run_base_model(run: Run) -> Path:
@@ -103,13 +133,16 @@ def run_base_model(run: Run) -> Path:
 
 
 def response_logits(run: Run | str | None = None, step: int | None = None) -> dict[str, Any]:
-    """The base model's full logits at every response position of a recorded step (cached per run and step).
+    """The base model's full logits at the response positions of a recorded step (cached per run and step).
 
     The base model is the run's own (:func:`run_base_model`: found by fingerprint, never another) — for a LoRA
-    run that is exactly the reference policy (the actor with its adapters off). Returns
-    ``logits`` (N, R, V) float64 before any temperature (the one-token shift applied: position j holds the logits
-    that score response token j), ``mask`` (N, R) bool (the policy's sampled tokens of real rows, those that
-    rejection sampling later dropped included), ``responses`` (N, R), ``temperature`` (the run's rollout
+    run that is exactly the reference policy (the actor with its adapters off); the logits come from the trainer's
+    own forward and one-token shift (:func:`ppolab.roles.response_logits`), a few rows a pass. Returns ``logits``
+    (M, V) float64 before any temperature at M positions (:func:`sample_positions`: every valid one on a small
+    vocabulary, an evenly spaced sample within :data:`MAX_LOGIT_ELEMENTS` on a large one), ``positions`` (M, 2)
+    their (row, position), ``responses`` (M,) the sampled token there, ``mask`` (M,) all true (index ``logits``
+    with it), ``n_valid`` (the policy's sampled tokens of real rows, those that rejection sampling later dropped
+    included), ``sampled`` (whether M < n_valid: say so on a figure), ``temperature`` (the run's rollout
     temperature) and ``record``. Do not modify the tensors in place.
     """
     r = resolve_run(run)
@@ -118,50 +151,6 @@ def response_logits(run: Run | str | None = None, step: int | None = None) -> di
             raise FileNotFoundError(f"{r.path} has no recorded steps; train with trainer.record_freq > 0")
         step = r.steps[0]
     return _response_logits(str(Path(r.path).resolve()), int(step))
-
-
-def full_log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log softmax(z / T) over the vocabulary (the last dimension), float64."""
-    return torch.log_softmax(logits.double() / temperature, dim=-1)
-
-
-def exact_kl(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
-    """KL(p‖q) = Σ_a p(a)·(log p(a) − log q(a)) over the last dimension, from full log-probabilities."""
-    return (logp.exp() * (logp - logq)).sum(-1)
-
-
-def estimator_moments(lp_theta: torch.Tensor, lp_ref: torch.Tensor, lp_sample: torch.Tensor,
-                      name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact mean and variance of ``kl_penalty(log π_θ(a), log π_ref(a), name)`` for a ∼ q, at every position.
-
-    All three arguments are full log-distributions (…, V); q = exp(``lp_sample``). Nothing is sampled: the mean
-    is Σ_a q(a)·k(a) and the variance Σ_a q(a)·(k(a) − mean)², so the numbers are the estimator's expectation
-    and per-token variance, clamps included. Returns two tensors of shape (…).
-    """
-    k = kl_penalty(lp_theta, lp_ref, name)
-    q = lp_sample.exp()
-    mean = (q * k).sum(-1)
-    return mean, (q * (k - mean.unsqueeze(-1)).square()).sum(-1)
-
-
-def expected_estimator_gradient(theta_logits: torch.Tensor, lp_ref: torch.Tensor, name: str) -> torch.Tensor:
-    """∇ of E_{a∼π_θ}[kl_penalty(log π_θ(a), log π_ref(a), name)] w.r.t. π_θ's (temperature-scaled) logits,
-    with the sampled tokens held fixed — what the trainer's loss gradient is on average: samples are data, so
-    no score-function term. ``theta_logits`` (…, V) are the logits π_θ = softmax(theta_logits); returns (…, V)."""
-    u = theta_logits.detach().double().clone().requires_grad_(True)
-    lp = torch.log_softmax(u, dim=-1)
-    q = lp.detach().exp()
-    (q * kl_penalty(lp, lp_ref, name)).sum().backward()
-    return u.grad
-
-
-def kl_gradient(theta_logits: torch.Tensor, lp_ref: torch.Tensor, reverse: bool = False) -> torch.Tensor:
-    """∇ of the exact KL(π_θ‖π_ref) (or, with ``reverse``, KL(π_ref‖π_θ)) w.r.t. π_θ's logits, summed over
-    positions; (…, V)."""
-    u = theta_logits.detach().double().clone().requires_grad_(True)
-    lp = torch.log_softmax(u, dim=-1)
-    (exact_kl(lp_ref, lp) if reverse else exact_kl(lp, lp_ref)).sum().backward()
-    return u.grad
 
 
 def _moments_table(logits: torch.Tensor, mask: torch.Tensor, ref_temperature: float, temperature: float,
@@ -188,10 +177,12 @@ def estimator_table(run: Run | str | None = None, step: int | None = None, tempe
     distribution that differs from π_ref — runs record no weights of the trained policy). Returns ``kl``
     (mean over positions of KL(π_θ‖π_ref)), ``reverse_kl`` (of KL(π_ref‖π_θ)), ``rows`` (per estimator and
     sampler ``"pi_theta"`` / ``"pi_ref"``: ``mean`` = mean over positions of E_q[k], ``bias`` = mean − kl,
-    ``var`` = mean over positions of Var_q[k], ``std`` = its square root) and ``n_positions``.
+    ``var`` = mean over positions of Var_q[k], ``std`` = its square root), ``n_positions`` (read), ``n_valid`` (in
+    the step) and ``sampled`` (whether a real vocabulary made it read a sample of them, :func:`sample_positions`).
     """
     src = response_logits(run, step)
-    return _moments_table(src["logits"], src["mask"], src["temperature"], temperature, names)
+    return {**_moments_table(src["logits"], src["mask"], src["temperature"], temperature, names),
+            "n_valid": src["n_valid"], "sampled": src["sampled"]}
 
 
 def gradient_table(run: Run | str | None = None, step: int | None = None, temperature: float = 0.7,

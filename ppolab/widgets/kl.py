@@ -272,6 +272,11 @@ def kl_explorer(
 # --------------------------------------------------------------------------- §7.3 on full distributions
 
 
+#: Said under a full-distribution reading that kept a sample of the positions (numbers.kl.sample_positions).
+SAMPLED_NOTE = ("a fixed, evenly spaced sample of the step's {n} response tokens (each a full distribution over the "
+                "vocabulary)")
+
+
 def exact_kl_explorer(run: Run | str | None = None, step: int | None = None, temperature: float = 0.7) -> W.VBox:
     """Chapter §7.3 on full distributions: the estimators' exact mean and per-token spread against the exact
     KL(π_θ‖π_ref), for tokens sampled from π_θ and from π_ref, with π_θ = the base model at temperature T_θ.
@@ -318,6 +323,8 @@ def exact_kl_explorer(run: Run | str | None = None, step: int | None = None, tem
             f_sweep.data[-1].x, f_sweep.data[-1].y = [tab["temperature"]], [tab["kl"]]
         readout.value = (tr(f"{tab['n_positions']} response positions; π_ref = base model at T = "
                          f"{tab['ref_temperature']}, π_θ = base model at T_θ = {tab['temperature']}"))
+        if src["sampled"]:  # a real vocabulary: a bounded, fixed sample keeps every move's cost flat
+            readout.value += " — " + tr(SAMPLED_NOTE).format(n=src["n_valid"])
 
     controls["temperature"].observe(update, names="value")
     update()
