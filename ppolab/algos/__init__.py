@@ -74,7 +74,7 @@ from ppolab.algos.logprob import (
     top_k_top_p_filter,
     use_chunked_logits,
 )
-from ppolab.algos.masked import MASKED_EPS, masked_mean, masked_sum, masked_var, masked_whiten
+from ppolab.algos.masked import MASKED_EPS, masked_mean, masked_sum, masked_var, masked_whiten, row_token_mean
 from ppolab.algos.policy_loss import (
     POLICY_LOSS_REGISTRY,
     compute_policy_loss_cispo,

@@ -56,3 +56,9 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
     mean, var = masked_mean(values, mask), masked_var(values, mask)
     whitened = (values - mean) * torch.rsqrt(var + MASKED_EPS)
     return whitened if shift_mean else whitened + mean
+
+
+def row_token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(bs, T) → (bs,): each row's mean over its masked tokens, Σ_t x·m / (Σ_t m + 1e-8) — a fully masked row is 0.
+    The per-sequence mean of geo_mean's log-ratio and advantage (verl ``compute_policy_loss_geo_mean``)."""
+    return (values * mask).sum(dim=-1) / (mask.sum(dim=-1) + MASKED_EPS)

@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from ppolab.algos.masked import MASKED_EPS, masked_mean
+from ppolab.algos.masked import masked_mean, row_token_mean
 from ppolab.algos.aggregation import GlobalBatchInfo
 from ppolab.algos.policy_loss import LOG_RATIO_CLAMP, _aggregate, _float, clip_bounds, register_policy_loss
 
@@ -150,13 +150,12 @@ def compute_policy_loss_geo_mean(
     sgn = torch.sign(advantages)
     clamped = torch.clamp(negative_approx_kl, -eps_low, eps_high)
     pessimistic = sgn * torch.min(sgn * negative_approx_kl, sgn * clamped)
-    lengths = response_mask.sum(dim=-1)
-    ratio = torch.exp((pessimistic * response_mask).sum(dim=-1) / (lengths + MASKED_EPS))
-    seq_advantage = (advantages * response_mask).sum(dim=-1) / (lengths + MASKED_EPS)
+    ratio = torch.exp(row_token_mean(pessimistic, response_mask))
+    seq_advantage = row_token_mean(advantages, response_mask)
     pg_losses = -seq_advantage * ratio
     if rollout_is_weights is not None:
         log_w = torch.log(rollout_is_weights + GEO_MEAN_IS_EPS) * response_mask
-        pg_losses = pg_losses * torch.exp(log_w.sum(dim=-1) / (lengths + MASKED_EPS))
+        pg_losses = pg_losses * torch.exp(row_token_mean(log_w, response_mask))
     pg_loss = torch.mean(pg_losses)
     clipped = torch.ne(negative_approx_kl, clamped)
     return pg_loss, {

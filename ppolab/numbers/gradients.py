@@ -8,7 +8,7 @@ from typing import Any, Sequence
 import torch
 
 from ppolab.algos import POLICY_LOSS_REGISTRY, agg_loss
-from ppolab.algos.masked import MASKED_EPS
+from ppolab.algos.masked import row_token_mean
 from ppolab.config.actor import ActorConfig
 
 
@@ -61,7 +61,7 @@ def token_share(mode: str, response_mask: torch.Tensor, loss_agg_mode: str) -> t
     x = torch.zeros_like(response_mask, dtype=torch.float64, requires_grad=True)
     m = response_mask.double()
     if mode == "geo_mean":
-        total = torch.mean((x * m).sum(dim=-1) / (m.sum(dim=-1) + MASKED_EPS))
+        total = torch.mean(row_token_mean(x, m))
     else:
         total = agg_loss(x, m, "seq-mean-token-mean" if mode == "sapo" else loss_agg_mode)
     (share,) = torch.autograd.grad(total, x)
