@@ -22,6 +22,8 @@ from ppolab.config.actor import ActorConfig
 from ppolab.record import Run
 from ppolab.widgets.common import (
     _box,
+    drawn,
+    drawn_note,
     _check_index,
     _hline,
     _n_opt_steps,
@@ -221,15 +223,16 @@ def clip_explorer(
                 for i, j in idx.tolist()
             ]
 
+        free, bound = drawn(m & ~clipped), drawn(clipped)  # a bounded sample of points; the numbers use all
         with f_batch.batch_update():
-            f_batch.data[0].x, f_batch.data[0].y = ratio[m & ~clipped].tolist(), adv[m & ~clipped].tolist()
-            f_batch.data[0].hovertext = hover(m & ~clipped)
-            f_batch.data[1].x, f_batch.data[1].y = ratio[clipped].tolist(), adv[clipped].tolist()
-            f_batch.data[1].hovertext = hover(clipped)
+            f_batch.data[0].x, f_batch.data[0].y = ratio[free].tolist(), adv[free].tolist()
+            f_batch.data[0].hovertext = hover(free)
+            f_batch.data[1].x, f_batch.data[1].y = ratio[bound].tolist(), adv[bound].tolist()
+            f_batch.data[1].hovertext = hover(bound)
             f_batch.layout.shapes = [_vline(lo), _vline(hi)]
             f_batch.layout.title.text = (
                 tr(f"{_opt_step_label(rec, k)}: pg_clipfrac = {state['pg_clipfrac']:.4f} "
-                f"({state['n_clipped']}/{state['n_tokens']} tokens)")
+                f"({state['n_clipped']}/{state['n_tokens']} tokens)") + drawn_note(m, free | bound)
             )
         readout.value = (
             tr(f"<b>{_opt_step_label(rec, k)}</b>, {len(b['rows'])} rows"
@@ -364,19 +367,19 @@ def dual_clip_explorer(
             max_negative_loss=float(terms["pg_losses"][neg].max()) if neg.any() else float("nan"),
         )
         with f_batch.batch_update():
-            keep = neg & ~dual
+            keep, shown_dual = drawn(neg & ~dual), drawn(dual)  # a bounded sample of points; the numbers use all
             f_batch.data[0].x, f_batch.data[0].y = (
                 terms["ratio"][keep].tolist(),
                 terms["pg_losses"][keep].tolist(),
             )
             f_batch.data[1].x, f_batch.data[1].y = (
-                terms["ratio"][dual].tolist(),
-                terms["pg_losses"][dual].tolist(),
+                terms["ratio"][shown_dual].tolist(),
+                terms["pg_losses"][shown_dual].tolist(),
             )
             f_batch.layout.title.text = (
                 tr(f"{_opt_step_label(rec, k)}"
                 + (", recorded update" if s == 1 else f", stretch {s:g} (what-if, synthetic)")
-                + f": pg_clipfrac_lower = {state['pg_clipfrac_lower']:.4f}")
+                + f": pg_clipfrac_lower = {state['pg_clipfrac_lower']:.4f}") + drawn_note(neg, keep | shown_dual)
             )
         readout.value = (
             tr(("<b>recorded update</b> (stretch 1): " if s == 1 else

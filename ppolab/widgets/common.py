@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 import ipywidgets as W
+import torch
 
 from ppolab.i18n import tr
 from ppolab.record import SHIPPED_RUNS, Run, StepRecord, resolve_run  # noqa: F401 (re-exported)
@@ -20,6 +21,30 @@ from ppolab.numbers.steps import (  # noqa: F401 (re-exported: the explorers' sh
 
 
 # ----------------------------------------------------------------------------------------------- plumbing
+
+
+#: The most points one scatter draws: the numbers are computed over every token, the figure shows a fixed sample of
+#: them beyond this (plotly's per-point cost is what makes a move slow on a real run's thousands of tokens).
+MAX_DRAWN_POINTS = 1500
+
+
+def drawn(select: torch.Tensor, limit: int = MAX_DRAWN_POINTS) -> torch.Tensor:
+    """``select`` (a bool mask of any shape) thinned to at most ``limit`` True entries, evenly spaced in row-major
+    order — the same ones at every move, so a slider changes the points, not which points. Unchanged when it
+    already fits (every shipped run)."""
+    flat = select.reshape(-1)
+    idx = torch.nonzero(flat).flatten()
+    if len(idx) <= limit:
+        return select
+    keep = torch.zeros_like(flat)
+    keep[idx[torch.linspace(0, len(idx) - 1, limit).round().long()]] = True
+    return keep.reshape(select.shape)
+
+
+def drawn_note(select: torch.Tensor, shown: torch.Tensor) -> str:
+    """`` (showing n of m)`` when :func:`drawn` thinned ``select``, else ``""``."""
+    total, kept = int(select.sum()), int(shown.sum())
+    return tr(" (showing {kept} of {total}, evenly spaced)").format(kept=kept, total=total) if kept < total else ""
 
 
 def _opt_step_slider(rec: StepRecord, value: int | None, description: str = "opt step") -> W.IntSlider:
