@@ -49,6 +49,11 @@ class Batch:
         in tool observations (attended, but ``response_mask`` = 0), else the response mask itself."""
         return self.tensors.get("response_attention_mask", self["response_mask"])
 
+    def attention_mask(self) -> torch.Tensor:
+        """verl's ``attention_mask`` (N, P + R) over prompt ‖ response: ``prompt_mask`` (left-padded prompts) then
+        :meth:`response_attention` (right-padded responses), as int64."""
+        return torch.cat([self["prompt_mask"].long(), self.response_attention().long()], dim=1)
+
     def lengths(self) -> tuple[list[int], list[int]]:
         """(prompt lengths, response lengths) without padding: the tokens the model attends to — the one definition
         of a trajectory's length for balancing, dynamic micro-batches and the widgets."""

@@ -48,6 +48,7 @@ RESUMABLE_FIELDS = frozenset({
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "actor_rollout_ref.ref.log_prob_use_dynamic_bsz",
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
     "critic.ppo_micro_batch_size_per_gpu", "critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu",
+    "critic.ppo_infer_max_token_len_per_gpu",
     "custom_reward_function.timeout_s",
     "trainer.total_training_steps", "trainer.total_epochs", "trainer.run_dir", "trainer.project_name",
     "trainer.experiment_name", "trainer.logger", "trainer.save_freq", "trainer.test_freq", "trainer.record_freq",

@@ -221,10 +221,10 @@ class PPOTrainer:
         return batch
 
     def compute_values(self, batch: Batch) -> Batch:
-        """V_old: the critic's values of the states before each response token."""
-        critic = self.config.critic
-        micro = None if critic.use_dynamic_bsz else critic.ppo_micro_batch_size_per_gpu or len(batch)
-        batch["values"] = self._infer(self.critic, batch, InferBatching(micro, critic.ppo_max_token_len_per_gpu),
+        """V_old: the critic's values of the states before each response token, micro-batched as the critic
+        engine does (token budget ``critic.ppo_infer_max_token_len_per_gpu``, verl V1 `trainer_base.py`; the
+        top-level critic micro-batch keys do not reach it, chapter §11.6)."""
+        batch["values"] = self._infer(self.critic, batch, self.critic.engine_batching(),
                                       log_probs=False, values=True)["values"]
         return batch
 
@@ -256,19 +256,30 @@ class PPOTrainer:
                 if "response_attention_mask" not in batch:  # rejection changes what is learned, not what is seen:
                     batch["response_attention_mask"] = mask.clone()  # later forwards still attend to every token
                 batch["response_mask"] = mask = rs_mask
-        batch["advantages"], batch["returns"] = algos.compute_advantage(
-            alg.adv_estimator, batch["token_level_rewards"], mask, index=batch["uid"].tolist(),
-            values=batch.tensors.get("values"), reward_baselines=batch.tensors.get("reward_baselines"),
-            gamma=alg.gamma, lam=alg.lam, norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo, config=alg,
-            reward_components=reward_components(batch.lists.get("reward_extra_info")),
-            sum_pi_squared=batch.tensors.get("sum_pi_squared"),
-            old_log_probs=batch["old_log_probs"], rollout_is_weights=batch.tensors.get("rollout_is_weights"))
+        # verl's compute_advantage(data, ...) hands each estimator what it declares from the whole DataProto
+        # (gdpo reads its components from non_tensor_batch and their positions from batch["attention_mask"]).
+        tensors, non_tensor_batch = self.verl_data(batch)
+        batch["advantages"], batch["returns"] = algos.compute_advantage_from_data(
+            tensors, non_tensor_batch, alg.adv_estimator, gamma=alg.gamma, lam=alg.lam,
+            norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo, config=alg)
         return batch, metrics
+
+    @staticmethod
+    def verl_data(batch: Batch) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """The batch as verl's DataProto halves: ``batch`` (every tensor plus verl's ``attention_mask``) and
+        ``non_tensor_batch`` (the per-row lists, each reward component as its own column — verl merges
+        ``reward_extra_info`` into it — and ``uid``)."""
+        tensors = {**batch.tensors, "attention_mask": batch.attention_mask()}
+        rows = {k: v for k, v in batch.lists.items() if k != "reward_extra_info"}
+        rows.update(reward_components(batch.lists.get("reward_extra_info")))
+        rows["uid"] = batch["uid"].tolist()
+        return tensors, rows
 
     # ================================================================== stages 8–9: updates
     def update_critic(self, batch: Batch) -> tuple[dict[str, float], torch.Tensor]:
-        """Clipped value loss over critic mini-batches (critic.ppo_mini_batch_size × n rows) and epochs. Also
-        returns the vpreds each optimizer step saw, (steps, N, R) with NaN elsewhere."""
+        """Clipped value loss over critic mini-batches (critic.ppo_mini_batch_size × n rows) and epochs, each cut
+        into micro-batches by the engine's token budget (``CriticWorker.engine_batching``). Also returns the vpreds
+        each optimizer step saw, (steps, N, R) with NaN elsewhere."""
         return self.critic.update(self.local(batch))
 
     def update_actor(self, batch: Batch) -> tuple[dict[str, float], torch.Tensor]:

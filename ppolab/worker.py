@@ -56,7 +56,8 @@ def make_optimizer(params: list[torch.nn.Parameter], optim) -> tuple[torch.optim
 
 @dataclass(frozen=True)
 class InferBatching:
-    """How a forward-only pass cuts its rows: a fixed micro-batch size, or token-budget packing when it is None."""
+    """How a pass cuts its rows into micro-batches: a fixed micro-batch size, or token-budget packing with
+    ``max_token_len`` when it is None (forward-only passes, and a worker's update: :meth:`Worker.train_batching`)."""
 
     micro_batch_size: int | None
     max_token_len: int | None = None
@@ -119,6 +120,12 @@ class Worker:
         for the history)."""
         raise NotImplementedError
 
+    def train_batching(self) -> InferBatching:
+        """How :meth:`update` cuts a mini-batch into micro-batches: the role's ``ppo_micro_batch_size_per_gpu``, or
+        its ``ppo_max_token_len_per_gpu`` budget when ``use_dynamic_bsz`` (the actor; the critic overrides)."""
+        c = self.config
+        return InferBatching(None if c.use_dynamic_bsz else c.ppo_micro_batch_size_per_gpu, c.ppo_max_token_len_per_gpu)
+
     # ------------------------------------------------------------------ forward only
     def infer(self, batch: Batch, batching: InferBatching, *, log_probs: bool = True, entropy: bool = False,
               values: bool = False, sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
@@ -163,7 +170,7 @@ class Worker:
         ranks, history (steps, N, R) of what each optimizer step computed, merged over ranks)."""
         c, params = self.config, self.parameters()
         local_rows = c.ppo_mini_batch_size * self.rollout_n // self.dist.world_size
-        micro_size = None if c.use_dynamic_bsz else c.ppo_micro_batch_size_per_gpu
+        batching = self.train_batching()
         # Indexed by the balanced batch's row_id: every rank's chunk has the same size, so the step has len × dp rows.
         history = UpdateHistory(torch.Size((len(batch) * self.dist.world_size, batch["responses"].shape[1])))
         steps = []
@@ -174,7 +181,7 @@ class Worker:
                 self.optimizer.zero_grad(set_to_none=True)
                 info = self.global_batch_info(mini)
                 micro_metrics, total_loss = [], 0.0
-                for micro_rows in micro_batches(mini, micro_size, c.ppo_max_token_len_per_gpu):
+                for micro_rows in micro_batches(mini, batching.micro_batch_size, batching.max_token_len):
                     mb = to_device(mini.select(micro_rows), self.device)
                     loss, metrics, output = self.loss(mb, info)
                     history.see(mb["row_id"], output)
@@ -251,6 +258,17 @@ class CriticWorker(Worker):
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return self.models.critic_parameters()
+
+    def engine_batching(self) -> InferBatching:
+        """The critic engine's micro-batching, the same for its value forward (stage 6) and its update (stage 8):
+        token-budget packing with ``critic.ppo_infer_max_token_len_per_gpu``. verl V1 `trainer_base.py` writes that
+        one key into the engine's ``infer_max_token_len_per_gpu`` and ``max_token_len_per_gpu``, and the engine
+        keeps EngineConfig's ``use_dynamic_bsz=True``; the top-level ``critic.use_dynamic_bsz``,
+        ``ppo_micro_batch_size_per_gpu`` and ``ppo_max_token_len_per_gpu`` never reach it (chapter §8, §11.6)."""
+        return InferBatching(None, self.config.ppo_infer_max_token_len_per_gpu)
+
+    def train_batching(self) -> InferBatching:
+        return self.engine_batching()
 
     def loss(self, mb: Batch, info: GlobalBatchInfo) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
         c = self.config

@@ -282,7 +282,7 @@ def test_gdpo_normalises_each_component_then_whitens():
     comps = {"fmt": np.array([1.0, 0.0, 1.0, 1.0]), "acc": np.array([0.0, 0.0, 1.0, 0.0])}
     config = types.SimpleNamespace(gdpo_reward_keys=["fmt", "acc"], gdpo_reward_weights=None)
     adv, ret = A.compute_advantage("gdpo", torch.zeros(4, 2), mask, index=index, config=config,
-                                   reward_components=comps)
+                                   non_tensor_batch=comps)
     a = 0.5 ** 0.5 / (0.5 ** 0.5 + 1e-6)  # (1 − 0.5)/(std + ε) with the unbiased std of {0, 1}
     summed = torch.tensor([a, -a, a, -a])  # fmt decides group a, acc decides group b
     var = (summed.repeat_interleave(2) ** 2).sum() / 7  # unbiased over the 8 tokens, mean 0
@@ -290,13 +290,13 @@ def test_gdpo_normalises_each_component_then_whitens():
     assert torch.equal(adv, ret)
     config.gdpo_reward_weights = [2.0, 0.0]  # only fmt: group b is all equal in fmt → 0
     adv, _ = A.compute_advantage("gdpo", torch.zeros(4, 2), mask, index=index, config=config,
-                                 reward_components=comps)
+                                 non_tensor_batch=comps)
     assert adv[2:].abs().max() == 0 and adv[0, 0] > 0
     with pytest.raises(ValueError, match="gdpo_reward_keys"):
         A.compute_advantage("gdpo", torch.zeros(4, 2), mask, index=index, config=types.SimpleNamespace())
     with pytest.raises(ValueError, match="'acc' not found"):
         A.compute_advantage("gdpo", torch.zeros(4, 2), mask, index=index, config=config,
-                            reward_components={"fmt": comps["fmt"]})
+                            non_tensor_batch={"fmt": comps["fmt"]})
 
 
 def otb(name, rewards, mask, index, **kw):

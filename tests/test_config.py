@@ -131,7 +131,7 @@ def test_user_yaml_file_and_unknown_preset(tmp_path):
     cfg = load_quiet(f, ["data.train_files=[a.parquet]", "data.val_files=[b.parquet]",
                          "actor_rollout_ref.model.path=m", f"{A}.ppo_micro_batch_size_per_gpu=8",
                          f"{A}.ppo_mini_batch_size=32", f"{R}.log_prob_micro_batch_size_per_gpu=8",
-                         "critic.ppo_micro_batch_size_per_gpu=8"])
+                         "critic.use_dynamic_bsz=true"])  # chapter §14.1: no fixed critic micro-batch
     assert (cfg.data.train_batch_size, cfg.trainer.experiment_name) == (32, "mine")
     with pytest.raises(ConfigError, match="did you mean grpo_tiny"):
         load_config("grpo_tiyn")
@@ -247,8 +247,7 @@ VALIDATION_CASES = [  # (preset, overrides, world_size, substring the error must
     (G, [f"{A}.ppo_micro_batch_size_per_gpu=24"], 1, f"{A}.ppo_micro_batch_size_per_gpu=24 does not divide"),
     (G, [], 4, f"{A}.ppo_micro_batch_size_per_gpu=32 does not divide the local mini-batch"),
     (P, ["critic.ppo_mini_batch_size=128"], 1, "data.train_batch_size=64 must be ≥ critic.ppo_mini_batch_size=128"),
-    (P, ["critic.ppo_micro_batch_size_per_gpu=5"], 1,
-     "critic.ppo_micro_batch_size_per_gpu=5 does not divide"),
+    # (critic.ppo_micro_batch_size_per_gpu=5 is no error: the V1 critic ignores it, a notice — tests/test_critic_v1.py)
     (G, [f"{A}.ppo_micro_batch_size_per_gpu=null"], 1, f"{A}.ppo_micro_batch_size_per_gpu is unset"),
     (P, ["critic.ppo_micro_batch_size_per_gpu=null"], 1, "critic.ppo_micro_batch_size_per_gpu is unset"),
     (G, [f"{R}.log_prob_micro_batch_size_per_gpu=null"], 1,
@@ -263,8 +262,8 @@ VALIDATION_CASES = [  # (preset, overrides, world_size, substring the error must
     (G, [f"{A}.use_dynamic_bsz=true", f"{A}.ppo_max_token_len_per_gpu=40"], 1,
      (f"{A}.ppo_max_token_len_per_gpu=40 is smaller than data.max_prompt_length + "
       "data.max_response_length = 48")),
-    (P, ["critic.use_dynamic_bsz=true", "critic.ppo_max_token_len_per_gpu=40"], 1,
-     "critic.ppo_max_token_len_per_gpu=40 is smaller"),
+    (P, ["critic.ppo_infer_max_token_len_per_gpu=40"], 1,  # the critic engine's budget, whatever use_dynamic_bsz
+     "critic.ppo_infer_max_token_len_per_gpu=40 is smaller"),
     (G, [f"{R}.log_prob_use_dynamic_bsz=true", f"{R}.log_prob_max_token_len_per_gpu=10"], 1,
      f"{R}.log_prob_max_token_len_per_gpu=10 is smaller"),
     # ranges

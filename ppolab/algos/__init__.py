@@ -7,7 +7,6 @@ from ppolab.algos.advantages import (
     ADV_ESTIMATOR_REGISTRY,
     GRPO_EPS,
     OTB_ESTIMATORS,
-    compute_advantage,
     compute_gae_advantage_return,
     compute_gdpo_outcome_advantage,
     compute_gpg_outcome_advantage,
@@ -20,7 +19,9 @@ from ppolab.algos.advantages import (
     compute_rloo_outcome_advantage,
     get_adv_estimator_fn,
     register_adv_est,
+    scores_at_last_valid_response_token,
 )
+from ppolab.algos.advantages_dispatch import compute_advantage, compute_advantage_from_data, estimator_kwargs
 from ppolab.algos.advantages_otb import (
     compute_multi_turn_optimal_token_baseline_advantage,
     compute_optimal_token_baseline_advantage,

@@ -5,6 +5,14 @@ trajectory is s_i = Σ_t token_level_rewards[i, t] (the reward sits on the last 
 Groups are keyed by ``index`` — one id per prompt (verl's ``uid``), an array of length bs.
 The estimator decides *how* advantages are computed; the policy loss that consumes them is chosen
 separately by ``actor.policy_loss.loss_mode`` (chapter §5.1).
+
+Every registered function keeps verl 0.9.1's signature exactly (names, order, defaults, and ``**kwargs`` only where
+verl has it: gae, grpo and grpo_vectorized have none), and the trainer calls them as verl's trainer does
+(:mod:`ppolab.algos.advantages_dispatch`), so a keyword an estimator does not declare raises TypeError instead of
+vanishing. Arguments verl declares and never reads are unused here too: ``epsilon`` of rloo, rloo_vectorized,
+opo, reinforce_plus_plus_baseline and gpg, gpg's ``alpha``, grpo_passk's ``norm_adv_by_std_in_grpo`` (it reads
+the config's), and the ``config`` the OTB estimators receive in ``**kwargs`` (tests/test_estimator_signatures.py;
+tests/parity/test_verl_parity_modes.py checks the same of verl).
 """
 from __future__ import annotations
 
@@ -72,7 +80,6 @@ def compute_gae_advantage_return(
     response_mask: torch.Tensor,
     gamma: float,
     lam: float,
-    **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation, backwards over t (verl `core_algos` advantages).
 
@@ -105,7 +112,6 @@ def compute_grpo_outcome_advantage(
     epsilon: float = GRPO_EPS,
     norm_adv_by_std_in_grpo: bool = True,
     config=None,
-    **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO: a_i = (s_i − mean_g)/(std_g + ε), or s_i − mean_g without std (Dr. GRPO) (verl `core_algos` advantages).
 
@@ -122,6 +128,30 @@ def compute_grpo_outcome_advantage(
     return advantages, advantages
 
 
+def _config_get(config: Any, name: str, default: Any = None) -> Any:
+    """``config.get(name, default)`` as verl reads an AlgoConfig, for a mapping or a plain dataclass."""
+    if isinstance(config, Mapping):
+        return config.get(name, default)
+    return getattr(config, name, default)
+
+
+def scores_at_last_valid_response_token(scores: Any, attention_mask: torch.Tensor, prompt_length: int,
+                                        response_mask: torch.Tensor) -> torch.Tensor:
+    """(bs, T) float32 zeros with ``scores[i]`` at row i's last attended response position (verl gdpo's ``rm_scores``).
+
+    Shapes: scores (bs,) (any array-like, cast to float32 as verl); attention_mask (bs, P + T) with the prompt in its
+    first ``prompt_length`` columns; response_mask (bs, T) (only its shape and device are used). The position is
+    Σ attention_mask[i, P:] − 1, i.e. the last response token for a right-padded response; a row with no attended
+    response token gets its score in the last column (index −1), exactly as verl's indexing does.
+    """
+    device = response_mask.device
+    valid_response_length = attention_mask[:, prompt_length:].sum(dim=1).long() - 1
+    out = torch.zeros_like(response_mask, dtype=torch.float32)
+    out[torch.arange(out.size(0), device=device), valid_response_length.to(device)] = torch.tensor(
+        np.asarray(scores, dtype=np.float32), device=device)
+    return out
+
+
 @register_adv_est("gdpo")
 @torch.no_grad()
 def compute_gdpo_outcome_advantage(
@@ -131,42 +161,47 @@ def compute_gdpo_outcome_advantage(
     epsilon: float = GRPO_EPS,
     norm_adv_by_std_in_grpo: bool = True,
     config=None,
-    reward_components: Mapping[str, Any] | None = None,
+    non_tensor_batch: Mapping[str, Any] | None = None,
+    batch: Mapping[str, torch.Tensor] | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GDPO: GRPO-normalise each reward component on its own, weight, sum, whiten over the batch (chapter §5.1;
-    verl `core_algos.py::compute_gdpo_outcome_advantage`).
+    verl `core_algos.py::compute_gdpo_outcome_advantage`, same signature).
 
-    Shapes: token_level_rewards, response_mask (bs, T); ``reward_components`` maps a key to bs per-row scores
-    (verl's ``non_tensor_batch``). With a config and components, the keys are ``config.gdpo_reward_keys``
-    (required, each must be present) and the weights ``config.gdpo_reward_weights`` (default all 1):
+    Shapes: token_level_rewards, response_mask (bs, T). As verl's trainer calls it, ``non_tensor_batch`` maps
+    each key of ``config.gdpo_reward_keys`` (required; each must be present) to bs per-row scores, and ``batch``
+    holds ``prompts`` (bs, P) and ``attention_mask`` (bs, P + T): component k's score is placed at each row's last
+    attended response token (:func:`scores_at_last_valid_response_token`), weights ``config.gdpo_reward_weights``
+    (default all 1):
 
-        A_k = grpo(score_k, index, ε, norm_adv_by_std_in_grpo)      (scores cast to float32, as verl)
-        A   = masked_whiten(Σ_k w_k·A_k, mask) × mask               (weights cast to float32)
+        A_k = grpo(score_k, index, ε, norm_adv_by_std_in_grpo)      (scores float32, as verl)
+        A   = masked_whiten(Σ_k w_k·A_k, mask) × mask               (weights float32)
 
-    Without them it falls back to one component, ``token_level_rewards`` (= GRPO then a batch whitening).
-    The dispatcher passes no ``norm_adv_by_std_in_grpo``, so it stays True there, as in verl.
-    returns = advantages.
+    Unless config, non_tensor_batch and batch are all given it falls back to one component, ``token_level_rewards``
+    (= GRPO then a batch whitening), as verl does. verl's trainer passes no ``norm_adv_by_std_in_grpo``, so it
+    stays True there. ``**kwargs`` swallows anything else, as verl's does. returns = advantages.
     """
-    components, weights = [token_level_rewards], None
-    if config is not None and reward_components is not None:
-        keys = getattr(config, "gdpo_reward_keys", None)
+    score_list, reward_weights = None, None
+    if config is not None and non_tensor_batch is not None and batch is not None:
+        keys = _config_get(config, "gdpo_reward_keys")
         if not keys:
             raise ValueError("GDPO requires 'algorithm.gdpo_reward_keys' listing the individual reward component keys "
                              "returned by compute_score (e.g. ['format_reward', 'accuracy_reward']).")
-        missing = [k for k in keys if k not in reward_components]
+        missing = [k for k in keys if k not in non_tensor_batch]
         if missing:
-            raise ValueError(f"GDPO reward key {missing[0]!r} not found in the reward components; available: "
-                             f"{list(reward_components)}. Make sure compute_score returns a dict containing it.")
-        # one score per row; where verl puts it (the last valid token) does not change the row sum GRPO reads
-        components = [torch.as_tensor(np.asarray(reward_components[k], dtype=np.float32),
-                                      device=token_level_rewards.device).unsqueeze(-1) for k in keys]
-        gdpo_weights = getattr(config, "gdpo_reward_weights", None)
-        weights = list(gdpo_weights) if gdpo_weights is not None else None
-    w = torch.tensor(weights if weights is not None else [1.0] * len(components), dtype=torch.float32,
+            raise ValueError(f"GDPO reward key {missing[0]!r} not found in non_tensor_batch; available: "
+                             f"{list(non_tensor_batch)}. Make sure compute_score returns a dict containing it.")
+        prompt_length = batch["prompts"].size(1)
+        score_list = [scores_at_last_valid_response_token(non_tensor_batch[k], batch["attention_mask"], prompt_length,
+                                                          response_mask) for k in keys]
+        gdpo_weights = _config_get(config, "gdpo_reward_weights")
+        reward_weights = list(gdpo_weights) if gdpo_weights is not None else None
+    if score_list is None:
+        score_list = [token_level_rewards]
+    w = torch.tensor(reward_weights if reward_weights is not None else [1.0] * len(score_list), dtype=torch.float32,
                      device=token_level_rewards.device)
     total = None
-    for k, scores in enumerate(components):
+    for k, scores in enumerate(score_list):
         a_k, _ = compute_grpo_outcome_advantage(scores, response_mask, index, epsilon=epsilon,
                                                 norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, config=config)
         total = w[k] * a_k if total is None else total + w[k] * a_k
@@ -177,7 +212,12 @@ def compute_gdpo_outcome_advantage(
 @register_adv_est("rloo")
 @torch.no_grad()
 def compute_rloo_outcome_advantage(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Sequence[Any], config=None, **kwargs
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Any],
+    epsilon: float = GRPO_EPS,
+    config=None,
+    **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO: a_i = s_i − mean of the *other* samples = (s_i − μ)·n/(n−1); a singleton keeps a_i = s_i."""
     scores = token_level_rewards.sum(dim=-1)
@@ -215,7 +255,12 @@ def compute_reinforce_plus_plus_outcome_advantage(
 @register_adv_est("reinforce_plus_plus_baseline")
 @torch.no_grad()
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Sequence[Any], config=None, **kwargs
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Any],
+    epsilon: float = GRPO_EPS,
+    config=None,
+    **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ with baseline: a_i = s_i − group mean (singleton mean 0), tiled × mask, whitened batch-wide ×
     mask."""
@@ -232,7 +277,12 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
 @register_adv_est("opo")
 @torch.no_grad()
 def compute_opo_outcome_advantage(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Sequence[Any], config=None, **kwargs
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Any],
+    epsilon: float = GRPO_EPS,
+    config=None,
+    **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """OPO: length-weighted baseline b = Σ_j len_j·s_j / Σ_j len_j (singleton b = 0); a_i = s_i − b."""
     scores = token_level_rewards.sum(dim=-1)
@@ -252,11 +302,16 @@ def compute_gpg_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     index: Sequence[Any],
+    epsilon: float = GRPO_EPS,
     f_norm: float = 1.0,
+    alpha: float = 1.0,
     config=None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GPG: a_i = α·(s_i − group mean)/f_norm with α = bs / max(#non-zero scores, 1); the std is unused."""
+    """GPG: a_i = α·(s_i − group mean)/f_norm with α = bs / max(#non-zero scores, 1); the std is unused.
+
+    ``epsilon`` and the ``alpha`` argument are in verl's signature but unused there too (verl overwrites alpha with
+    the batch ratio before reading it; tests/parity checks both change nothing)."""
     scores = token_level_rewards.sum(dim=-1)
     alpha = scores.shape[0] / max(int(torch.count_nonzero(scores)), 1)
     out = scores.clone()
@@ -274,12 +329,13 @@ def compute_grpo_passk_outcome_advantage(
     response_mask: torch.Tensor,
     index: Sequence[Any],
     epsilon: float = GRPO_EPS,
+    norm_adv_by_std_in_grpo: bool = True,
     config=None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pass@k GRPO: only each group's best sample gets r_max − r_second (÷ (std + ε) if
-    ``config.norm_adv_by_std_in_grpo`` — read from the config, not an argument); all others get 0.
-    Groups need ≥ 2 samples."""
+    ``config.norm_adv_by_std_in_grpo`` — read from the config: the argument of that name is in verl's signature
+    and overwritten from the config before use); all others get 0. Groups need ≥ 2 samples."""
     norm = getattr(config, "norm_adv_by_std_in_grpo", True) if config is not None else True
     scores = token_level_rewards.sum(dim=-1)
     out = torch.zeros_like(scores)
@@ -313,57 +369,3 @@ def compute_remax_outcome_advantage(
 
 #: Estimators that need the actor's Σπ² and old log-probs (``actor.calculate_sum_pi_squared=True``).
 OTB_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
-
-
-def compute_advantage(
-    adv_estimator: str,
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: Sequence[Any] | None = None,
-    values: torch.Tensor | None = None,
-    reward_baselines: torch.Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    norm_adv_by_std_in_grpo: bool = True,
-    config=None,
-    reward_components: Mapping[str, Any] | None = None,
-    sum_pi_squared: torch.Tensor | None = None,
-    old_log_probs: torch.Tensor | None = None,
-    rollout_is_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatch as verl's ``compute_advantage`` does (chapter §5.1; verl `ray_trainer.py::compute_advantage`).
-
-    * ``gae`` gets (values, γ, λ);
-    * ``grpo`` gets ``norm_adv_by_std_in_grpo``, with ε left at 1e-6 and no config;
-    * every other estimator gets the registry kwargs token_level_rewards, response_mask, config, plus index and
-      reward_baselines when present — and *not* ``norm_adv_by_std_in_grpo``, so grpo_vectorized and gdpo keep
-      their default True (grpo_passk reads it from the config);
-    * ``gdpo`` also gets ``reward_components`` (verl's non_tensor_batch: key → per-row scores; ``{}`` when not
-      given, so a config without ``gdpo_reward_keys`` raises as in verl);
-    * the OTB estimators also get ``sum_pi_squared`` and ``old_log_probs`` (both required, (bs, T)) and
-      ``rollout_is_weights`` (None when rollout IS is off).
-    """
-    if adv_estimator == "gae":
-        if values is None:
-            raise ValueError("adv_estimator=gae needs critic values; enable the critic")
-        return compute_gae_advantage_return(token_level_rewards, values, response_mask, gamma=gamma, lam=lam)
-    if adv_estimator == "grpo":
-        return compute_grpo_outcome_advantage(
-            token_level_rewards, response_mask, index, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo
-        )
-    fn = get_adv_estimator_fn(adv_estimator)
-    kwargs: dict[str, Any] = {"token_level_rewards": token_level_rewards, "response_mask": response_mask,
-                              "config": config}
-    if index is not None:
-        kwargs["index"] = index
-    if reward_baselines is not None:
-        kwargs["reward_baselines"] = reward_baselines
-    if adv_estimator == "gdpo":
-        kwargs["reward_components"] = reward_components if reward_components is not None else {}
-    if adv_estimator in OTB_ESTIMATORS:
-        if sum_pi_squared is None or old_log_probs is None:
-            raise ValueError(f"adv_estimator={adv_estimator} needs sum_pi_squared and old_log_probs from the actor; "
-                             "set actor_rollout_ref.actor.calculate_sum_pi_squared=true")
-        kwargs.update(sum_pi_squared=sum_pi_squared, old_log_probs=old_log_probs,
-                      rollout_is_weights=rollout_is_weights)
-    return fn(**kwargs)

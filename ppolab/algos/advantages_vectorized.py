@@ -53,7 +53,6 @@ def compute_grpo_vectorized_outcome_advantage(
     epsilon: float = GRPO_EPS,
     norm_adv_by_std_in_grpo: bool = True,
     config=None,
-    **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO with scatter-add group statistics (chapter §5.1; verl
     `core_algos.py::compute_grpo_vectorized_outcome_advantage`).

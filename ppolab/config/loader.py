@@ -96,8 +96,19 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+#: verl keys that V1 never hands an engine, so ppolab has no field for them: the reason, instead of a guess.
+_UNWIRED_VERL_KEYS = {
+    "critic.ppo_infer_micro_batch_size_per_gpu": "verl's CriticConfig has it, but the V1 trainer does not pass it to "
+    "the critic engine (chapter §11.6), which micro-batches by critic.ppo_infer_max_token_len_per_gpu: set that",
+    "critic.forward_micro_batch_size_per_gpu": "a field of verl's legacy critic path, which V1 does not read "
+    "(chapter §11.6); the critic engine micro-batches by critic.ppo_infer_max_token_len_per_gpu: set that",
+}
+
+
 def _suggest(key: str) -> str:
     """' — did you mean a.b.c?' for an unknown key: same field name elsewhere first, then close spellings."""
+    if key in _UNWIRED_VERL_KEYS:
+        return f": {_UNWIRED_VERL_KEYS[key]}"
     leaves = valid_keys()
     last = key.rsplit(".", 1)[-1]
     same_name = [k for k in leaves if k.rsplit(".", 1)[-1] == last]

@@ -211,11 +211,27 @@ class CriticConfig:
     ppo_mini_batch_size: Optional[int] = None
     """Mini-batch size in prompts (×rollout.n); None = the actor's."""
     ppo_micro_batch_size_per_gpu: Optional[int] = None
-    """Trajectories per critic micro-batch per rank; required unless use_dynamic_bsz."""
+    """verl's top-level key, accepted and **ignored by the V1 critic** (chapter §8, §11.6, §14.1; verl
+    `trainer_base.py` does not pass it to the critic engine, which packs by ``ppo_infer_max_token_len_per_gpu``).
+    verl's CriticConfig still requires it unless use_dynamic_bsz, so ppolab does too; a ConfigNotice says it is
+    ignored when it would cut a mini-batch into smaller micro-batches."""
     use_dynamic_bsz: bool = False
-    """Pack critic micro-batches by token budget."""
+    """verl's top-level key, **ignored by the V1 critic**: its engine always packs micro-batches by token budget
+    (EngineConfig's default ``use_dynamic_bsz=True``). Only verl's config checks read it: false needs
+    ppo_micro_batch_size_per_gpu and train_batch_size ≥ ppo_mini_batch_size. §14.1 sets it true so that no fixed
+    critic micro-batch looks like a knob."""
     ppo_max_token_len_per_gpu: int = 32768
-    """Token budget per critic micro-batch when use_dynamic_bsz."""
+    """verl's top-level key, **ignored by the V1 critic** (a ConfigNotice says so when it is changed): the token
+    budget that acts is ``ppo_infer_max_token_len_per_gpu``."""
+    ppo_infer_max_token_len_per_gpu: int = 32768
+    """The critic's token budget per micro-batch per rank, for both its value forward (stage 6) and its update
+    (stage 8): verl V1 `trainer_base.py` writes it into the critic engine's ``infer_max_token_len_per_gpu`` and
+    ``max_token_len_per_gpu`` (chapter §11.6), so despite "infer" in its name it also cuts the critic's training
+    micro-batches. A mini-batch of B rows with ΣL tokens becomes min(B, ceil(ΣL / budget)) micro-batches, more if
+    one would overflow (verl `rearrange_micro_batches`, §11.5); the update is the same up to float rounding (§13),
+    so it is a memory knob. Not in verl's critic YAML: its dataclass default (32768) applies unless given on verl's
+    command line as ``+critic.ppo_infer_max_token_len_per_gpu=…`` (the '+' adds a key; ppolab takes it with or
+    without)."""
     ppo_epochs: Optional[int] = None
     """Critic passes per training step; None = the actor's ppo_epochs."""
     shuffle: Optional[bool] = None

@@ -101,23 +101,34 @@ def _batch_errors(c: _Checks, p: str) -> list[str]:
     if (mini * n) % ws:
         out.append(f"{p}.ppo_mini_batch_size × {_R}.n = {mini}×{n} is not divisible by world_size={ws}: "
                    "every rank needs the same local mini-batch")
-    elif not c.get(f"{p}.use_dynamic_bsz") and micro is not None and (mini * n // ws) % micro:
+    elif not c.get(f"{p}.use_dynamic_bsz") and micro is not None and p != "critic" and (mini * n // ws) % micro:
         out.append(f"{p}.ppo_micro_batch_size_per_gpu={micro} does not divide the local mini-batch "
                    f"{p}.ppo_mini_batch_size × {_R}.n / world_size = {mini}×{n}/{ws} = {mini * n // ws}")
     return out
 
 
 def _check_batches(c: _Checks, p: str) -> None:
-    """Batch sizes of the actor or critic ``p``: positive, micro set unless dynamic, divisions exact."""
+    """Batch sizes of the actor or critic ``p``: positive, micro set unless dynamic, divisions exact.
+
+    The critic's engine always packs by ``critic.ppo_infer_max_token_len_per_gpu`` (verl V1 `trainer_base.py`,
+    chapter §11.6): its top-level micro-batch keys are checked only as verl's CriticConfig checks them (micro set
+    unless use_dynamic_bsz), and its micro-batch plan is the token-budget one."""
     dyn = c.get(f"{p}.use_dynamic_bsz")
+    critic = p == "critic"
     good = all([c.positive(f"{p}.ppo_mini_batch_size"), c.positive(f"{p}.ppo_epochs"),
                 c.positive(f"{p}.ppo_max_token_len_per_gpu"),
                 c.positive(f"{p}.ppo_micro_batch_size_per_gpu", optional=True),
                 c.ok(dyn or c.get(f"{p}.ppo_micro_batch_size_per_gpu") is not None,
                      f"{p}.ppo_micro_batch_size_per_gpu is unset and {p}.use_dynamic_bsz=false: set the "
-                     "trajectories per forward/backward per GPU, or use_dynamic_bsz=true")])
-    if dyn and good:
-        c.budget(f"{p}.ppo_max_token_len_per_gpu")
+                     "trajectories per forward/backward per GPU, or use_dynamic_bsz=true"
+                     + (" (verl's CriticConfig requires one although the V1 critic engine packs by "
+                        "critic.ppo_infer_max_token_len_per_gpu)" if critic else "")),
+                not critic or c.positive(f"{p}.ppo_infer_max_token_len_per_gpu")])
+    if good and (critic or dyn):
+        c.budget(f"{p}.ppo_infer_max_token_len_per_gpu" if critic else f"{p}.ppo_max_token_len_per_gpu")
+    # verl's CriticConfig.validate reads the top-level use_dynamic_bsz (train_batch_size ≥ mini, below); the plan
+    # is the engine's: token budget, no fixed micro-batch to divide the mini-batch.
+    fixed_micro = None if dyn or critic else c.get(f"{p}.ppo_micro_batch_size_per_gpu")
     tb, n = c.cfg.data.train_batch_size, c.cfg.actor_rollout_ref.rollout.n
     if not (good and c.world_size > 0 and tb > 0 and n > 0):
         return
@@ -132,8 +143,7 @@ def _check_batches(c: _Checks, p: str) -> None:
     # A step whose tb×n rows do not fill whole mini-batches is padded with synthetic rows (verl V1 padding_utils,
     # chapter §9): the planner checks the padded batch; _notices says how many rows are added.
     try:
-        plan_batches(tb, n, c.get(f"{p}.ppo_mini_batch_size"), c.world_size,
-                     None if dyn else c.get(f"{p}.ppo_micro_batch_size_per_gpu"), c.get(f"{p}.ppo_epochs"),
+        plan_batches(tb, n, c.get(f"{p}.ppo_mini_batch_size"), c.world_size, fixed_micro, c.get(f"{p}.ppo_epochs"),
                      pad_to=_padding_multiple(c))
     except ValueError as e:  # say it with dotted keys; keep the planner's words if ours find nothing
         c.errors.extend(_batch_errors(c, p) or [f"{p} batch sizes: {e}"])
@@ -394,6 +404,8 @@ def _notices(c: _Checks) -> None:
                              "divides by the micro-batch's padded width, so the loss changes with the "
                              "micro-batch split (chapter §13); set loss_scale_factor (e.g. the max response "
                              "length)")
+    if cfg.use_critic:
+        _critic_v1_notices(c)
     if cfg.critic.enable and alg.adv_estimator != "gae":
         c.notices.append(f"critic.enable=true with algorithm.adv_estimator={alg.adv_estimator}: the critic "
                          "is trained but the advantages do not use its values")
@@ -427,6 +439,30 @@ def _notices(c: _Checks) -> None:
     if alg.kl_ctrl.type == "adaptive" and not alg.use_kl_in_reward:
         c.notices.append("algorithm.kl_ctrl.type=adaptive has no effect: the controller only drives the "
                          "reward-side KL and algorithm.use_kl_in_reward=false")
+
+
+#: verl's CriticConfig default of ``critic.ppo_max_token_len_per_gpu``: a changed value is one the user set.
+_CRITIC_TOP_LEVEL_BUDGET = 32768
+
+
+def _critic_v1_notices(c: _Checks) -> None:
+    """The critic's top-level micro-batch keys that verl V1 ignores (chapter §8, §11.6, §14.1; verl
+    `trainer_base.py` hands the critic engine only ``ppo_infer_max_token_len_per_gpu``), where their value asks for
+    something the engine does not do. A fixed micro-batch at least as large as the local mini-batch asks for no cut
+    and is what verl's CriticConfig requires unless use_dynamic_bsz, so it passes silently."""
+    critic, n = c.cfg.critic, c.cfg.actor_rollout_ref.rollout.n
+    budget = f"critic.ppo_infer_max_token_len_per_gpu={critic.ppo_infer_max_token_len_per_gpu}"
+    why = (f"verl V1 does not pass it to the critic engine, which cuts both the value forward (stage 6) and the "
+           f"critic update (stage 8) by the token budget {budget} (on verl's command line "
+           "+critic.ppo_infer_max_token_len_per_gpu=…; chapter §11.6)")
+    micro = critic.ppo_micro_batch_size_per_gpu
+    local = critic.ppo_mini_batch_size * n // c.world_size if c.world_size > 0 else 0
+    if not critic.use_dynamic_bsz and isinstance(micro, int) and 0 < micro < local:
+        c.notices.append(f"critic.ppo_micro_batch_size_per_gpu={micro} (with critic.use_dynamic_bsz=false) is "
+                         f"ignored: {why}; the critic's mini-batches of {local} rows are not cut into {micro}-row "
+                         "micro-batches")
+    if critic.ppo_max_token_len_per_gpu not in (_CRITIC_TOP_LEVEL_BUDGET, critic.ppo_infer_max_token_len_per_gpu):
+        c.notices.append(f"critic.ppo_max_token_len_per_gpu={critic.ppo_max_token_len_per_gpu} is ignored: {why}")
 
 
 def check_config(cfg: PPOConfig, world_size: int = 1) -> tuple[list[str], list[str]]:

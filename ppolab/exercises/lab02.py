@@ -26,7 +26,8 @@ def bypass_stages(run=None):
     produced_later = ("old_log_probs", "entropy", "rollout_is_weights", "token_level_rewards", "advantages",
                       "returns", "actor_log_probs", "critic_vpreds")
     batch = Batch({k: v.clone() for k, v in rec.tensors.items() if k not in produced_later})
-    trainer = SimpleNamespace(config=cfg, kl_ctrl_in_reward=_reward_kl_controller(r, rec.step))
+    trainer = SimpleNamespace(config=cfg, kl_ctrl_in_reward=_reward_kl_controller(r, rec.step),
+                              verl_data=PPOTrainer.verl_data)
     batch, _ = PPOTrainer.compute_old_log_prob(trainer, batch)
     batch, _ = PPOTrainer.compute_advantage(trainer, batch)
     return rec.tensors, batch, cfg

@@ -48,9 +48,10 @@ def logged_clipfrac(run=None, update: int = 0, cliprange_value: float | None = N
     """vf_clipfrac of one critic optimizer step as the trainer logs it: every rank computes masked_mean(L2 > L1) on
     each of its micro-batches; the values are averaged over micro-batches, then over ranks (verl
     ``workers/utils/losses.py::value_loss`` returns a float, averaged like every ratio metric; not token-weighted).
-    Rank k trains on the k-th contiguous chunk of the balanced batch; fixed micro-batches of
-    ``critic.ppo_micro_batch_size_per_gpu`` rows (``use_dynamic_bsz`` false, as in the shipped runs)."""
-    from ppolab.batching import fixed_micro_batches
+    Rank k trains on the k-th contiguous chunk of the balanced batch, cut as the critic engine cuts it: token-budget
+    micro-batches of ``critic.ppo_infer_max_token_len_per_gpu`` (verl V1; the top-level micro-batch fields never
+    reach the critic, chapter §8 — one micro-batch a rank in the shipped runs)."""
+    from ppolab.engine import Batch, micro_batches
 
     r, rec = _record(run, step)
     t = rec.tensors
@@ -66,7 +67,9 @@ def logged_clipfrac(run=None, update: int = 0, cliprange_value: float | None = N
         if len(mine) == 0:
             continue
         shares = []
-        for micro in fixed_micro_batches(len(mine), int(critic.ppo_micro_batch_size_per_gpu)):
+        rows_of_rank = Batch({k: t[k][mine] for k in ("prompt_mask", "response_mask", "response_attention_mask")
+                              if k in t})
+        for micro in micro_batches(rows_of_rank, None, critic.ppo_infer_max_token_len_per_gpu):
             sel = mine[micro]
             m = t["response_mask"][sel]
             vps = torch.where(m > 0, vp[sel], t["values"][sel])

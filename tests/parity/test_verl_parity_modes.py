@@ -240,10 +240,9 @@ def adv_batch(seed, bs=14, width=8):
                 components={"format_reward": fmt, "accuracy_reward": acc})
 
 
-def verl_compute_advantage(name, b, cfg, with_is, with_baselines, norm):
-    from verl.protocol import DataProto
-    from verl.trainer.ppo.ray_trainer import compute_advantage
-
+def verl_data(b, with_is, with_baselines):
+    """The two halves of the DataProto verl's trainer hands compute_advantage: tensors and per-row values (uid and the
+    reward components, as verl merges reward_extra_info into non_tensor_batch)."""
     bs, width = b["mask"].shape
     prompt_len = 3
     attention = torch.cat([torch.ones(bs, prompt_len), (torch.arange(width)[None] < b["lengths"][:, None]).double()],
@@ -255,7 +254,15 @@ def verl_compute_advantage(name, b, cfg, with_is, with_baselines, norm):
         tensors["rollout_is_weights"] = b["ris"]
     if with_baselines:
         tensors["reward_baselines"] = b["baselines"]
-    data = DataProto.from_dict(tensors=tensors, non_tensors={"uid": b["uid"], **b["components"]})
+    return tensors, {"uid": b["uid"], **b["components"]}
+
+
+def verl_compute_advantage(name, b, cfg, with_is, with_baselines, norm):
+    from verl.protocol import DataProto
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+
+    tensors, non_tensors = verl_data(b, with_is, with_baselines)
+    data = DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
     out = compute_advantage(data, name, gamma=0.9, lam=0.8, norm_adv_by_std_in_grpo=norm, config=cfg)
     return out.batch["advantages"], out.batch["returns"]
 
@@ -277,28 +284,87 @@ def test_every_estimator_through_compute_advantage(name, norm, with_is):
     if name == "gae" and not norm:
         pytest.skip("gae does not read norm_adv_by_std_in_grpo")
     theirs = verl_compute_advantage(name, b, cfg, with_is, with_baselines, norm)
+    tensors, non_tensors = verl_data(b, with_is, with_baselines)
+    # the trainer's call (the same DataProto halves verl's trainer reads) and the labs' flat call
+    ours_data = P.compute_advantage_from_data(tensors, non_tensors, name, gamma=0.9, lam=0.8,
+                                              norm_adv_by_std_in_grpo=norm, config=cfg)
     ours = P.compute_advantage(name, b["rewards"], b["mask"], index=b["uid"], values=b["values"],
                                reward_baselines=b["baselines"] if with_baselines else None, gamma=0.9, lam=0.8,
-                               norm_adv_by_std_in_grpo=norm, config=cfg, reward_components=b["components"],
+                               norm_adv_by_std_in_grpo=norm, config=cfg, non_tensor_batch=b["components"],
                                sum_pi_squared=b["sum_pi2"], old_log_probs=b["old"],
                                rollout_is_weights=b["ris"] if with_is else None)
-    assert torch.allclose(ours[0], theirs[0], atol=TOL), (ours[0] - theirs[0]).abs().max()
-    assert torch.allclose(ours[1], theirs[1], atol=TOL)
-    assert ours[0].dtype == theirs[0].dtype
+    for mine in (ours_data, ours):
+        assert torch.allclose(mine[0], theirs[0], atol=TOL), (mine[0] - theirs[0]).abs().max()
+        assert torch.allclose(mine[1], theirs[1], atol=TOL)
+        assert mine[0].dtype == theirs[0].dtype
 
 
 def test_gdpo_fallback_and_default_weights():
     b = adv_batch(seed=95)
-    for cfg, comps in ((None, None), (AlgoConfig(gdpo_reward_keys=["accuracy_reward", "format_reward"]), None)):
-        ours = P.compute_gdpo_outcome_advantage(b["rewards"], b["mask"], b["uid"], config=cfg,
-                                                reward_components=comps)
-        theirs = V.compute_gdpo_outcome_advantage(b["rewards"], b["mask"], b["uid"], config=cfg)
+    tensors, non_tensors = verl_data(b, False, False)
+    keyed = AlgoConfig(gdpo_reward_keys=["accuracy_reward", "format_reward"])
+    # (config, non_tensor_batch, batch): verl falls back to token_level_rewards unless all three are given
+    for args in ((None, None, None), (keyed, None, None), (keyed, non_tensors, None), (None, non_tensors, tensors),
+                 (keyed, non_tensors, tensors)):
+        kw = dict(config=args[0], non_tensor_batch=args[1], batch=args[2])
+        ours = P.compute_gdpo_outcome_advantage(b["rewards"], b["mask"], b["uid"], **kw)
+        theirs = V.compute_gdpo_outcome_advantage(b["rewards"], b["mask"], b["uid"], **kw)
         assert torch.allclose(ours[0], theirs[0], atol=TOL)
-    cfg = AlgoConfig(gdpo_reward_keys=["accuracy_reward", "format_reward"])
-    theirs = verl_compute_advantage("gdpo", b, cfg, False, False, True)
-    ours = P.compute_advantage("gdpo", b["rewards"], b["mask"], index=b["uid"], config=cfg,
-                               reward_components=b["components"])
+    theirs = verl_compute_advantage("gdpo", b, keyed, False, False, True)
+    ours = P.compute_advantage("gdpo", b["rewards"], b["mask"], index=b["uid"], config=keyed,
+                               non_tensor_batch=b["components"])
     assert torch.allclose(ours[0], theirs[0], atol=TOL)
+
+
+def test_gdpo_called_as_verls_trainer_calls_it():
+    """The keyword arguments verl's ray_trainer.compute_advantage builds for gdpo, passed to both functions: ppolab
+    reads the components from non_tensor_batch and their positions from batch["attention_mask"], as verl does —
+    and that is not GRPO on the summed reward."""
+    b = adv_batch(seed=97)
+    tensors, non_tensors = verl_data(b, False, False)
+    cfg = AlgoConfig(gdpo_reward_keys=["format_reward", "accuracy_reward"], gdpo_reward_weights=[0.3, 1.7])
+    kw = dict(token_level_rewards=b["rewards"], response_mask=b["mask"], config=cfg, index=non_tensors["uid"],
+              non_tensor_batch=non_tensors, batch=tensors)
+    ours, theirs = P.compute_gdpo_outcome_advantage(**kw), V.compute_gdpo_outcome_advantage(**kw)
+    assert torch.allclose(ours[0], theirs[0], atol=TOL) and torch.allclose(ours[1], theirs[1], atol=TOL)
+    fallback = V.compute_gdpo_outcome_advantage(b["rewards"], b["mask"], b["uid"], config=cfg)[0]
+    assert (theirs[0] - fallback).abs().max() > 0.1
+
+
+def _param_table(fn):
+    import inspect
+
+    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+
+@pytest.mark.parametrize("name", sorted(V.ADV_ESTIMATOR_REGISTRY))
+def test_every_registered_estimator_has_verls_signature(name):
+    """Names, order, defaults and **kwargs (or its absence) as in verl: the trainer's keywords land where verl's
+    land, and one an estimator does not declare raises TypeError in both."""
+    assert _param_table(P.ADV_ESTIMATOR_REGISTRY[name]) == _param_table(V.ADV_ESTIMATOR_REGISTRY[name])
+
+
+@pytest.mark.parametrize("name, unused", [
+    ("rloo", {"epsilon": 0.3}), ("rloo_vectorized", {"epsilon": 0.3}), ("opo", {"epsilon": 0.3}),
+    ("reinforce_plus_plus_baseline", {"epsilon": 0.3}), ("gpg", {"epsilon": 0.3}), ("gpg", {"alpha": 7.0}),
+    ("grpo_passk", {"norm_adv_by_std_in_grpo": False}),
+    ("optimal_token_baseline", {"config": AlgoConfig(gamma=0.5)}),
+    ("tir_optimal_token_baseline", {"config": AlgoConfig(gamma=0.5)}),
+])
+def test_arguments_ppolab_does_not_read_verl_does_not_read_either(name, unused):
+    b = adv_batch(seed=98)
+    if name == "grpo_passk":
+        keep = [i for i, u in enumerate(b["uid"]) if u not in ("d", "pad")]
+        b = {k: (v[keep] if isinstance(v, (torch.Tensor, np.ndarray)) else v) for k, v in b.items()}
+    kw = dict(token_level_rewards=b["rewards"], response_mask=b["mask"], index=b["uid"])
+    if name.endswith("optimal_token_baseline"):
+        kw.update(old_log_probs=b["old"], sum_pi_squared=b["sum_pi2"])
+    else:
+        kw["config"] = AlgoConfig(gamma=0.9)
+    for lib in (P, V):
+        fn = lib.ADV_ESTIMATOR_REGISTRY[name]
+        base, changed = fn(**kw), fn(**{**kw, **unused})
+        assert torch.equal(base[0], changed[0]) and torch.equal(base[1], changed[1]), (lib.__name__, name, unused)
 
 
 @pytest.mark.parametrize("name", ["optimal_token_baseline", "tir_optimal_token_baseline"])
@@ -335,3 +401,23 @@ def test_sum_pi_squared():
         t = torch.tensor([0.7, 1.0, 1.3], dtype=dtype)
         assert torch.allclose(P.calculate_sum_pi_squared_from_logits(logits, t),
                               VF.calculate_sum_pi_squared_from_logits(logits / t[:, None, None]), atol=TOL)
+
+
+def test_the_critic_budget_key_is_verls_with_its_default_and_outside_its_yaml():
+    """critic.ppo_infer_max_token_len_per_gpu: verl's CriticConfig field (default 32768, what applies when the YAML
+    does not name it — hence '+critic.…=' on verl's command line), which V1 writes into both token budgets of the
+    critic engine (trainer_base.py)."""
+    import dataclasses
+    from pathlib import Path
+
+    from verl.workers.config import CriticConfig as VCriticConfig
+
+    from ppolab.config import PPOConfig
+
+    default = {f.name: f.default for f in dataclasses.fields(VCriticConfig)}["ppo_infer_max_token_len_per_gpu"]
+    assert default == PPOConfig().critic.ppo_infer_max_token_len_per_gpu == 32768
+    yaml = Path(verl.__file__).parent / "trainer" / "config" / "critic" / "critic.yaml"
+    assert "ppo_infer_max_token_len_per_gpu" not in yaml.read_text()
+    src = (Path(verl.__file__).parent / "trainer" / "ppo" / "v1" / "trainer_base.py").read_text()  # imports ray
+    for engine_key in ("infer_max_token_len_per_gpu", "max_token_len_per_gpu"):
+        assert f"critic_cfg.engine.{engine_key} = critic_cfg.ppo_infer_max_token_len_per_gpu" in src
