@@ -51,3 +51,15 @@ def pytest_sessionstart(session):
     if reporter is not None:
         for line in machine_lines():
             reporter.write_line(line)
+
+
+def pytest_collection_modifyitems(config, items):
+    """With ``PPOLAB_RUN`` set every lab opens on that run, so the saved outputs of the cells marked
+    ``# NBVAL_CHECK_OUTPUT`` (numbers of the lab's own shipped run) cannot match: every cell is lax then — it must
+    still run without error."""
+    if not os.environ.get("PPOLAB_RUN"):
+        return
+    for item in items:
+        options = getattr(item, "options", None)
+        if isinstance(options, dict) and "check" in options and hasattr(item, "cell"):
+            options["check"] = False

@@ -4,7 +4,8 @@ Run → numbers → widgets (views) and exercises (checks). Nothing here imports
 run anywhere a run can be read. Modules, one concept each:
 
 * :mod:`~ppolab.numbers.steps` — recorded steps, an optimizer step's rows, the run's actor config;
-* :mod:`~ppolab.numbers.needs` — what a run has (:data:`NEEDS`, :func:`require`) and :class:`RunLacks`;
+* :mod:`~ppolab.numbers.needs` — what a run has (:data:`NEEDS`, :func:`require`) and :class:`RunLacks`; for a lab's
+  sections :func:`has` and :func:`find`, which print the one lacks line (:func:`lacks_line`) instead of raising;
 * :mod:`~ppolab.numbers.cases` — where in a run a mechanism shows (the step and optimizer step an exercise names);
 * :mod:`~ppolab.numbers.kl`, ``masks``, ``aggregation``, ``gradients``, ``invariance``, ``metrics``, ``mistakes`` —
   the chapter's numbers by topic.
@@ -13,12 +14,12 @@ from __future__ import annotations
 
 import os
 
-from ppolab.numbers.needs import NEEDS, RunLacks, require, run_label
+from ppolab.numbers.needs import NEEDS, RunLacks, find, has, lacks_line, require, run_label
 from ppolab.numbers.steps import actor_config, optimizer_step_batch, real_rows, step_tensors
 from ppolab.record import SHIPPED_RUNS, Run, resolve_run
 
-__all__ = ["NEEDS", "SHIPPED_RUNS", "Run", "RunLacks", "actor_config", "lab_run", "optimizer_step_batch",
-           "real_rows", "require", "resolve_run", "run_label", "step_tensors"]
+__all__ = ["NEEDS", "SHIPPED_RUNS", "Run", "RunLacks", "actor_config", "find", "has", "lab_pair", "lab_run",
+           "lacks_line", "optimizer_step_batch", "real_rows", "require", "resolve_run", "run_label", "step_tensors"]
 
 #: The environment variable a lab's RUN cell reads: a shipped run's name or the path of a run directory.
 RUN_ENV = "PPOLAB_RUN"
@@ -27,3 +28,13 @@ RUN_ENV = "PPOLAB_RUN"
 def lab_run(default: str) -> str:
     """The run a lab binds to: ``$PPOLAB_RUN`` when set (a shipped run's name or a path), else ``default``."""
     return os.environ.get(RUN_ENV) or default
+
+
+def lab_pair(default: tuple[str, str]) -> tuple[str, str]:
+    """The (GRPO, PPO + GAE) pair lab 14 compares: ``default``, or with ``$PPOLAB_RUN`` set that run in the place of
+    its configuration (a GAE run: PPO + GAE's, any other: GRPO's) beside the shipped run of the other."""
+    own = os.environ.get(RUN_ENV)
+    if not own:
+        return default
+    gae = resolve_run(own).ppo_config().algorithm.adv_estimator == "gae"
+    return (default[0], own) if gae else (own, default[1])

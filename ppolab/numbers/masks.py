@@ -14,15 +14,21 @@ CATEGORIES = {0: "padding", 1: "prompt", 2: "response", 3: "synthetic padding ro
 
 
 def run_tokenizer(run):
-    """The tokenizer ``run`` was trained with (its ``tokenizer/`` folder, :meth:`ppolab.record.Run.tokenizer`); a run
-    without one is a :class:`~ppolab.numbers.needs.RunLacks` — never decoded with another model's vocabulary."""
+    """The tokenizer ``run`` was trained with: its ``tokenizer/`` folder (:meth:`ppolab.record.Run.tokenizer`), else
+    (a run recorded before runs carried it) the tokenizer files of its base model where :meth:`ppolab.record.Run.
+    model_path` finds that model by its recorded fingerprint. A run with neither is a
+    :class:`~ppolab.numbers.needs.RunLacks` — never decoded with another model's vocabulary."""
     from ppolab.errors import MissingFileError
+    from ppolab.models import load_tokenizer_files
     from ppolab.numbers.needs import RunLacks
 
     try:
         return run.tokenizer()
     except MissingFileError as e:
-        raise RunLacks(f"the tokenizer it was trained with ({e})", run) from None
+        try:
+            return load_tokenizer_files(run.model_path())
+        except MissingFileError:
+            raise RunLacks(f"the tokenizer it was trained with ({e})", run) from None
 
 
 def token_categories(record) -> torch.Tensor:

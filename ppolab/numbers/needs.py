@@ -112,3 +112,50 @@ def require(run: Run | str | None, *names: str, default: str = "grpo_tiny") -> R
         if not NEEDS[name].has(r):
             raise RunLacks(NEEDS[name].what, r)
     return r
+
+
+def lacks_line(lacks: RunLacks, shipped: str) -> str:
+    """One line for a lab's section: what this run lacks and the shipped run that has it (the exercises' wording)."""
+    from ppolab.i18n import tr
+
+    line = tr("this run ({run}) lacks {what}; the shipped run {name} has it").format(
+        run=tr("this run") if lacks.run is None else run_label(lacks.run), what=tr(lacks.what), name=shipped)
+    return line + f' — RUN = "{shipped}"'  # code: the same in every language
+
+
+def has(run: Run | str | None, *names: str, shipped: str) -> bool:
+    """Whether ``run`` has every need in ``names`` (:data:`NEEDS`); if not, print :func:`lacks_line` naming
+    ``shipped`` (the lab's own run) and return False, so the lab's section is skipped and the lab goes on."""
+    try:
+        require(run, *names, default=shipped)
+    except RunLacks as e:
+        print(lacks_line(e, shipped))
+        return False
+    return True
+
+
+def find(finder: Callable[..., dict], run: Run | str | None, *args, shipped: str, show: bool = True) -> dict | None:
+    """``finder(run, *args)`` (a case finder of :mod:`ppolab.numbers.cases`, or an exercise's case function): the
+    case, printed in one line; where the run lacks the mechanism, :func:`lacks_line` is printed and None returned.
+    ``show=False`` prints neither (a cell whose ``prompt`` already says it)."""
+    try:
+        found = finder(resolve_run(run, shipped), *args)
+    except RunLacks as e:
+        if show:
+            print(lacks_line(e, shipped))
+        return None
+    if show:
+        print(case_line(found))
+    return found
+
+
+_FIELDS = {"step": "recorded step", "opt_step": "optimizer step", "update": "critic optimizer step",
+           "row": "row"}
+
+
+def case_line(found: dict) -> str:
+    """The case a finder chose, in one line: ``case in this run: recorded step 24, optimizer step 8``."""
+    from ppolab.i18n import tr
+
+    parts = [f"{tr(_FIELDS[k])} {v}" for k, v in found.items() if k in _FIELDS]
+    return tr("case in this run:") + " " + ", ".join(parts)

@@ -1,0 +1,140 @@
+"""Every lab runs to its end, without a traceback, on any run ``ppolab.train`` writes (``PPOLAB_RUN``): a section
+whose mechanism the run lacks prints one line naming the shipped run that has it, and the lab goes on.
+
+Each lab is executed under nbval in a subprocess with ``PPOLAB_RUN`` set to a run trained here (3 steps, every step
+recorded, the presets' shapes otherwise); the root conftest.py makes every cell lax then (the saved outputs are the
+lab's own run's). The default selection runs labs 04 and 11 under nbval and executes lab 09 (reading its lacks lines)
+on a fresh GRPO run; ``-m anyrun`` runs every lab on a fresh GRPO and a fresh PPO + GAE run (34 lab runs: 1,328 s
+measured on 2 CPU cores shared with other jobs)."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import ppolab
+
+ROOT = Path(__file__).resolve().parents[1]
+LABS = sorted(p.stem for p in (ROOT / "labs").glob("[0-9][0-9]_*.ipynb"))
+#: The presets' own shapes (several optimizer steps, groups, a critic for PPO), 3 steps, every one recorded.
+SHAPE = ["trainer.total_training_steps=3", "trainer.record_freq=1", "data.val_max_samples=16"]
+#: The default selection: a case found in the run (04) and a section it lacks (11: no padding rows) under nbval; and
+#: lab 09, whose critic a GRPO run lacks, executed to read its lacks lines.
+CHEAP = ("04_clipped_objective", "11_loss_aggregation")
+LACKS = re.compile(r'this run \(.+\) lacks .+; the shipped run \w+ has it — RUN = "\w+"')
+
+
+def _train(base: Path, preset: str) -> str:
+    run_dir = base / preset
+    ppolab.train(preset, [*SHAPE, f"trainer.run_dir={run_dir}"], progress=False)
+    return str(run_dir)
+
+
+@pytest.fixture(scope="session")
+def fresh_grpo(tmp_path_factory) -> str:
+    return _train(tmp_path_factory.mktemp("labs-any-run"), "grpo_tiny")
+
+
+@pytest.fixture(scope="session")
+def fresh_ppo(tmp_path_factory) -> str:
+    return _train(tmp_path_factory.mktemp("labs-any-run"), "ppo_gae_tiny")
+
+
+def run_lab(lab: str, run: str) -> str:
+    """nbval on ``labs/<lab>.ipynb`` with ``PPOLAB_RUN=run``: fails with the failing cells' errors; returns the
+    output (nbval's report)."""
+    env = {**os.environ, "PPOLAB_RUN": run}
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"labs/{lab}.ipynb"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, f"{lab} on {run}:\n{out.stdout[-6000:]}\n{out.stderr[-2000:]}"
+    return out.stdout
+
+
+def lacks_lines(lab: str, run: str) -> list[str]:
+    """The lab executed on ``run`` (nbclient; an error in any cell raises): every printed line that says what the
+    run lacks."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(ROOT / "labs" / f"{lab}.ipynb", as_version=4)
+    os.environ["PPOLAB_RUN"] = run
+    try:
+        NotebookClient(nb, timeout=600, resources={"metadata": {"path": str(ROOT / "labs")}}).execute()
+    finally:
+        del os.environ["PPOLAB_RUN"]
+    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    return [ln for ln in text.splitlines() if " lacks " in ln and "RUN = " in ln]
+
+
+@pytest.mark.parametrize("lab", CHEAP)
+def test_lab_runs_on_a_fresh_grpo_run(fresh_grpo, lab):
+    run_lab(lab, fresh_grpo)
+
+
+def test_a_lab_the_run_lacks_says_so_in_one_line_per_section(fresh_grpo):
+    lines = lacks_lines("09_clipped_value_loss", fresh_grpo)
+    assert lines and all(LACKS.fullmatch(ln) for ln in lines), lines
+    assert any("lacks a critic" in ln and 'RUN = "ppo_fire_tiny"' in ln for ln in lines), lines
+
+
+def _matrix(request) -> None:
+    if "anyrun" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("every lab on two fresh runs (about 20 min): select it with -m anyrun")
+
+
+@pytest.mark.anyrun
+@pytest.mark.parametrize("lab", LABS)
+def test_every_lab_on_a_fresh_grpo_run(lab, request):
+    _matrix(request)
+    t = time.time()
+    run_lab(lab, request.getfixturevalue("fresh_grpo"))
+    print(f"{lab} on a fresh grpo_tiny run: {time.time() - t:.0f} s")
+
+
+@pytest.mark.anyrun
+@pytest.mark.parametrize("lab", LABS)
+def test_every_lab_on_a_fresh_ppo_gae_run(lab, request):
+    _matrix(request)
+    t = time.time()
+    run_lab(lab, request.getfixturevalue("fresh_ppo"))
+    print(f"{lab} on a fresh ppo_gae_tiny run: {time.time() - t:.0f} s")
+
+
+def test_has_find_and_the_lacks_line(capsys):
+    from ppolab.i18n import set_language
+    from ppolab.numbers import find, has
+    from ppolab.numbers.cases import clip_case, critic_case
+
+    assert has("ppo_fire_tiny", "critic", shipped="ppo_fire_tiny") and not capsys.readouterr().out
+    assert not has("grpo_tiny", "critic", shipped="ppo_fire_tiny")
+    assert capsys.readouterr().out == ("this run (grpo_tiny) lacks a critic (critic_vpreds: "
+                                       "algorithm.adv_estimator=gae); the shipped run ppo_fire_tiny has it — "
+                                       'RUN = "ppo_fire_tiny"\n')
+    assert find(critic_case, "grpo_tiny", shipped="ppo_fire_tiny", show=False) is None
+    assert not capsys.readouterr().out
+    case = find(clip_case, "ppo_fire_tiny", (24, 8), shipped="ppo_fire_tiny")
+    assert (case["step"], case["opt_step"]) == (24, 8)
+    assert capsys.readouterr().out == "case in this run: recorded step 24, optimizer step 8\n"
+    set_language("zh")
+    try:
+        assert not has("grpo_tiny", "critic", shipped="ppo_fire_tiny")
+        line = capsys.readouterr().out
+        assert "缺少" in line and line.endswith(' — RUN = "ppo_fire_tiny"\n'), line
+    finally:
+        set_language("en")
+
+
+def test_lab_pair_puts_the_run_in_its_configurations_place(monkeypatch):
+    from ppolab.numbers import lab_pair
+
+    monkeypatch.delenv("PPOLAB_RUN", raising=False)
+    assert lab_pair(("grpo_tiny", "ppo_gae_tiny")) == ("grpo_tiny", "ppo_gae_tiny")
+    monkeypatch.setenv("PPOLAB_RUN", "ppo_fire_tiny")
+    assert lab_pair(("grpo_tiny", "ppo_gae_tiny")) == ("grpo_tiny", "ppo_fire_tiny")
+    monkeypatch.setenv("PPOLAB_RUN", "grpo_tool_tiny")
+    assert lab_pair(("grpo_tiny", "ppo_gae_tiny")) == ("grpo_tool_tiny", "ppo_gae_tiny")
