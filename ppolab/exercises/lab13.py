@@ -2,7 +2,7 @@
 
 Every truth here is a replay of the actor worker's update (what ``PPOTrainer.update_actor`` runs) on recorded
 step 1 (``ppolab.replay``), computed when the check runs; replays are cached for the whole process
-(``ppolab.widgets.invariance.cached_replay``), so the lab's own cells, the explorer and these checks share them.
+(``ppolab.numbers.invariance.cached_replay``), so the lab's own cells, the explorer and these checks share them.
 """
 from __future__ import annotations
 
