@@ -68,6 +68,25 @@ def mini_batch_rows(run: Run | str | os.PathLike | None = None, step: int = 1, m
     return epoch0[mini_batch]
 
 
+#: The most logits (rows × (R + 1) × vocab) the rows of one replay may hold in one micro-batch: 2^27 fp32 are 512 MiB,
+#: and a replay's backward keeps their gradient too. The shipped runs (a 29-token vocabulary) are far below it; a
+#: real vocabulary (151,936 tokens, 256-token responses) replays one group of rollout.n rows.
+REPLAY_MAX_LOGITS = 1 << 27
+
+
+def replay_rows(run: Run | str | os.PathLike | None = None, step: int = 1, mini_batch: int = 0,
+                max_logits: int = REPLAY_MAX_LOGITS) -> list[int]:
+    """The rows :func:`replay_actor_update` replays: :func:`mini_batch_rows`, or on a large run (its whole mini-batch
+    in one micro-batch over ``max_logits`` logits) the first of them, a multiple of rollout.n (one group at least),
+    so a replay's time and memory stay bounded. Every shipped run replays its whole mini-batch."""
+    r = resolve_run(run)
+    rows = mini_batch_rows(r, step, mini_batch)
+    n = r.ppo_config().actor_rollout_ref.rollout.n
+    per_row = (r.step(step).tensors["responses"].shape[1] + 1) * int(run_models(r).model.config.vocab_size)
+    keep = max(n, max_logits // per_row // n * n)
+    return rows[:keep] if keep < len(rows) else rows
+
+
 def replay_actor_update(run: Run | str | os.PathLike | None = None, step: int = 1, *,
                         micro_batch_size: int | None = None, use_dynamic_bsz: bool = False,
                         max_token_len: int | None = None, loss_agg_mode: str | None = None,
@@ -84,7 +103,8 @@ def replay_actor_update(run: Run | str | os.PathLike | None = None, step: int = 
     actor/* metrics), ``micro_batches`` (lists of positions 0 … M−1 in the mini-batch, execution order),
     ``rows`` (the recorded row index of each position), ``log_probs`` ((M, R) log-probs the forward of the
     optimizer step computed), ``seq_lens`` and ``response_lens`` (per position), ``widths`` (padded response
-    width T of each micro-batch), ``exact`` and the resolved ``settings``.
+    width T of each micro-batch), ``exact`` and the resolved ``settings``. The rows are :func:`replay_rows`: the
+    whole mini-batch (``mini_batch_rows`` rows), or on a large run only its first rows — say so where it shows.
     """
     r = resolve_run(run)
     if 1 not in r.steps:
@@ -95,7 +115,7 @@ def replay_actor_update(run: Run | str | os.PathLike | None = None, step: int = 
                          f"seeded initial adapter); step={step}, mini_batch={mini_batch} started from weights the run "
                          f"did not record. Pass strict=False to replay it from the initial weights anyway.")
     rec = r.step(step)
-    rows = mini_batch_rows(r, step, mini_batch)
+    rows = replay_rows(r, step, mini_batch)
     tensors = {k: v for k, v in rec.tensors.items() if k not in _HISTORIES}
     tensors["is_pad"] = tensors["is_pad"].bool()
     batch = Batch(tensors).select(rows)
@@ -138,6 +158,7 @@ def replay_actor_update(run: Run | str | os.PathLike | None = None, step: int = 
                 p.grad = None
     r_lens = batch["response_mask"].sum(-1).long()
     return {"grads": grads, "update": update, "metrics": metrics, "micro_batches": parts, "rows": rows,
+            "mini_batch_rows": len(mini_batch_rows(r, step, mini_batch)),
             "log_probs": history[0], "seq_lens": batch.seq_lens(), "response_lens": r_lens.tolist(),
             "widths": [max(int(r_lens[p].max()), 1) for p in parts], "exact": exact, "settings": settings}
 

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ppolab.algos import calculate_sum_pi_squared_from_logits, entropy_from_logits, logprobs_from_logits, scale_logits
-from ppolab.algos.logprob import chunked_logprobs_entropy, use_chunked_logits
+from ppolab.algos.logprob import chunked_logprobs_entropy, logit_rows_per_pass, use_chunked_logits
 from ppolab.models import check_target_modules, check_vocab_fits, load_tokenizer_and_model
 
 
@@ -64,8 +64,19 @@ def forward_response(
     ``chunked``: compute log-probs / entropy / Σπ² a slice of positions at a time
     (:func:`ppolab.algos.logprob.chunked_logprobs_entropy`), so a real vocabulary (151,936 tokens) costs no
     full-size float32 copies of the logits; None decides by size (above ``CHUNK_LOGITS_THRESHOLD`` logits), which
-    the shipped tiny model never reaches — its runs keep the plain formulas below, bit for bit.
+    the shipped tiny model never reaches — its runs keep the plain formulas below, bit for bit. Without gradients
+    (a reading, an inference pass) the rows go through the model a few at a time
+    (:func:`ppolab.algos.logprob.logit_rows_per_pass`), so no pass holds more than 2^27 logits (512 MiB in fp32);
+    the shipped model never needs more than one pass.
     """
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    per_pass = logit_rows_per_pass(response_length + 1, int(vocab)) if vocab else input_ids.shape[0]
+    if not torch.is_grad_enabled() and input_ids.shape[0] > per_pass:
+        parts = [forward_response(model, input_ids[s:s + per_pass], attention_mask[s:s + per_pass], response_length,
+                                  temperature, want_log_probs, want_entropy, value_head, want_sum_pi_squared, chunked)
+                 for s in range(0, input_ids.shape[0], per_pass)]
+        return ResponseOutputs(**{f: None if getattr(parts[0], f) is None else torch.cat([getattr(p, f) for p in parts])
+                                  for f in ("log_probs", "entropy", "values", "sum_pi_squared")})
     out = _forward(model, input_ids, attention_mask, response_length, hidden=value_head is not None)
     result = ResponseOutputs()
     responses = input_ids[:, -response_length:]

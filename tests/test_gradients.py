@@ -186,3 +186,24 @@ def test_gallery_builds_and_controls_update_the_figures():
     before = list(fig.data[0].y)
     g.controls["old_prob"].value = 0.1
     assert list(fig.data[0].y) != before  # dppo's cut moves with π_old
+
+
+def test_gallery_draws_a_bounded_sample_and_says_so(monkeypatch):
+    """On a run with many tokens the scatter draws at most ``limit`` points a trace (evenly spaced, the title says
+    so) while every count uses all the tokens."""
+    import functools
+
+    import ppolab.widgets.common as common
+    import ppolab.widgets.gradients as gallery
+
+    monkeypatch.setattr(gallery, "drawn", functools.partial(common.drawn, limit=20))
+    g = gallery.gradient_gallery("ppo_fire_tiny", step=15, opt_step=15)
+    fig = g.figures["mode"]
+    shown = sum(len(fig.data[i].x) for i in (2, 3, 6, 7))
+    assert all(len(fig.data[i].x) <= 20 for i in (2, 3, 6, 7)) and shown < g.state["n_tokens"]
+    assert "showing" in fig.layout.title.text and str(g.state["n_tokens"]) in fig.layout.title.text
+    full = gallery.recorded_weights("vanilla", optimizer_step_batch(g.record, 15),
+                                    actor_config(resolve_run("ppo_fire_tiny")))
+    assert g.state["n_tokens"] == full["w"].numel() and g.state["n_zero"] == int((full["w"] == 0).sum())
+    custom = fig.data[2].customdata  # hover: row, position, A, w of each drawn token
+    assert len(custom) == len(fig.data[2].x) and all(c[2] > 0 for c in custom)

@@ -85,7 +85,8 @@ def texts(obj, seen=None) -> list[str]:
             out.append(t.name or "")
             for attr in ("text", "hovertext", "x", "y"):
                 v = getattr(t, attr, None)
-                out += [v] if isinstance(v, str) else [s for s in (v or ()) if isinstance(s, str)]
+                # a numeric trace may hold a numpy array (no truth value): only its strings matter here
+                out += [v] if isinstance(v, str) else [s for s in (() if v is None else v) if isinstance(s, str)]
         return out
     if isinstance(obj, W.Widget):
         for attr in ("description", "tooltip"):

@@ -151,3 +151,50 @@ def test_k3_is_non_negative_for_unclipped_inputs(d, ref):
     lp = torch.tensor([ref + d], dtype=DT)
     # e^x − x − 1 ≥ 0 exactly, but near x = 0 it is a difference of O(1) numbers: allow a few ulps of 1
     assert A.kl_penalty(lp, torch.tensor([ref], dtype=DT), "k3").item() >= -4 * torch.finfo(DT).eps
+
+
+def test_a_reading_without_gradients_goes_through_the_model_a_few_rows_at_a_time(monkeypatch):
+    """forward_response without gradients cuts the rows into passes of bounded logits (a 151,936-token vocabulary
+    would hold 10 GB for a 64 × 256 step at once); the outputs are those of one pass over every row."""
+    import ppolab.roles as roles
+    from ppolab.algos.logprob import logit_rows_per_pass
+    from ppolab.models import load_tokenizer_and_model
+    from ppolab.record import resolve_run
+
+    t = resolve_run("grpo_tiny").step(1).tensors
+    ids = torch.cat([t["prompts"], t["responses"]], dim=1)[:7]
+    mask = torch.cat([t["prompt_mask"], t["response_mask"].long()], dim=1)[:7]
+    model = load_tokenizer_and_model(resolve_run("grpo_tiny").model_path())[1]
+    R = t["responses"].shape[1]
+    with torch.no_grad():
+        whole = roles.forward_response(model, ids, mask, R, 0.7, want_entropy=True)
+        passes = []
+        real = roles._forward
+
+        def counting(*args, **kwargs):
+            passes.append(args[1].shape[0])
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(roles, "_forward", counting)
+        monkeypatch.setattr(roles, "logit_rows_per_pass", lambda positions, vocab: 3)
+        cut = roles.forward_response(model, ids, mask, R, 0.7, want_entropy=True)
+    assert passes == [3, 3, 1]
+    # the same numbers to float32 rounding: a pass of other rows sums its matrix products in another order
+    torch.testing.assert_close(cut.log_probs, whole.log_probs, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(cut.entropy, whole.entropy, rtol=1e-6, atol=1e-5)
+    assert logit_rows_per_pass(257, 151_936) == 3 and logit_rows_per_pass(50, 29) > 64  # shipped: one pass
+
+
+def test_a_large_run_replays_a_bounded_number_of_rows(monkeypatch):
+    """replay_rows: the whole mini-batch on a shipped run; on a large one (here: a tiny logit budget) the first rows,
+    a multiple of rollout.n, and replay_actor_update says how many the mini-batch has."""
+    from ppolab import replay
+    from ppolab.record import resolve_run
+
+    run = resolve_run("grpo_tiny")
+    rows = replay.mini_batch_rows(run)
+    assert replay.replay_rows(run) == rows
+    n = run.ppo_config().actor_rollout_ref.rollout.n
+    per_row = (run.step(1).tensors["responses"].shape[1] + 1) * int(replay.run_models(run).model.config.vocab_size)
+    assert replay.replay_rows(run, max_logits=per_row * (2 * n + 1)) == rows[:2 * n]
+    assert replay.replay_rows(run, max_logits=1) == rows[:n]  # one group at least

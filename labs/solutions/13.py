@@ -1,12 +1,12 @@
 """Solutions to lab 13's exercises (kept out of the notebook). A callable solution is the code a learner
 would write; it is called with the exercise's context (e.g. ``run``)."""
-from ppolab.replay import mini_batch_rows
+from ppolab.replay import replay_rows
 from ppolab.record import resolve_run
 
 
 def _batch(run=None):
     r = resolve_run(run)
-    rec, rows = r.step(1), mini_batch_rows(r)
+    rec, rows = r.step(1), replay_rows(r)
     adv = rec["advantages"][rows]
     if "rollout_is_weights" in rec.tensors:  # rollout_is: every token's loss is −A·w (the vLLM run)
         adv = adv * rec["rollout_is_weights"][rows]
@@ -15,7 +15,7 @@ def _batch(run=None):
 
 def _attended(run=None):  # what a micro-batch is trimmed to: the attended response positions (tool observations too)
     r = resolve_run(run)
-    rec, rows = r.step(1), mini_batch_rows(r)
+    rec, rows = r.step(1), replay_rows(r)
     return rec.tensors.get("response_attention_mask", rec["response_mask"])[rows]
 
 

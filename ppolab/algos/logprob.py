@@ -163,6 +163,17 @@ def chunked_logprobs_entropy(
     return log_probs, entropy if want_entropy else None, spi2 if want_sum_pi_squared else None
 
 
+#: The most logits (rows × positions × vocab) one forward pass without gradients makes: 2^27 fp32 are 512 MiB, i.e. 3
+#: rows of 257 positions at Qwen2.5's 151,936 tokens; a step's 64 rows would be 10 GB at once.
+LOGITS_PER_PASS = 1 << 27
+
+
+def logit_rows_per_pass(positions: int, vocab: int, budget: int = LOGITS_PER_PASS) -> int:
+    """How many rows of ``positions`` × ``vocab`` logits one forward pass without gradients may hold (≥ 1): the
+    reading is done that many rows at a time, so its memory stays within ``budget`` logits whatever the batch."""
+    return max(1, budget // max(1, positions * vocab))
+
+
 def use_chunked_logits(rows: int, positions: int, vocab: int, threshold: int = CHUNK_LOGITS_THRESHOLD) -> bool:
     """Whether a forward over rows × positions × vocab logits takes the chunked path (above ``threshold``)."""
     return rows * positions * vocab > threshold

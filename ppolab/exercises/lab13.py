@@ -15,10 +15,10 @@ TOL = 1e-5
 
 def _replays(run, mode: str, factor):
     """(rows of the mini-batch, {micro-batch size: replay}) for every size that divides the mini-batch."""
-    from ppolab.replay import mini_batch_rows
+    from ppolab.replay import replay_rows
     from ppolab.numbers.invariance import cached_replay, divisors
 
-    rows = mini_batch_rows(run)
+    rows = replay_rows(run)
     return rows, {s: cached_replay(run, loss_agg_mode=mode, loss_scale_factor=factor, micro_batch_size=s)
                   for s in divisors(len(rows))}
 
@@ -47,10 +47,10 @@ def _same(a: dict, ref: dict) -> bool:
                  "(unless every micro-batch keeps the full width)."),
           context=("run",), needs=("step1",))
 def _e1(run=None) -> tuple[bool, bool]:
-    from ppolab.replay import mini_batch_rows
+    from ppolab.replay import replay_rows
     from ppolab.numbers.invariance import cached_replay
 
-    whole = len(mini_batch_rows(run))
+    whole = len(replay_rows(run))
     factor = float(_factor(run))
     out = []
     for mode, f in (("token-mean", factor), (SUM_NORM, None)):

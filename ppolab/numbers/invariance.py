@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from ppolab.record import resolve_run
-from ppolab.replay import replay_actor_update
+from ppolab.replay import replay_actor_update, replay_rows  # noqa: F401 (replay_rows: the rows replayed)
 
 
 #: Replays shared by every explorer of this process: (run dir, step, mode, factor, micro label, budget) → replay.
@@ -17,7 +17,8 @@ def cached_replay(run=None, step: int = 1, *, loss_agg_mode: str, loss_scale_fac
     """``replay_actor_update`` of step ``step`` with a fixed micro-batch size, or dynamic packing with the token
     budget ``max_token_len`` (``micro_batch_size=None``), cached for the whole process: the explorer, the lab's
     cells and the exercise checks share every replay (the update is deterministic). ``compute=False``: the cached
-    replay or None, without computing one."""
+    replay or None, without computing one. A large run replays the first rows of the mini-batch only
+    (:func:`ppolab.replay.replay_rows`; ``out["rows"]`` against ``out["mini_batch_rows"]``)."""
     r = resolve_run(run)
     dyn = micro_batch_size is None
     if dyn == (max_token_len is None):

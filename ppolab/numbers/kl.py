@@ -10,7 +10,7 @@ import torch
 
 from ppolab.algos import AdaptiveKLController, estimator_moments, exact_kl, expected_estimator_gradient, \
     full_log_probs, kl_gradient
-from ppolab.numbers.steps import real_rows, step_tensors
+from ppolab.numbers.steps import loss_mask_of_real_rows, step_tensors
 from ppolab.record import Run, resolve_run
 
 
@@ -21,9 +21,9 @@ CANONICAL = ("k1", "abs", "k2", "k3")
 def _mask_before_rejection(rec) -> torch.Tensor:
     """(N, R) float mask of the policy's sampled tokens of real rows as stage 7 received it: the recorded
     ``loss_mask`` (a copy of response_mask made at generation; rejection sampling rewrites only response_mask,
-    verl V1), or ``response_mask`` for a recording without one."""
-    t = rec.tensors
-    return t.get("loss_mask", t["response_mask"]).float() * real_rows(rec).float().unsqueeze(-1)
+    verl V1), or ``response_mask`` for a recording without one
+    (:func:`~ppolab.numbers.steps.loss_mask_of_real_rows`)."""
+    return loss_mask_of_real_rows(rec)
 
 
 def adaptive_kl_trace(run: Run | str | None = None) -> dict[str, Any]:

@@ -6,7 +6,8 @@ import torch
 from ppolab.algos import FixedKLController, GlobalBatchInfo, agg_loss, apply_kl_penalty, get_policy_loss_fn
 from ppolab.algos import kl_penalty, masked_mean
 from ppolab.i18n import tr
-from ppolab.numbers.steps import _check_index, _n_opt_steps, actor_config, optimizer_step_batch, real_rows
+from ppolab.numbers.steps import _check_index, _n_opt_steps, actor_config, loss_mask_of_real_rows, \
+    optimizer_step_batch, real_rows
 from ppolab.record import Run, StepRecord, resolve_run
 
 
@@ -50,7 +51,7 @@ def kl_drowning(run=None, step: int | None = None, betas=KL_SWEEP):
     r = resolve_run(run, default="ppo_fire_tiny")
     rec = r.step(r.steps[-1] if step is None else step)
     t, real = rec.tensors, real_rows(rec)
-    mask = t.get("loss_mask", t["response_mask"]).float() * real.float().unsqueeze(-1)
+    mask = loss_mask_of_real_rows(rec)
     alg = r.ppo_config().algorithm
     own = None
     if alg.use_kl_in_reward:

@@ -30,6 +30,35 @@ def real_rows(record: StepRecord) -> torch.Tensor:
     return ~t["is_pad"].bool() if "is_pad" in t else torch.ones(t["responses"].shape[0], dtype=torch.bool)
 
 
+def loss_mask_of_real_rows(record: StepRecord) -> torch.Tensor:
+    """(N, R) float: the recorded ``loss_mask`` (the mask as generated, which the engine counts for
+    ``batch_num_tokens``; rejection sampling rewrites only ``response_mask``, verl V1) of the real rows, 0 on synthetic
+    padding rows; ``response_mask`` of the real rows for a recording without a loss_mask."""
+    t = record.tensors
+    return t.get("loss_mask", t["response_mask"]).float() * real_rows(record).float().unsqueeze(-1)
+
+
+class _OneRankWorker:
+    """What :meth:`ppolab.worker.Worker.global_batch_info` reads of a worker — its config, ``rollout.n`` and
+    data-parallel group — as one rank that holds every row of the global mini-batch (a recording merges the ranks)."""
+
+    def __init__(self, config: Any, rollout_n: int):
+        from ppolab.distributed import DistInfo
+
+        self.config, self.rollout_n, self.dist = config, rollout_n, DistInfo()
+
+
+def global_batch_info(run: Run, record: StepRecord, rows: torch.Tensor) -> Any:
+    """The :class:`~ppolab.algos.GlobalBatchInfo` the actor worker computed for the global mini-batch of ``rows``
+    (an optimizer step's rows), by the worker's own :meth:`~ppolab.worker.Worker.global_batch_info`: Σ loss_mask of
+    its real rows (``batch_num_tokens``), ppo_mini_batch_size × rollout.n rows (``global_batch_size``, padding rows
+    counted), the run's ``loss_scale_factor``; ``dp_size`` 1, as every rank's rows are here at once."""
+    from ppolab.worker import Worker
+
+    worker = _OneRankWorker(actor_config(run), run.ppo_config().actor_rollout_ref.rollout.n)
+    return Worker.global_batch_info(worker, {"loss_mask": loss_mask_of_real_rows(record)[rows]})
+
+
 def token_labels(record: StepRecord, tokenizer: Any, row: int) -> list[str]:
     """The decoded response tokens of one row (one string per position, padding included)."""
     return [tokenizer.decode([int(t)]) for t in record.tensors["responses"][row]]

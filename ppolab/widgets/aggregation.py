@@ -11,7 +11,7 @@ import torch
 
 from ppolab.i18n import tr
 from ppolab.algos import LOSS_AGG_MODES
-from ppolab.widgets.common import real_rows, resolve_run, step_tensors
+from ppolab.widgets.common import real_rows, resolve_run, step_tensors, on_move
 from ppolab.numbers.aggregation import trajectory_weights  # noqa: F401 (re-exported)
 
 #: Token-loss matrices the learner can aggregate (name → recorded tensor → (N, R) matrix).
@@ -68,6 +68,7 @@ def aggregation_explorer(run=None, step=None, loss: str = "-advantages", loss_sc
     figs["totals"].add_bar(x=list(LOSS_AGG_MODES))
     lengths = mask.sum(-1).long().tolist()
 
+    @on_move
     def refresh(*_):
         mat = LOSS_SOURCES[controls["loss"].value](t)[keep]
         factor = float(controls["loss_scale_factor"].value)

@@ -15,7 +15,7 @@ import torch
 
 from ppolab.i18n import tr
 from ppolab.batching import padding_multiple, plan_batches, plan_dynamic_micro_batches
-from ppolab.widgets.common import resolve_run, step_tensors
+from ppolab.widgets.common import resolve_run, step_tensors, on_move
 from ppolab.numbers.aggregation import recorded_seq_lens  # noqa: F401 (re-exported)
 
 #: Slider ranges (min, max) of the plan's inputs.
@@ -108,6 +108,7 @@ def batch_calculator(run=None, step=None, max_token_len: int | None = None, **si
     }
     figs["timeline"].add_bar()
 
+    @on_move
     def refresh_plan(*_):
         kw = {k: controls[k].value for k in RANGES}
         try:
@@ -137,6 +138,7 @@ def batch_calculator(run=None, step=None, max_token_len: int | None = None, **si
                                              f"{plan.ppo_epochs} epochs" + (f" (first {shown} shown)"
                                                                             if shown < plan.optimizer_steps else "")))
 
+    @on_move
     def refresh_dynamic(*_):
         budget = controls["max_token_len"].value
         parts = plan_dynamic_micro_batches(lens, budget)

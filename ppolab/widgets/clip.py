@@ -36,6 +36,7 @@ from ppolab.widgets.common import (
     real_rows,
     resolve_run,
     step_tensors,
+    on_move,
 )
 
 _RATIO_AXIS = torch.linspace(0.0, 2.5, 501, dtype=torch.float64)
@@ -152,6 +153,7 @@ def clip_explorer(
     readout = W.HTML()
     state: dict[str, Any] = {}
 
+    @on_move
     def update(*_):
         low, high, k = controls["eps_low"].value, controls["eps_high"].value, controls["opt_step"].value
         cfg = actor_config(r, clip_ratio_low=low, clip_ratio_high=high)
@@ -175,7 +177,7 @@ def clip_explorer(
                 ((hi + right) / 2, 0.99, "③ A>0, r>1+ε_high:<br>clipped, zero gradient"),
                 (lo / 2, 0.01, "④ A<0, r<1−ε_low:<br>clipped, zero gradient"),
                 ((lo + hi) / 2, 0.01, "⑤ A<0, inside:<br>unclipped"),
-                ((hi + right) / 2, 0.01, "⑥ A<0, r>1+ε_high:<br>unclipped, gradient"),
+                ((hi + right) / 2, 0.01, "⑥ A<0, r>1+ε_high:<br>unclipped, gradient<br>up to c (dual clip, lab 05)"),
             ]
             f_sur.layout.annotations = [
                 dict(
@@ -337,6 +339,7 @@ def dual_clip_explorer(
     readout = W.HTML()
     state: dict[str, Any] = {}
 
+    @on_move
     def update(*_):
         c, low, high = controls["clip_ratio_c"].value, controls["eps_low"].value, controls["eps_high"].value
         k, s = controls["opt_step"].value, controls["stretch"].value

@@ -1,7 +1,9 @@
 """Shared plumbing of the explorers: which run, which step, and the masked tensors of that step."""
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import functools
+from typing import Any, Callable, Iterator
 
 import ipywidgets as W
 import torch
@@ -45,6 +47,43 @@ def drawn_note(select: torch.Tensor, shown: torch.Tensor) -> str:
     """`` (showing n of m)`` when :func:`drawn` thinned ``select``, else ``""``."""
     total, kept = int(select.sum()), int(shown.sum())
     return tr(" (showing {kept} of {total}, evenly spaced)").format(kept=kept, total=total) if kept < total else ""
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one thread inside the block (the previous count restored after). A move's tensors are small (a
+    mini-batch's thousands of tokens): a second thread saves nothing there, and on a machine whose cores are busy
+    with other work every parallel region waits for a core — a move went from ~30 ms to ~300 ms that way."""
+    n = torch.get_num_threads()
+    if n == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+def on_move(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (an explorer's observer) run under :func:`one_thread`."""
+    @functools.wraps(fn)
+    def move(*args: Any, **kwargs: Any) -> Any:
+        with one_thread():
+            return fn(*args, **kwargs)
+    return move
+
+
+def step_batches(rec: StepRecord) -> Callable[[int], dict[str, torch.Tensor]]:
+    """:func:`optimizer_step_batch` of ``rec``, computed once per optimizer step (an explorer's moves that keep the
+    optimizer step reuse its rows). The returned dicts are shared: read them, never write into them."""
+    return functools.lru_cache(maxsize=None)(functools.partial(optimizer_step_batch, rec))
+
+
+def as_array(x: torch.Tensor) -> Any:
+    """A tensor as the numpy array a plotly trace takes: validated and sent as one binary buffer, where a list of
+    thousands of Python floats is checked one by one."""
+    return x.detach().cpu().numpy()
 
 
 def _opt_step_slider(rec: StepRecord, value: int | None, description: str = "opt step") -> W.IntSlider:

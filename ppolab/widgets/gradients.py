@@ -41,8 +41,12 @@ from ppolab.widgets.common import (
     _opt_step_slider,
     _vline,
     actor_config,
-    optimizer_step_batch,
+    as_array,
+    drawn,
+    drawn_note,
+    on_move,
     resolve_run,
+    step_batches,
     step_tensors,
 )
 from ppolab.numbers.gradients import (  # noqa: F401 (re-exported)
@@ -227,18 +231,44 @@ def gradient_gallery(
     f_mode.update_layout(height=420, margin=dict(t=80), legend=dict(orientation="h", y=-0.18))
     f_mode.update_xaxes(title_text=tr("ratio"))
     f_mode.update_yaxes(title_text=tr("w / |A|  (A = ±1 curves)"), col=1)
+    hover = tr("row %{customdata[0]}, position %{customdata[1]}, A = %{customdata[2]:+.3g}, "
+               "w = %{customdata[3]:.4g}") + "<extra></extra>"
+    grid_x = as_array(grid)
     # fixed trace slots: per side 2 curves (default branch, other branch), on-curve tokens, off-curve tokens
     for col, sign in ((1, "pos"), (2, "neg")):
         for dash in (None, "dot"):
             f_mode.add_scatter(x=[], y=[], mode="lines", row=1, col=col, line=dict(color=_COLORS[sign], dash=dash))
         f_mode.add_scatter(x=[], y=[], mode="markers", row=1, col=col, name=tr("recorded tokens"),
-                           marker=dict(color="black", size=5, opacity=0.6), showlegend=col == 1)
+                           marker=dict(color="black", size=5, opacity=0.6), showlegend=col == 1, hovertemplate=hover)
         f_mode.add_scatter(x=[], y=[], mode="markers", row=1, col=col, name=tr("off the curve (batch-coupled)"),
-                           marker=dict(color="orange", size=9, symbol="diamond"), showlegend=col == 1)
+                           marker=dict(color="orange", size=9, symbol="diamond"), showlegend=col == 1,
+                           hovertemplate=hover)
     note = W.HTML()
     state: dict[str, Any] = {}
     rollout = rec.tensors.get("rollout_log_probs")
+    batch = step_batches(rec)
+    recorded: dict[tuple[str, int], dict] = {}  # (mode, opt step) → weights and what the figure draws of them
 
+    def recorded_view(m: str, k: int) -> dict:
+        """The recorded weights of mode ``m`` at optimizer step ``k`` (every token) and the traces that draw them
+        (at most MAX_DRAWN_POINTS a trace, evenly spaced): the curve's π_old slider does not change them."""
+        if (m, k) not in recorded:
+            b = batch(k)
+            rw = recorded_weights(m, b, base, None if rollout is None else rollout[b["rows"]].double(), seed)
+            y = rw["w"] / rw["a"].abs()
+            traces, notes = [], []
+            # hover text from numbers (customdata + a template): no string per point to build or to send
+            custom = torch.stack([rw["row"].double(), rw["position"].double(), rw["a"], rw["w"]], dim=-1)
+            for sign in ("pos", "neg"):
+                sel = rw["a"] > 0 if sign == "pos" else rw["a"] < 0
+                for part in (sel & ~rw["off_curve"], sel & rw["off_curve"]):
+                    shown = drawn(part)
+                    traces.append((as_array(rw["x"][shown]), as_array(y[shown]), as_array(custom[shown])))
+                    notes.append(drawn_note(part, shown))
+            recorded[(m, k)] = {"rw": rw, "traces": traces, "note": "".join(dict.fromkeys(n for n in notes if n))}
+        return recorded[(m, k)]
+
+    @on_move
     def update_all(*_):
         p = controls["old_prob"].value
         with f_all.batch_update():
@@ -250,12 +280,12 @@ def gradient_gallery(
                             f_all.data[i].y = ws[sign].tolist()
                         i += 1
 
+    @on_move
     def update(*_):
         m, k, p = controls["mode"].value, controls["opt_step"].value, controls["old_prob"].value
         cs = curves(m, p)
-        b = optimizer_step_batch(rec, k)
-        rw = recorded_weights(m, b, base, None if rollout is None else rollout[b["rows"]].double(), seed)
-        y = rw["w"] / rw["a"].abs()
+        view = recorded_view(m, k)
+        rw = view["rw"]
         labels = list(cs)
         with f_mode.batch_update():
             for side, sign in enumerate(("pos", "neg")):
@@ -263,23 +293,19 @@ def gradient_gallery(
                 for j in range(2):
                     trace = f_mode.data[t0 + j]
                     if j < len(labels):
-                        trace.x, trace.y = grid.tolist(), cs[labels[j]][sign].tolist()
+                        trace.x, trace.y = grid_x, as_array(cs[labels[j]][sign])
                         trace.name = tr(f"{labels[j]} (A = ±1)")
                     else:
                         trace.x, trace.y, trace.name = [], [], ""
                     trace.showlegend = side == 0 and j < len(labels)
-                sel = rw["a"] > 0 if sign == "pos" else rw["a"] < 0
-                for j, part in ((2, sel & ~rw["off_curve"]), (3, sel & rw["off_curve"])):
+                for j in (2, 3):
                     trace = f_mode.data[t0 + j]
-                    trace.x, trace.y = rw["x"][part].tolist(), y[part].tolist()
-                    trace.hovertext = [tr(f"row {int(rw['row'][i])}, position {int(rw['position'][i])}, "
-                                       f"A = {rw['a'][i].item():+.3g}, w = {rw['w'][i].item():.4g}")
-                                    for i in torch.nonzero(part).flatten().tolist()]
+                    trace.x, trace.y, trace.customdata = view["traces"][2 * side + j - 2]
             f_mode.layout.shapes = [
                 {**_vline(1 - e), "xref": f"x{'' if c == 1 else c}"} for c in (1, 2) for e in (eps_lo, -eps_hi)
             ]
             f_mode.layout.title.text = (tr(f"loss_mode={m}: gradient weight vs ratio — {_opt_step_label(rec, k)}, "
-                                        f"{int(rw['w'].numel())} tokens with A ≠ 0"))
+                                        f"{int(rw['w'].numel())} tokens with A ≠ 0") + view["note"])
         n_zero = int((rw["w"] == 0).sum())
         state.update(mode=m, opt_step=k, old_prob=p, n_tokens=int(rw["w"].numel()), n_zero=n_zero,
                      n_off_curve=int(rw["off_curve"].sum()), recorded=rw, curves=cs)

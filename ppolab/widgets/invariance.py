@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 
 from ppolab.i18n import tr
 from ppolab.config import LOSS_AGG_MODES
-from ppolab.replay import max_abs_diff, mini_batch_rows
+from ppolab.replay import max_abs_diff, mini_batch_rows, replay_rows
 from ppolab.widgets.batching import recorded_seq_lens
 from ppolab.widgets.common import resolve_run
 from ppolab.numbers.invariance import _CACHE, DYNAMIC, cached_replay, divisors  # noqa: F401 (re-exported)
@@ -52,7 +52,10 @@ def invariance_explorer(run=None, step: int = 1, *, loss_agg_mode: str | None = 
     factor = float(scale_value if scale_value is not None else cfg.data.max_response_length)
     if not factor > 0:
         raise ValueError(f"scale_value must be positive, got {scale_value!r}")
-    rows = mini_batch_rows(r, step, 0)
+    rows = replay_rows(r, step, 0)  # a large run replays the first rows of the mini-batch only (said in the status)
+    n_mini = len(mini_batch_rows(r, step, 0))
+    bounded = (tr(" — replaying the first {n} of the mini-batch's {m} rows (a large vocabulary: each replay's "
+                  "logits stay bounded)").format(n=len(rows), m=n_mini) if len(rows) < n_mini else "")
     sizes = divisors(len(rows))
     rec = r.step(step)
     lens = [recorded_seq_lens(rec)[i] for i in rows]  # the lengths the engine's dynamic packing counts
@@ -148,7 +151,8 @@ def invariance_explorer(run=None, step: int = 1, *, loss_agg_mode: str | None = 
                    else "<b style='color:#d62728'>different gradient: invariance broken</b>")
         status.value = (tr(f"{verdict} — max |g − g_ref| = {gap:.3e} (tolerance {tol:.1e}); actor/loss "
                         f"{m['actor/loss']:.6f} vs {reference['metrics']['actor/loss']:.6f}; "
-                        f"{len(parts)} micro-batches, widths T = {html.escape(str(sorted(set(current['widths']))))}"))
+                        f"{len(parts)} micro-batches, widths T = {html.escape(str(sorted(set(current['widths']))))}")
+                        + bounded)
 
     every = W.Button(description=tr("replay every micro-batching"), tooltip=tr(
         "a control move replays only the chosen micro-batching (and the reference); this fills the other bars"))

@@ -32,8 +32,11 @@ from ppolab.widgets.common import (
     _n_opt_steps,
     _opt_step_label,
     _opt_step_slider,
-    optimizer_step_batch,
+    as_array,
+    on_move,
+    step_batches,
 )
+from ppolab.numbers.steps import global_batch_info
 from ppolab.numbers.kl import (  # noqa: F401 (re-exported)
     CANONICAL,
     ESTIMATORS_AND_ST,
@@ -183,43 +186,68 @@ def kl_explorer(
     readout = W.HTML()
     state: dict[str, Any] = {}
 
+    batch = step_batches(rec)
+    curve_cache: dict[tuple[str, float], tuple[torch.Tensor, torch.Tensor]] = {}
+    pair_cache: dict[tuple, Any] = {}
+
+    def curve(n: str, half: float) -> tuple[torch.Tensor, torch.Tensor]:
+        if (n, half) not in curve_cache:
+            curve_cache[(n, half)] = estimator_curves(torch.linspace(-half, half, 241, dtype=torch.float64), n)
+        return curve_cache[(n, half)]
+
+    @on_move
     def update_curves(*_):
         name, half = controls["kl_type"].value, controls["d_range"].value
         d = torch.linspace(-half, half, 241, dtype=torch.float64)
-        xs = d.tolist()
+        xs = as_array(d)
         with f_val.batch_update(), f_grad.batch_update():
             for i, n in enumerate(CANONICAL):
-                v, g = estimator_curves(d, n)
-                f_val.data[i].x, f_val.data[i].y = xs, v.tolist()
-                f_grad.data[i].x, f_grad.data[i].y = xs, g.tolist()
-            v, g = estimator_curves(d, name)
-            f_val.data[-1].x, f_val.data[-1].y, f_val.data[-1].name = xs, v.tolist(), name
-            f_grad.data[-1].x, f_grad.data[-1].y, f_grad.data[-1].name = xs, g.tolist(), name
+                v, g = curve(n, half)
+                f_val.data[i].x, f_val.data[i].y = xs, as_array(v)
+                f_grad.data[i].x, f_grad.data[i].y = xs, as_array(g)
+            v, g = curve(name, half)
+            f_val.data[-1].x, f_val.data[-1].y, f_val.data[-1].name = xs, as_array(v), name
+            f_grad.data[-1].x, f_grad.data[-1].y, f_grad.data[-1].name = xs, as_array(g), name
         state.update(d=d, value=v, grad=g)
 
+    def reward_side_of(name: str) -> tuple[float, torch.Tensor]:
+        """The reward-side statistic and per-token estimates: every row of the step, whatever the optimizer step."""
+        if ("reward", name) not in pair_cache:
+            t = rec.tensors
+            # the reward-side statistic uses the response_mask that apply_kl_penalty saw, before rejection
+            # sampling rewrote it — which is the recorded loss_mask (§7.1)
+            full_mask = _mask_before_rejection(rec)
+            reward_kl = kl_penalty(t["old_log_probs"].float(), t["ref_log_prob"].float(), name) * full_mask
+            pair_cache[("reward", name)] = (float(torch.mean(masked_mean(reward_kl, full_mask, axis=-1))),
+                                            reward_kl[full_mask > 0])
+        return pair_cache[("reward", name)]
+
+    def loss_side_of(name: str, k: int) -> tuple[float, torch.Tensor]:
+        if ("loss", name, k) not in pair_cache:
+            b = batch(k)
+            m = b["response_mask"]
+            loss_kl = kl_penalty(b["log_prob"], b["ref_log_prob"], name)
+            # normalised by the engine's batch_num_tokens = Σ loss_mask of the global mini-batch (rejected tokens
+            # included, chapter §9), as the worker counts it
+            num_tokens = global_batch_info(r, rec, b["rows"]).batch_num_tokens
+            pair_cache[("loss", name, k)] = (float(agg_loss(loss_kl, m, "token-mean", batch_num_tokens=num_tokens)),
+                                             loss_kl[m > 0])
+        return pair_cache[("loss", name, k)]
+
+    @on_move
     def update_pairs(*_):
         name, k = controls["kl_type"].value, controls["opt_step"].value
-        b = optimizer_step_batch(rec, k)
-        m = b["response_mask"]
-        loss_kl = kl_penalty(b["log_prob"], b["ref_log_prob"], name)
-        t = rec.tensors
-        # the loss-side term is normalised by the engine's batch_num_tokens = Σ loss_mask of the global mini-batch
-        # (rejected tokens included, chapter §9); the reward-side statistic uses the response_mask that
-        # apply_kl_penalty saw, before rejection sampling rewrote it — which is the recorded loss_mask (§7.1)
-        num_tokens = t.get("loss_mask", t["response_mask"])[b["rows"]].float().sum()
-        full_mask = _mask_before_rejection(rec)
-        reward_kl = kl_penalty(t["old_log_probs"].float(), t["ref_log_prob"].float(), name) * full_mask
-        loss_side = float(agg_loss(loss_kl, m, "token-mean", batch_num_tokens=num_tokens))
-        reward_side = float(torch.mean(masked_mean(reward_kl, full_mask, axis=-1)))
+        loss_side, loss_tokens = loss_side_of(name, k)
+        reward_side, reward_tokens = reward_side_of(name)
         state.update(
             loss_side=loss_side,
             reward_side=reward_side,
-            loss_tokens=loss_kl[m > 0],
-            reward_tokens=reward_kl[full_mask > 0],
+            loss_tokens=loss_tokens,
+            reward_tokens=reward_tokens,
         )
-        with f_pairs.batch_update():
-            f_pairs.data[0].x = loss_kl[m > 0].tolist()
-            f_pairs.data[1].x = reward_kl[full_mask > 0].tolist()
+        with f_pairs.batch_update():  # a histogram of every token: numpy arrays go as one binary buffer each
+            f_pairs.data[0].x = as_array(loss_tokens)
+            f_pairs.data[1].x = as_array(reward_tokens)
             f_pairs.layout.title.text = (
                 tr(f"{name} on the recorded pairs, step {rec.step}, {_opt_step_label(rec, k)}")
             )
@@ -233,6 +261,7 @@ def kl_explorer(
             f"use_kl_in_reward={algo.use_kl_in_reward} ({algo.kl_penalty})")
         )
 
+    @on_move
     def update_ctrl(*_):
         # the training steps that logged the series: the validation-only step 0 is no update and feeds no KL
         logged = metrics[controls["series"].value].dropna().astype(float)

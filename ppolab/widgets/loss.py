@@ -4,6 +4,7 @@ batch, and the same advantages through every registered ``policy_loss.loss_mode`
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import ipywidgets as W
@@ -24,8 +25,9 @@ from ppolab.widgets.common import (
     _opt_step_label,
     _opt_step_slider,
     actor_config,
-    optimizer_step_batch,
+    on_move,
     resolve_run,
+    step_batches,
     step_tensors,
 )
 
@@ -54,6 +56,7 @@ def loss_assembly(
     rec = step_tensors(r, step)
     opt_step = _check_index("opt_step", opt_step, _n_opt_steps(rec))
     base = actor_config(r)
+    adv_est = r.ppo_config().algorithm.adv_estimator
     loss_mode = base.policy_loss.loss_mode if loss_mode is None else loss_mode
     if loss_mode not in POLICY_LOSS_REGISTRY:
         raise ValueError(
@@ -106,39 +109,50 @@ def loss_assembly(
     readout = W.HTML()
     state: dict[str, Any] = {}
 
-    def cfg_for(mode: str) -> ActorConfig:
-        cfg = actor_config(
-            r,
-            entropy_coeff=controls["entropy_coeff"].value,
-            kl_loss_coef=controls["kl_loss_coef"].value,
-            use_kl_loss=controls["use_kl_loss"].value,
-            kl_loss_type=controls["kl_loss_type"].value,
-            loss_agg_mode=controls["loss_agg_mode"].value,
-            loss_mode=mode,
-        )
-        if mode == "dro" and cfg.policy_loss.dro_beta is None:  # verl's default None raises; show a value
-            cfg.policy_loss.dro_beta = DRO_BETA_SHOWN
-        return cfg
+    batch = step_batches(rec)
+    mode_cache: dict[tuple[int, str], tuple[dict[str, float], dict[str, str]]] = {}
 
+    def cfg_for(mode: str, **settings: Any) -> ActorConfig:
+        """The run's actor config (read once) with the controls' settings and ``loss_mode = mode``."""
+        policy = replace(base.policy_loss, loss_mode=mode)
+        if mode == "dro" and policy.dro_beta is None:  # verl's default None raises; show a value
+            policy.dro_beta = DRO_BETA_SHOWN
+        return replace(base, policy_loss=policy, **settings)
+
+    def settings() -> dict[str, Any]:
+        return {key: controls[key].value
+                for key in ("entropy_coeff", "kl_loss_coef", "use_kl_loss", "kl_loss_type", "loss_agg_mode")}
+
+    def pg_of_every_mode(k: int, agg: str, args: dict) -> tuple[dict[str, float], dict[str, str]]:
+        """pg_loss of every registered mode at optimizer step ``k`` and ``agg`` — what the entropy and KL controls
+        do not change, so it is computed once per (k, agg); ppo_loss without those terms (its pg_loss is the same)."""
+        if (k, agg) not in mode_cache:
+            mode_losses, skipped = {}, {}
+            for mode in modes:
+                try:
+                    with torch.random.fork_rng():  # clip_cov draws tokens at random: same draw on every redraw
+                        torch.manual_seed(0)
+                        cfg = cfg_for(mode, loss_agg_mode=agg, use_kl_loss=False)
+                        mode_losses[mode] = ppo_loss(cfg, **{**args, "entropy": None})[1]["actor/pg_loss"]
+                except Exception as exc:  # noqa: BLE001 — a mode that needs settings the run does not have
+                    mode_losses[mode], skipped[mode] = float("nan"), f"{type(exc).__name__}: {exc}"
+            mode_cache[(k, agg)] = mode_losses, skipped
+        return mode_cache[(k, agg)]
+
+    @on_move
     def update(*_):
-        b = optimizer_step_batch(rec, controls["opt_step"].value)
+        k = controls["opt_step"].value
+        b = batch(k)
         args = dict(old_log_prob=b["old_log_probs"], log_prob=b["log_prob"], advantages=b["advantages"],
                     response_mask=b["response_mask"], entropy=b.get("entropy"), ref_log_prob=b.get("ref_log_prob"))
-        cfg = cfg_for(controls["loss_mode"].value)
+        cfg = cfg_for(controls["loss_mode"].value, **settings())
         with torch.random.fork_rng():  # clip_cov draws tokens at random: same draw on every redraw
             torch.manual_seed(0)
             loss, metrics = ppo_loss(cfg, **args)
         pg = metrics["actor/pg_loss"]
         ent = -cfg.entropy_coeff * metrics.get("actor/entropy_loss", 0.0)
         kl = cfg.kl_loss_coef * metrics["actor/kl_loss"] if cfg.use_kl_loss else 0.0
-        mode_losses, skipped = {}, {}
-        for mode in modes:
-            try:
-                with torch.random.fork_rng():  # clip_cov draws tokens at random: same draw on every redraw
-                    torch.manual_seed(0)
-                    mode_losses[mode] = ppo_loss(cfg_for(mode), **args)[1]["actor/pg_loss"]
-            except Exception as exc:  # noqa: BLE001 — a mode that needs settings the run does not have
-                mode_losses[mode], skipped[mode] = float("nan"), f"{type(exc).__name__}: {exc}"
+        mode_losses, skipped = pg_of_every_mode(k, cfg.loss_agg_mode, args)
         state.update(
             loss=float(loss),
             metrics=metrics,
@@ -160,7 +174,6 @@ def loss_assembly(
             f_modes.data[0].marker.color = [
                 "red" if mm == cfg.policy_loss.loss_mode else "steelblue" for mm in modes
             ]
-        adv_est = r.ppo_config().algorithm.adv_estimator
         readout.value = (
             tr(f"advantages from <code>adv_estimator={adv_est}</code>, loss from "
             f"<code>policy_loss.loss_mode={cfg.policy_loss.loss_mode}</code><br>"

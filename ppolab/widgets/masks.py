@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 import torch
 
 from ppolab.i18n import tr
-from ppolab.widgets.common import real_rows, resolve_run, step_tensors
+from ppolab.widgets.common import real_rows, resolve_run, step_tensors, on_move
 from ppolab.numbers.masks import CATEGORIES, run_tokenizer, shift_table, token_categories  # noqa: F401
 
 _COLORS = ["#e0e0e0", "#7fa7d9", "#f2a65a", "#b58ad8", "#6cc08b", "#d9534f"]
@@ -69,6 +69,7 @@ def mask_viewer(run=None, step=None, rows: list[int] | None = None, tokenizer=No
     figs["tokens"].add_vline(x=P - 0.5, line_dash="dash")
     figs["shift"].add_table()
 
+    @on_move
     def refresh(*_):
         sel = list(controls["rows"].value) or [controls["row"].value]
         with figs["tokens"].batch_update():

@@ -8,7 +8,7 @@ import ipywidgets as W
 import plotly.graph_objects as go
 
 from ppolab.i18n import tr
-from ppolab.widgets.common import resolve_run
+from ppolab.widgets.common import resolve_run, on_move
 from ppolab.numbers.metrics import METRIC_MEANINGS, THRESHOLDS, meaning, warning_signs  # noqa: F401
 
 if TYPE_CHECKING:
@@ -36,6 +36,7 @@ def metrics_dashboard(run=None, metric: str | None = None) -> W.VBox:
     warn_html = W.HTML(tr("<b>warning signs (chapter §15):</b> ") + (
         tr("none found") if not warnings else "<ul>" + "".join(f"<li>{tr(w)}</li>" for w in warnings) + "</ul>"))
 
+    @on_move
     def refresh(*_):
         name = controls["metric"].value
         s = m[name].dropna()

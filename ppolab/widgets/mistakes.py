@@ -39,7 +39,9 @@ from ppolab.widgets.common import (
     actor_config,
     real_rows,
     resolve_run,
+    on_move,
 )
+from ppolab.numbers.steps import global_batch_info, loss_mask_of_real_rows
 from ppolab.numbers.mistakes import (  # noqa: F401 (re-exported)
     KL_SWEEP,
     _pg,
@@ -95,19 +97,15 @@ def _loss_mask(rec: StepRecord, b: dict[str, torch.Tensor]) -> torch.Tensor:
     """``loss_mask`` of the optimizer step's rows (real rows only): the mask as generated, which the engine
     counts for ``batch_num_tokens``. Rejection sampling (``rollout_rs``) zeroes tokens of ``response_mask`` but not
     of ``loss_mask`` (verl V1 does the same), so the two differ exactly at the rejected tokens."""
-    t = rec.tensors
-    if "loss_mask" not in t:
-        return b["response_mask"]
-    return t["loss_mask"][b["rows"]].float() * real_rows(rec)[b["rows"]].float().unsqueeze(-1)
+    return loss_mask_of_real_rows(rec)[b["rows"]]
 
 
 def _global_info(r: Run, rec: StepRecord, b: dict[str, torch.Tensor]) -> GlobalBatchInfo:
-    """What the worker passes as ``global_batch_info`` for one global mini-batch, with ``dp_size`` 1 (the rows of
-    every rank are here at once): ``batch_num_tokens`` = Σ loss_mask, ``global_batch_size`` = ppo_mini_batch_size ×
-    rollout.n — a fixed count of rows that includes synthetic padding rows (verl ``engine`` / ``losses.ppo_loss``)."""
-    arr = r.ppo_config().actor_rollout_ref
-    gbs = arr.actor.ppo_mini_batch_size * arr.rollout.n
-    return GlobalBatchInfo(dp_size=1, batch_num_tokens=float(_loss_mask(rec, b).sum()), global_batch_size=gbs)
+    """What the worker passes as ``global_batch_info`` for one global mini-batch — the worker's own function
+    (:func:`ppolab.numbers.steps.global_batch_info`), with ``dp_size`` 1 (the rows of every rank are here at once):
+    ``batch_num_tokens`` = Σ loss_mask, ``global_batch_size`` = ppo_mini_batch_size × rollout.n — a fixed count of
+    rows that includes synthetic padding rows (verl ``engine`` / ``losses.ppo_loss``)."""
+    return global_batch_info(r, rec, b["rows"])
 
 
 def _plan(r: Run, forget_n: bool = False, micro: int | None = None):
@@ -538,6 +536,7 @@ def mistakes_explorer(run: Run | str | None = None, step: int | None = None, mis
     state: dict[str, Any] = {}
     cache: dict[str, Effect] = {}
 
+    @on_move
     def refresh(*_):
         key, is_on = controls["mistake"].value, controls["on"].value
         if key not in cache:

@@ -27,6 +27,8 @@ from ppolab.widgets.common import (
     _opt_step_slider,
     _vline,
     actor_config,
+    as_array,
+    on_move,
     real_rows,
     resolve_run,
     step_tensors,
@@ -110,7 +112,7 @@ def ratio_explorer(
     labels = [_opt_step_label(rec, k) for k in range(K)]
     for k in range(K):
         sel = (mask > 0) & ~torch.isnan(ratios[k])
-        f_drift.add_box(y=ratios[k][sel].tolist(), name=labels[k], boxpoints=False)
+        f_drift.add_box(y=as_array(ratios[k][sel]), name=labels[k], boxpoints=False)
     f_drift.add_scatter(
         x=labels, y=[float("nan")] * K, mode="lines+markers", name=tr("chosen token"), line=dict(color="red")
     )
@@ -118,6 +120,9 @@ def ratio_explorer(
     readout = W.HTML()
     state: dict[str, Any] = {"ratios": ratios}
 
+    valid = (mask > 0).tolist()  # per row, per position: in the loss
+
+    @on_move
     def update(*_):
         i, j, k = controls["row"].value, controls["token"].value, controls["opt_step"].value
         lp, o = t["actor_log_probs"][k, i, j].item(), old[i, j].item()
@@ -144,9 +149,9 @@ def ratio_explorer(
             )
         in_batch = not math.isnan(lp)
         with f_row.batch_update():
-            f_row.data[0].y = ratios[k, i].tolist()
+            f_row.data[0].y = as_array(ratios[k, i])
             f_row.data[0].marker.color = [
-                "red" if p == j else ("lightgrey" if mask[i, p] == 0 else "steelblue") for p in range(width)
+                "red" if p == j else ("steelblue" if v else "lightgrey") for p, v in enumerate(valid[i])
             ]
             f_row.layout.title.text = tr(f"row {i}, {labels[k]}" + (
                 "" if in_batch else " — row not in this mini-batch"

@@ -11,7 +11,7 @@ import torch
 
 from ppolab.i18n import tr
 from ppolab.algos import compute_value_loss, value_clip_terms
-from ppolab.widgets.common import resolve_run, step_tensors
+from ppolab.widgets.common import resolve_run, step_tensors, on_move
 
 
 def _record(run, step, default):
@@ -94,6 +94,7 @@ def value_clip_explorer(run=None, step=None, update: int | None = None, cliprang
 
     grid = [round(0.05 * i, 2) for i in range(41)]
 
+    @on_move
     def refresh(*_):
         u, eps = controls["update"].value, controls["cliprange_value"].value
         vp, g, v, m, row_ids = batch_of(u)
