@@ -1,0 +1,214 @@
+"""The course as a static website (``tools/build_site.py``), without a browser.
+
+One build per test session (lab 04, English and Chinese: :func:`built_site`, shared with
+``tests/browser/test_site_browser.py``), run as the README runs it, with an audit hook in the builder *and* in its
+kernels (a ``sitecustomize`` on ``PYTHONPATH``) that logs every file opened or listed under ``labs/solutions``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LAB = "04"
+PAGES = ("en/04_clipped_objective.html", "zh/04_clipped_objective.html")
+
+_AUDIT = '''
+import os, sys
+_LOG = os.environ["PPOLAB_SITE_AUDIT_LOG"]
+_SOL = os.path.realpath(os.environ["PPOLAB_SITE_SOLUTIONS"])
+def _hook(event, args):
+    if event in ("open", "os.listdir", "os.scandir") and args and isinstance(args[0], (str, bytes, os.PathLike)):
+        try:
+            p = os.path.realpath(os.fsdecode(args[0]))
+        except Exception:
+            return
+        if p == _SOL or p.startswith(_SOL + os.sep):
+            with open(_LOG, "a") as f:
+                f.write(f"{os.getpid()} {event} {p}\\n")
+sys.addaudithook(_hook)
+'''
+
+
+def built_site(tmp_path_factory) -> Path:
+    """``python tools/build_site.py OUT --labs 04``, once per session; OUT/solutions_audit.log lists every access
+    to labs/solutions by the builder or its kernels (empty: none)."""
+    out = tmp_path_factory.getbasetemp() / "site-04"
+    if (out / "build.json").exists():
+        return out
+    hook_dir = tmp_path_factory.getbasetemp() / "site-audit"
+    hook_dir.mkdir(exist_ok=True)
+    (hook_dir / "sitecustomize.py").write_text(_AUDIT)
+    log = tmp_path_factory.getbasetemp() / "solutions_audit.log"
+    log.write_text("")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hook_dir), os.environ.get("PYTHONPATH", "")]),
+               PPOLAB_SITE_AUDIT_LOG=str(log), PPOLAB_SITE_SOLUTIONS=str(REPO / "labs" / "solutions"))
+    env.pop("PPOLAB_RUN", None)
+    proc = subprocess.run([sys.executable, "tools/build_site.py", str(out), "--labs", LAB], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"build failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    (out / "solutions_audit.log").write_text(log.read_text())
+    print(proc.stdout)
+    return out
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory) -> Path:
+    return built_site(tmp_path_factory)
+
+
+class _Refs(HTMLParser):
+    """Every URL a page would load (script/img/iframe/source src, link href, CSS url()) and every <a href>."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loads: list[str] = []
+        self.links: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "a" and a.get("href"):
+            self.links.append(a["href"])
+        for key in ("src", "srcset", "data", "poster"):
+            if a.get(key):
+                self.loads.append(a[key])
+        if tag == "link" and a.get("href"):
+            self.loads.append(a["href"])
+        if a.get("style"):
+            self.loads += re.findall(r"url\(([^)]*)\)", a["style"])
+
+
+def _remote(url: str) -> bool:
+    return bool(re.match(r"^\s*(https?:)?//", url, re.I))
+
+
+def test_site_layout_and_no_other_host(site):
+    report = json.loads((site / "build.json").read_text())
+    assert not report["errors"], report["errors"]
+    assert set(report["pages"]) == set(PAGES)
+    assert report["unknown_tex"] == [], f"TeX commands the MathML converter does not know: {report['unknown_tex']}"
+    # plotly.js once for the site, every page loads it from there
+    assert (site / "assets" / "plotly.min.js").stat().st_size > 1_000_000
+    assert not [p for p in site.rglob("*.js") if p.name != "plotly.min.js" and p.stat().st_size > 100_000]
+    for name in (*PAGES, "index.html"):
+        text = (site / name).read_text(encoding="utf-8")
+        refs = _Refs()
+        refs.feed(text)
+        remote = [u for u in refs.loads if _remote(u)]
+        assert not remote, f"{name} loads from another host: {remote}"
+        assert not re.search(r"@import|url\(\s*['\"]?(https?:)?//", text), f"{name}: a remote CSS import"
+        for link in refs.links:  # links in the text may leave the site (Binder, GitHub); local ones must exist
+            if _remote(link) or link.startswith(("#", "mailto:")):
+                continue
+            target = (site / name).parent / link.split("#")[0]
+            assert target.exists(), f"{name}: broken link {link}"
+        if name != "index.html":
+            assert refs.loads.count("../assets/plotly.min.js") == 1, name
+            assert "<math" in text, f"{name}: no math rendered"
+            assert "$$" not in re.sub(r"<(pre|script)[^>]*>.*?</\1>", "", text, flags=re.S), f"{name}: raw TeX left"
+    css = (site / "assets" / "site.css").read_text()
+    assert not _remote(" ".join(re.findall(r"url\(([^)]*)\)", css)))
+    index = (site / "index.html").read_text(encoding="utf-8")
+    assert 'href="en/04_clipped_objective.html"' in index and 'href="zh/04_clipped_objective.html"' in index
+    assert "00 start here" in index and "从这里开始" in index  # both languages' tables, unbuilt labs unlinked
+
+
+def test_builder_never_reads_solutions(site):
+    """Neither the builder nor the kernels it started opened or listed labs/solutions; no solution text is on the
+    site; the exercises are there with their prompts and the note that checking needs the live lab."""
+    audit = (site / "solutions_audit.log").read_text()
+    assert audit == "", f"labs/solutions was read during the build:\n{audit}"
+    for tool in ("build_site.py", "site_kernel.py", "site_math.py"):
+        assert "solutions" not in re.sub(r'""".*?"""|#.*', "", (REPO / "tools" / tool).read_text(), flags=re.S), tool
+    solution = (REPO / "labs" / "solutions" / f"{LAB}.py").read_text()
+    import nbformat
+
+    nb = nbformat.read(next((REPO / "labs").glob(f"{LAB}_*.ipynb")), as_version=4)
+    in_lab = "\n".join(c.source for c in nb.cells)
+    lines = {ln.strip() for ln in solution.splitlines()
+             if len(ln.strip()) > 25 and not ln.strip().startswith("#") and ln.strip() not in in_lab}
+    assert lines, "no solution line to look for"
+    en = (site / PAGES[0]).read_text(encoding="utf-8")
+    zh = (site / PAGES[1]).read_text(encoding="utf-8")
+    import html as _html
+    plain = _html.unescape(re.sub(r"<[^>]+>", "", en))
+    leaked = [ln for ln in lines if ln in plain]
+    assert not leaked, f"solution lines on the page: {leaked[:3]}"
+    from ppolab.exercises import registry
+
+    ids = sorted(i for i in registry() if i.startswith(LAB + "."))
+    for page, note in ((en, "Checking an answer needs the live lab"), (zh, "检查答案需要 live lab")):
+        for i in ids:
+            assert f'id="ex-{i}"' in page, f"exercise {i} missing"
+        assert page.count(note) == len(ids)
+        assert page.count('class="ex-prompt"') == len(ids)
+
+
+def _explorer(page: Path) -> dict:
+    text = page.read_text(encoding="utf-8")
+    eid = re.search(r'class="explorer" data-explorer="(d\d+)"', text).group(1)
+    blob = re.search(rf'<script type="application/json" id="{eid}">(.*?)</script>', text, re.S).group(1)
+    return json.loads(blob.replace("<\\/", "</"))
+
+
+def live_clip_explorer():
+    """Lab 04's explorer as the lab opens it (exercise 04.2's case in ppo_fire_tiny)."""
+    from ppolab.exercises.lab04 import predict_case
+    from ppolab.widgets import clip_explorer
+
+    case = predict_case("ppo_fire_tiny")
+    return clip_explorer("ppo_fire_tiny", step=case["step"], opt_step=case["opt_step"])
+
+
+def clipfrac_by_algos(w, eps_low: float, eps_high: float, opt_step: int) -> tuple[float, list[float]]:
+    """pg_clipfrac and the sorted ratios of the clipped tokens, from ppolab.algos on the recorded batch."""
+    from ppolab.algos import masked_mean, ppo_clip_terms
+    from ppolab.widgets.common import actor_config, optimizer_step_batch, resolve_run
+
+    b = optimizer_step_batch(w.record, opt_step)
+    c = actor_config(resolve_run("ppo_fire_tiny")).clip_ratio_c
+    terms = ppo_clip_terms(b["old_log_probs"], b["log_prob"], b["advantages"], eps_low, eps_high, c)
+    m = b["response_mask"] > 0
+    clipped = (terms["clipped"] > 0) & m
+    return float(masked_mean(terms["clipped"].float(), b["response_mask"])), sorted(terms["ratio"][clipped].tolist())
+
+
+def _close(a: float, b: float, rel: float = 2e-5) -> bool:
+    return abs(a - b) <= rel * max(1.0, abs(a), abs(b))
+
+
+def test_precomputed_explorer_equals_live_explorer(site):
+    """Every grid point of lab 04's page: its readout's pg_clipfrac and its clipped tokens' ratios are the live
+    explorer's for that setting, and what ppolab.algos computes on the recorded batch."""
+    ex = _explorer(site / PAGES[0])
+    names = [c["name"] for c in ex["controls"]]
+    assert names == ["eps_low", "eps_high", "opt_step"]
+    grids = [c["values"] for c in ex["controls"]]
+    assert all(len(g) >= 3 for g in grids)
+    w = live_clip_explorer()
+    pool = ex["pool"]
+    seen = set()
+    for key, st in ex["states"].items():
+        idx = [int(i) for i in key.split(",")]
+        low, high, k = (g[i] for g, i in zip(grids, idx))
+        for name, v in zip(names, (low, high, k)):
+            w.controls[name].value = v
+        readout = pool[st["html"][0]]
+        shown = float(re.search(r"pg_clipfrac = <b>([0-9.]+)</b>", readout).group(1))
+        assert _close(shown, w.state["pg_clipfrac"], 1e-6), (key, shown, w.state["pg_clipfrac"])
+        frac, ratios = clipfrac_by_algos(w, low, high, k)
+        assert _close(shown, frac, 1e-6), (key, shown, frac)
+        batch = st["figs"][1]["data"]
+        red = sorted(pool[batch[1]["x"]]) if "x" in batch[1] else []
+        assert len(red) == len(ratios) and all(_close(a, b) for a, b in zip(red, ratios)), key
+        live_red = sorted(w.figures["batch"].data[1].x or [])
+        assert all(_close(a, b) for a, b in zip(red, live_red)), key
+        seen.add(round(shown, 6))
+    assert len(seen) > 3, "the grid's settings do not change pg_clipfrac: the sweep did not move the explorer"
