@@ -569,7 +569,8 @@ class Run:
 
 #: The demo runs shipped in ``data/runs`` (``python -m ppolab.train ... trainer.run_dir=data/runs/<name>``).
 SHIPPED_RUNS = {name: Path(__file__).resolve().parents[1] / "data" / "runs" / name
-                for name in ("grpo_tiny", "ppo_gae_tiny", "grpo_tool_tiny", "grpo_tiny_vllm_bf16", "ppo_fire_tiny")}
+                for name in ("grpo_tiny", "ppo_gae_tiny", "grpo_tool_tiny", "grpo_tiny_vllm_bf16", "ppo_fire_tiny",
+                             "grpo_temp_tiny")}
 
 
 def resolve_run(run: Run | str | os.PathLike | None = None, default: str = "grpo_tiny") -> Run:

@@ -84,3 +84,40 @@ def test_matches_is_strict_about_kinds():
     assert matches(3, 3.0) and not matches(True, 1) and not matches(1, True) and not matches("3", 3)
     assert matches((1.0, True), (1.0 + 1e-12, True)) and not matches((1.0, True), (1.0, False))
     assert not matches(float("nan"), 0.0) and matches(" Token-Mean ", "token-mean")
+
+
+def _default_truth(ex_id: str):
+    """Exercise ``ex_id``'s truth on its own shipped run (``run=None``), as the notebook's first check sees it."""
+    return exercises.truth(ex_id, **({"run": None} if "run" in REG[ex_id].context else {}))
+
+
+@pytest.mark.parametrize("lab", sorted({ex.lab for ex in REG.values()}))
+def test_no_truth_repeats_an_earlier_exercise_in_the_same_lab(lab):
+    """Resubmitting an earlier cell's answer must not pass a later exercise of the same lab: each exercise's truth
+    (on its default run) is compared, with the later exercise's tolerance, with every earlier truth of the lab.
+    Only numbers, strings, sequences, sets and dicts count; a bool truth equal to an earlier bool is allowed (a
+    yes/no question has two answers, so repeats are unavoidable), and a bool never matches a number."""
+    from ppolab.exercises import matches
+
+    ids = [i for i in REG if REG[i].lab == lab]
+    truths = {i: _default_truth(i) for i in ids}
+    repeats = []
+    for k, later in enumerate(ids):
+        if isinstance(truths[later], bool):
+            continue
+        for earlier in ids[:k]:
+            if not isinstance(truths[earlier], bool) and matches(truths[earlier], truths[later], REG[later].rel,
+                                                                 REG[later].abs):
+                repeats.append(f"{later} = {earlier} ({truths[later]!r})")
+    assert not repeats, f"lab {lab}: an earlier answer passes a later exercise: {'; '.join(repeats)}"
+
+
+@pytest.mark.parametrize("lab", sorted(NOTEBOOKS))
+def test_exercises_are_numbered_in_cell_order(lab):
+    """The notebook checks its own exercises ``check("NN.k", …)`` in increasing k, cell by cell (first occurrence)."""
+    order: list[int] = []
+    for cell in code_cells(lab):
+        for k in re.findall(rf"check\(\s*[\"']{lab}\.(\d+)[\"']", cell):
+            if int(k) not in order:
+                order.append(int(k))
+    assert order == sorted(order), f"lab {lab}: exercises checked in the order {[f'{lab}.{k}' for k in order]}"

@@ -123,7 +123,7 @@ def test_a_lacking_run_gets_one_line_and_a_shipped_run_that_has_it():
     assert not v.ok and v.answered
     assert v.message == ('09.2: this run (grpo_tiny) lacks a critic (critic_vpreds: algorithm.adv_estimator=gae); '
                          'the shipped run ppo_fire_tiny has it — check(…, run="ppo_fire_tiny")')
-    assert_lacks_line("09.2", check("16.8", 0.5, run="grpo_tiny").message.replace("16.8", "09.2", 1)
+    assert_lacks_line("09.2", check("16.5", 0.5, run="grpo_tiny").message.replace("16.5", "09.2", 1)
                       .replace("ppo_fire_tiny", REG["09.2"].default_run))
 
 
@@ -137,7 +137,7 @@ def test_prompts_name_the_case_chosen_in_the_run():
                                                                                                    run="grpo_tiny")
     assert "lacks" in exercises.prompt("09.2", run="grpo_tiny").splitlines()[-1]
     with pytest.raises(RunLacks):
-        exercises.case("16.8", run="grpo_tiny")
+        exercises.case("16.5", run="grpo_tiny")
 
 
 def test_numbers_layer_and_exercises_import_no_widget_library():

@@ -1,6 +1,9 @@
 """Solutions to lab 01's exercises (kept out of the notebook). A callable solution is the code a learner
 would write; it is called with the exercise's context (e.g. ``run``)."""
-from ppolab.numbers import step_tensors
+import torch
+
+from ppolab.exercises.lab01 import last_opt_step_case, score_row_case
+from ppolab.numbers import resolve_run, step_tensors
 
 
 def response_tokens(run=None):
@@ -18,18 +21,39 @@ def _mean_length(run=None):
     return float(step_tensors(run, 1).info["metrics"]["response_length/mean"])
 
 
+def opt_step_tokens(run=None, opt_step=None):
+    c = last_opt_step_case(run)
+    t = resolve_run(run).step(c["step"]).tensors
+    k = c["opt_step"] if opt_step is None else opt_step
+    rows = ~torch.isnan(t["actor_log_probs"][k]).all(-1) & ~t["is_pad"].bool()
+    return int(t["response_mask"][rows].sum())
+
+
+def score_position(run=None):
+    c = score_row_case(run)
+    t = resolve_run(run).step(c["step"]).tensors
+    return int(torch.nonzero(t["loss_mask"][c["row"]]).max())
+
+
+def _response_length(run=None):  # the row's length, one more than its last position
+    c = score_row_case(run)
+    return int(resolve_run(run).step(c["step"]).tensors["loss_mask"][c["row"]].sum())
+
+
 SOLUTIONS = {
-    "01.1": (0, 63),
+    "01.1": opt_step_tokens,
     "01.2": response_tokens,
-    "01.3": "compute_ref_log_prob",
+    "01.3": score_position,
 }
 
 #: Plausible wrong answers: each must be told "not yet".
 WRONG = {
-    # fresh rows after the first 128; the second mini-batch; the whole batch
-    "01.1": [(128, 191), (64, 127), (0, 127)],
+    # the rows, not their tokens (what the stage-9 section prints); the whole step's tokens (every optimizer step
+    # together); the first optimizer step's tokens (another mini-batch)
+    "01.1": [lambda run=None: last_opt_step_case(run)["mini"], response_tokens,
+             lambda run=None: opt_step_tokens(run, opt_step=0)],
     # every response position (padding included); the mean length; counted once per epoch (2 epochs)
     "01.2": [_all_positions, _mean_length, lambda run=None: 2 * response_tokens(run)],
-    # the stage that uses π_ref on the reward side; the actor update that uses it in the loss; π_old's stage
-    "01.3": ["compute_advantage", "update_actor", "compute_old_log_prob"],
+    # "the last response token" read as the last column; the row's length; the first response position
+    "01.3": [lambda run=None: score_row_case(run)["width"] - 1, _response_length, 0],
 }

@@ -25,23 +25,82 @@ def bypass_max_gap(run=None, whole_batch=False, step=None):
     return (ratio[t["response_mask"][rows].bool()] - 1).abs().max().item()
 
 
+def bypass_ppo_kl(run=None, anchor="rollout_log_probs", absolute=False, whole_batch=False):
+    r = resolve_run(run, default="grpo_tiny_vllm_bf16")
+    t = r.step(r.steps[0]).tensors
+    lp = t["actor_log_probs"][0]
+    rows = ~torch.isnan(lp).all(-1)
+    if whole_batch:                      # every row, π_θ taken as π_old (the gap figure's tokens)
+        rows, lp = torch.ones_like(rows), t["old_log_probs"]
+    d = t[anchor][rows] - lp[rows]
+    d = d.abs() if absolute else d
+    return algos.masked_mean(d, t["response_mask"][rows]).item()
+
+
+def bypass_extra_tokens(run=None, count_pad=False):
+    r = resolve_run(run, default="ppo_fire_tiny")
+    t = r.step(r.steps[0]).tensors
+    rows = torch.ones(t["is_pad"].shape, dtype=torch.bool) if count_pad else ~t["is_pad"].bool()
+    return int((t["loss_mask"].bool() & ~t["response_mask"].bool())[rows].sum())
+
+
+def is_effect(run=None):
+    from ppolab.numbers import pg_loss_with_and_without_is
+    out = pg_loss_with_and_without_is(run)
+    return out["with_is"] - out["without_is"]
+
+
+def _is_effect_response_mask_count(run=None):
+    """The same difference, but each optimizer step normalised by Σ response_mask, and the weights on the KL too."""
+    from ppolab.algos.aggregation import GlobalBatchInfo
+    from ppolab.numbers import actor_config, is_weighted_step, optimizer_step_batch
+
+    r = resolve_run(run, default="grpo_tiny_vllm_bf16")
+    rec = r.step(is_weighted_step(r))
+    t, cfg = rec.tensors, actor_config(r)
+    diffs = []
+    for k in range(t["actor_log_probs"].shape[0]):
+        b = optimizer_step_batch(rec, k)
+        info = GlobalBatchInfo(1, float(b["response_mask"].sum()), len(b["rows"]))
+        w = t["rollout_is_weights"][b["rows"]]
+        pgw, _ = algos.compute_policy_loss_vanilla(b["old_log_probs"], b["log_prob"], b["advantages"],
+                                                   b["response_mask"], cfg.loss_agg_mode, cfg, w,
+                                                   global_batch_info=info)
+        pg, _ = algos.compute_policy_loss_vanilla(b["old_log_probs"], b["log_prob"], b["advantages"],
+                                                  b["response_mask"], cfg.loss_agg_mode, cfg, None,
+                                                  global_batch_info=info)
+        kld = algos.kl_penalty(b["log_prob"], b["ref_log_prob"], cfg.kl_loss_type)
+        klw = algos.agg_loss(kld * w, b["response_mask"], cfg.loss_agg_mode, **info.as_kwargs())
+        kl = algos.agg_loss(kld, b["response_mask"], cfg.loss_agg_mode, **info.as_kwargs())
+        diffs.append(float(pgw - pg + cfg.kl_loss_coef * (klw - kl)))
+    return sum(diffs) / len(diffs)
+
+
 SOLUTIONS = {
-    "02.1": ("rollout_log_probs", False),
-    "02.2": "vanilla",
+    "02.1": bypass_ppo_kl,
+    "02.2": bypass_extra_tokens,
     "02.3": lambda run=None: round(bypass_max_gap(run), 3),
     "02.4": largest_ratio,
+    "02.5": is_effect,
 }
 
 #: Plausible wrong answers: each must be told "not yet".
 WRONG = {
-    # the anchor of decoupled mode; IS weights still applied; the reference policy
-    "02.1": [("old_log_probs", False), ("rollout_log_probs", True), ("ref_log_prob", False)],
-    # the legacy (≤ 0.8) switch; the legacy loss_type value; the V1 loss_type default name
-    "02.2": ["bypass_mode", "reinforce", "ppo_clip"],
+    # decoupled mode's 0 (anchor unchanged); the mean |gap| instead of the signed mean; the sign the other way
+    # round (log_prob − old); the gap over every row of the step instead of optimizer step 0's
+    "02.1": [0.0, lambda run=None: bypass_ppo_kl(run, absolute=True), lambda run=None: -bypass_ppo_kl(run),
+             lambda run=None: bypass_ppo_kl(run, whole_batch=True)],
+    # "bypass only changes stage 4": nothing more; padding rows counted too (none are rejected: the same, so
+    # not listed); all of the step's tokens; the step's tokens after rejection
+    "02.2": [0, lambda run=None: int(resolve_run(run, default="ppo_fire_tiny").step(1).tensors["loss_mask"].sum()),
+             lambda run=None: int(resolve_run(run, default="ppo_fire_tiny").step(1).tensors["response_mask"].sum())],
     # the decoupled ratio; the old/rollout gap over the whole batch (all 128 rows); at the last recorded step; ε
     "02.3": [0.0, lambda run=None: bypass_max_gap(run, whole_batch=True),
              lambda run=None: bypass_max_gap(run, step=resolve_run(run, default="grpo_tiny_vllm_bf16").steps[-1]),
              0.2],
     # "the clip caps the ratio at 1 + ε"; the first optimizer step (ratio 1); the third optimizer step's maximum
     "02.4": [1.2, 1.0, lambda run=None: largest_ratio(run, opt_step=2)],
+    # "the weights are detached, so they change nothing"; the sign the other way round; normalised by
+    # Σ response_mask and the weights also on the KL term (they multiply only the clipped pg term)
+    "02.5": [0.0, lambda run=None: -is_effect(run), _is_effect_response_mask_count],
 }

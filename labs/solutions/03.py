@@ -32,3 +32,26 @@ WRONG = {
     # ∂e^d/∂d = e^d as if unclamped, at the clamp's edge, or a unit slope
     "03.4": [math.exp(30.0), math.exp(20.0), 1.0],
 }
+
+
+def largest_abs_log_ratio(run=None, steps=None, signed=False):
+    from ppolab.numbers import resolve_run
+    from ppolab.numbers.steps import optimizer_step_batch
+
+    r = resolve_run(run)
+    best = 0.0
+    for s in (r.steps if steps is None else steps):
+        rec = r.step(s)
+        for k in range(rec.tensors["actor_log_probs"].shape[0]):
+            b = optimizer_step_batch(rec, k)
+            d = (b["log_prob"] - b["old_log_probs"])[b["response_mask"] > 0]
+            best = max(best, float(d.max() if signed else d.abs().max()))
+    return round(best, 3)
+
+
+SOLUTIONS["03.5"] = largest_abs_log_ratio
+# the clamp's bound (as if it acted); the ratio e^|Δ| instead of the log-ratio; the first recorded step only; the
+# largest signed log-ratio (the biggest drift on these runs is downwards)
+WRONG["03.5"] = [20.0, lambda run=None: math.exp(largest_abs_log_ratio(run)),
+                 lambda run=None: largest_abs_log_ratio(run, steps=[1]),
+                 lambda run=None: largest_abs_log_ratio(run, signed=True)]

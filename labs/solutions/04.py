@@ -65,7 +65,8 @@ WRONG = {
     "04.2": [lambda run=None: clipfrac(run, eps=_run_eps(run)), 0.0, 1.0, lambda run=None: clipfrac(run, eps=0.2)],
     # a count, not a fraction; averaged over every padded position; another optimizer step (the explorer's);
     # verl's default ε; ε = 0.1 (the value the run used before it was re-recorded at 0.07)
-    "04.3": [_clipped_count, _clipfrac_over_all_positions,
+    # exercise 04.2's answer resubmitted (the previous cell's number, computed at ε 0.05 on another optimizer step)
+    "04.3": [clipfrac_at_0_05, _clipped_count, _clipfrac_over_all_positions,
              lambda run=None: clipfrac(run, eps=_run_eps(run)),
              lambda run=None: clipfrac(run, *_code(run), eps=0.2),
              lambda run=None: clipfrac(run, *_code(run), eps=0.1)],

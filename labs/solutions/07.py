@@ -2,8 +2,17 @@
 would write; it is called with the exercise's context (e.g. ``run``)."""
 import math
 
+import torch
+
+from ppolab import algos
 from ppolab.exercises.lab07 import step1_entropy
+from ppolab.models import load_tokenizer_and_model
+from ppolab.numbers.steps import optimizer_step_batch
+from ppolab.numbers.temperature import first_step_loss, mean_first_ratio, run_temperature
 from ppolab.record import resolve_run
+from ppolab.roles import forward_response
+
+TEMP_RUN = "grpo_temp_tiny"
 
 
 def entropy_ratio(run=None):
@@ -11,22 +20,69 @@ def entropy_ratio(run=None):
     return ent.iloc[-10:].mean() / ent.iloc[:10].mean()
 
 
+def _first_batch(run):
+    """Recorded step 1, optimizer step 0: its rows run through the base model (π_θ there), raw logits kept."""
+    r = resolve_run(run or TEMP_RUN)
+    rec = r.step(1)
+    t = rec.tensors
+    b = optimizer_step_batch(rec, 0)
+    ids = torch.cat([t["prompts"], t["responses"]], dim=1)[b["rows"]]
+    attn = torch.cat([t["prompt_mask"], t["loss_mask"].long()], dim=1)[b["rows"]]
+    model = load_tokenizer_and_model(r.model_path())[1]
+    return r, b, model, ids, attn, t["responses"].shape[1]
+
+
+def ratio_without_temperature(run=None, temperature=1.0, mean_over_all=False):
+    """The learner's code: π_θ's log-probs from logits divided by ``temperature`` (1.0: not divided at all)."""
+    r, b, model, ids, attn, R = _first_batch(run)
+    with torch.no_grad():
+        lp = forward_response(model, ids, attn, R, temperature).log_probs
+    m = b["response_mask"]
+    ratio = torch.exp(torch.clamp(lp - b["old_log_probs"], -20, 20))
+    if mean_over_all:
+        return ratio.mean().item()
+    return algos.masked_mean(ratio, m).item()
+
+
+def bonus_shift(run=None, temperature=None, sign=-1.0, mode=None):
+    """The learner's code: −entropy_coeff · agg_loss(H, response_mask, loss_agg_mode) at the first optimizer step."""
+    r, b, model, ids, attn, R = _first_batch(run)
+    T = run_temperature(r) if temperature is None else temperature
+    with torch.no_grad():
+        H = forward_response(model, ids, attn, R, T, want_log_probs=False, want_entropy=True).entropy
+    actor = r.config["actor_rollout_ref"]["actor"]
+    agg = algos.agg_loss(H, b["response_mask"], mode or actor["loss_agg_mode"]).item()
+    return sign * actor["entropy_coeff"] * agg
+
+
 SOLUTIONS = {
-    "07.1": lambda run=None: step1_entropy(run, 0.5),
-    "07.2": entropy_ratio,
-    "07.3": math.log(29),
-    "07.4": lambda run=None: round(step1_entropy(run, 2.0), 3),
+    "07.1": math.log(29),
+    "07.2": lambda run=None: round(step1_entropy(run, 2.0), 3),
+    "07.3": lambda run=None: step1_entropy(run, 0.5),
+    "07.4": entropy_ratio,
+    "07.5": ratio_without_temperature,
+    "07.6": bonus_shift,
 }
 
 #: Plausible wrong answers: each must be told "not yet".
 WRONG = {
+    # bits instead of nats; one token fewer; "1 nat"
+    "07.1": [math.log2(29), math.log(28), 1.0],
+    "07.2": [lambda run=None: step1_entropy(run, 1.0), lambda run=None: step1_entropy(run, 0.5), math.log(29)],
     # the run's own temperature (1.0) instead of 0.5; T applied as a multiplier (z·0.5 = z / 2.0)
-    "07.1": [lambda run=None: step1_entropy(run, 1.0), lambda run=None: step1_entropy(run, 2.0)],
+    "07.3": [lambda run=None: step1_entropy(run, 1.0), lambda run=None: step1_entropy(run, 2.0)],
     # first over last; the logged values' last/first single step
-    "07.2": [lambda run=None: 1 / entropy_ratio(run),
+    "07.4": [lambda run=None: 1 / entropy_ratio(run),
              lambda run=None: resolve_run(run).metrics["actor/entropy"].dropna().iloc[-1]
              / resolve_run(run).metrics["actor/entropy"].dropna().iloc[0]],
-    # bits instead of nats; one token fewer; "1 nat"
-    "07.3": [math.log2(29), math.log(28), 1.0],
-    "07.4": [lambda run=None: step1_entropy(run, 1.0), lambda run=None: step1_entropy(run, 0.5), math.log(29)],
+    # with the temperature (exactly 1); T applied as a multiplier (z·T = z / (1/T)); old/new instead of new/old;
+    # a mean over every position, padding included
+    "07.5": [1.0, lambda run=None: mean_first_ratio(run, 1 / run_temperature(run or TEMP_RUN)),
+             lambda run=None: 1 / ratio_without_temperature(run),
+             lambda run=None: ratio_without_temperature(run, mean_over_all=True)],
+    # a bonus added, not subtracted; the entropy of the undivided logits (T skipped); token-sum instead of the
+    # run's token-mean; as if no entropy were computed (calculate_entropy off, entropy_coeff 0)
+    "07.6": [lambda run=None: bonus_shift(run, sign=1.0), lambda run=None: bonus_shift(run, temperature=1.0),
+             lambda run=None: bonus_shift(run, mode="token-sum"), 0.0,
+             lambda run=None: -first_step_loss(run)[1]["actor/entropy_loss"]],
 }

@@ -3,7 +3,7 @@ would write; it is called with the exercise's context (e.g. ``run``)."""
 import torch
 
 from ppolab.algos import AdaptiveKLController, kl_penalty, masked_mean
-from ppolab.exercises.lab08 import e8_case, reward_kl_statistic
+from ppolab.exercises.lab08 import e1_case, e2_case, next_beta, reward_kl_statistic
 from ppolab.record import resolve_run
 from ppolab.numbers.kl import full_log_probs, response_logits
 
@@ -34,75 +34,71 @@ def recorded_token_k1(run=None):
     return (lt - lr)[src["mask"]].mean().item()
 
 
-def beta_at(step=3, run=None, n_steps=None, clip=True, read_after_update=False):
-    """β the reward penalty of ``step`` used: the controller replayed by hand on the logged KL."""
+def my_next_beta(run=None):
+    """What a learner writes: β of the case step (logged), the KL recomputed from its tensors, one update."""
     r = resolve_run(run or RUN)
-    ctrl = r.config["algorithm"]["kl_ctrl"]
-    m = r.metrics
-    n = n_steps or r.step(r.steps[0]).tensors["responses"].shape[0]
-    beta = ctrl["kl_coef"]
-    last = step if read_after_update else step - 1
-    for k in range(1, last + 1):
-        e = m.loc[k, "actor/reward_kl_penalty"] / ctrl["target_kl"] - 1
-        if clip:
-            e = min(max(e, -0.2), 0.2)
-        beta *= 1 + e * n / ctrl["horizon"]
-    return beta
-
-
-def beta_with_controller(step=3, run=None):
-    r = resolve_run(run or RUN)
+    c = e2_case(r)
     ctrl_cfg = r.config["algorithm"]["kl_ctrl"]
-    ctrl = AdaptiveKLController(ctrl_cfg["kl_coef"], ctrl_cfg["target_kl"], ctrl_cfg["horizon"])
-    for k in range(1, step):
-        ctrl.update(r.metrics.loc[k, "actor/reward_kl_penalty"], len(r.step(r.steps[0]).tensors["responses"]))
+    ctrl = AdaptiveKLController(r.metrics.loc[c["step"], "actor/reward_kl_penalty_coeff"], ctrl_cfg["target_kl"],
+                                ctrl_cfg["horizon"])
+    ctrl.update(my_current_kl(r, c["step"]), len(r.step(c["step"]).tensors["responses"]))
     return ctrl.value
 
 
+def beta_shortcut(run=None, factor=None):
+    """β of the case step times a factor: 1 + 0.2·n/horizon (the clipped error's step, 1.05 here), or ``factor``."""
+    r = resolve_run(run or RUN)
+    c = e2_case(r)
+    beta = r.metrics.loc[c["step"], "actor/reward_kl_penalty_coeff"]
+    return beta * (factor if factor is not None else 1 + 0.2 * c["rows"] / c["horizon"])
+
+
 def my_current_kl(run=None, step=None):
-    t = resolve_run(run or RUN).step(e8_case(run)["step"] if step is None else step).tensors
+    t = resolve_run(run or RUN).step(e1_case(run)["step"] if step is None else step).tensors
     kld = kl_penalty(t["old_log_probs"], t["ref_log_prob"], "kl") * t["loss_mask"]
     return torch.mean(masked_mean(kld, t["loss_mask"], axis=-1)).item()
 
 
 def pooled_kl(run=None, step=None):
-    t = resolve_run(run or RUN).step(e8_case(run)["step"] if step is None else step).tensors
+    t = resolve_run(run or RUN).step(e1_case(run)["step"] if step is None else step).tensors
     kld = kl_penalty(t["old_log_probs"], t["ref_log_prob"], "kl") * t["loss_mask"]
     return (kld.sum() / t["loss_mask"].sum()).item()
 
 
 SOLUTIONS = {
-    "08.1": 0.001 * (1 - 0.2 * 64 / 1000),
-    "08.2": {"reward-side": "old_log_probs", "loss-side": "log_prob"},
-    "08.3": exact_kl,
-    "08.4": lambda run=None: round(-reverse_kl(run), 3),
-    "08.5": ("k3", "k1"),
-    "08.6": {"k2", "k1+", "abs+", "k2+", "k3+"},
-    "08.7": beta_with_controller,
-    "08.8": my_current_kl,
+    "08.1": my_current_kl,
+    "08.2": my_next_beta,
+    "08.3": 0.001 * (1 - 0.2 * 64 / 1000),
+    "08.4": {"reward-side": "old_log_probs", "loss-side": "log_prob"},
+    "08.5": exact_kl,
+    "08.6": lambda run=None: round(-reverse_kl(run), 3),
+    "08.7": ("k3", "k1"),
+    "08.8": {"k2", "k1+", "abs+", "k2+", "k3+"},
 }
 
 #: Plausible wrong answers: each must be told "not yet".
 WRONG = {
     # the unclipped error (−0.5); the error not scaled by n_seq / horizon; the wrong sign
-    "08.1": [0.001 * (1 - 0.5 * 64 / 1000), 0.001 * (1 - 0.2), 0.001 * (1 + 0.2 * 64 / 1000)],
-    "08.2": [{"reward-side": "rollout_log_probs", "loss-side": "log_prob"},
+    "08.3": [0.001 * (1 - 0.5 * 64 / 1000), 0.001 * (1 - 0.2), 0.001 * (1 + 0.2 * 64 / 1000)],
+    "08.4": [{"reward-side": "rollout_log_probs", "loss-side": "log_prob"},
              {"reward-side": "old_log_probs", "loss-side": "old_log_probs"},
              {"reward-side": "log_prob", "loss-side": "old_log_probs"}],
     # the reverse direction; the sum over positions instead of the mean
-    "08.3": [reverse_kl, lambda run=None: exact_kl(run) * int(response_logits(run or RUN, 1)["mask"].sum())],
+    "08.5": [reverse_kl, lambda run=None: exact_kl(run) * int(response_logits(run or RUN, 1)["mask"].sum())],
     # KL(π_θ‖π_ref) (as if sampled from π_θ); +KL(π_ref‖π_θ); the noisy mean over the recorded tokens
-    "08.4": [exact_kl, reverse_kl, recorded_token_k1],
-    "08.5": [("k3", "k3"), ("k1", "k1"), ("k1", "k3")],
+    "08.6": [exact_kl, reverse_kl, recorded_token_k1],
+    "08.7": [("k3", "k3"), ("k1", "k1"), ("k1", "k3")],
     # the estimators unbiased in value; k2 alone; all of them
-    "08.6": [{"k1", "k3"}, {"k2"}, {"k1+", "k3+"}, {"k1", "abs", "k2", "k3", "k1+", "abs+", "k2+", "k3+"}],
-    # the unclipped error; n_steps = the 60 real rows; β after step 3's own update (off by one); one update only
-    "08.7": [lambda run=None: beta_at(3, run, clip=False), lambda run=None: beta_at(3, run, n_steps=60),
-             lambda run=None: beta_at(3, run, read_after_update=True), lambda run=None: beta_at(2, run)],
+    "08.8": [{"k1", "k3"}, {"k2"}, {"k1+", "k3+"}, {"k1", "abs", "k2", "k3", "k1+", "abs+", "k2+", "k3+"}],
     # the rejection-rewritten response_mask; the padding rows left out of the mean; k3 instead of the run's k1;
     # all tokens pooled instead of a mean of per-sequence means
-    "08.8": [lambda run=None: reward_kl_statistic(run, e8_case(run)["step"], mask="response_mask"),
-             lambda run=None: reward_kl_statistic(run, e8_case(run)["step"], real_rows_only=True),
-             lambda run=None: reward_kl_statistic(run, e8_case(run)["step"], kl_penalty="k3"),
+    "08.1": [lambda run=None: reward_kl_statistic(run, e1_case(run)["step"], mask="response_mask"),
+             lambda run=None: reward_kl_statistic(run, e1_case(run)["step"], real_rows_only=True),
+             lambda run=None: reward_kl_statistic(run, e1_case(run)["step"], kl_penalty="k3"),
              lambda run=None: pooled_kl(run)],
+    # the clipped-error shortcut (β·1.05: as if KL/target − 1 were clipped to +0.2); 0.95·β; no update at all;
+    # the rejection-rewritten response_mask; n_steps = the 60 real rows; the padding rows left out of the mean
+    "08.2": [beta_shortcut, lambda run=None: beta_shortcut(run, 0.95), lambda run=None: beta_shortcut(run, 1.0),
+             lambda run=None: next_beta(run, mask="response_mask"), lambda run=None: next_beta(run, n_steps=60),
+             lambda run=None: next_beta(run, real_rows_only=True)],
 }

@@ -1,7 +1,11 @@
 """Solutions to lab 09's exercises (kept out of the notebook). A callable solution is the code a learner
 would write; it is called with the exercise's context (e.g. ``run``)."""
+import torch
+
 from ppolab.algos import compute_value_loss, masked_mean, value_clip_terms
-from ppolab.exercises.lab09 import critic_batch, first_update_vf_loss, logged_clipfrac, update_case
+from ppolab.exercises.lab09 import (critic_batch, critic_engine_case, first_update_vf_loss, logged_clipfrac,
+                                    update_case, window_case, window_counts)
+from ppolab.numbers.critic_engine import critic_micro_batches
 from ppolab.widgets import value_clip_explorer
 from ppolab.record import resolve_run
 
@@ -79,14 +83,60 @@ def first_vf_loss(run=None):
     return compute_value_loss(v, g, v, m, eps_v(run), batch_num_tokens=t["loss_mask"][rows].sum())[0].item()
 
 
-SOLUTIONS["09.5"] = lambda run=None: round(my_clipfrac(run, 0), 2)
-SOLUTIONS["09.6"] = first_vf_loss
-# the step's logged vf_clipfrac (a mean over 16 updates); the share of the next update; the share at ε_v = 0.05 of the
-# last update (exercise 09.3)
-WRONG["09.5"] = [lambda run=None: float(resolve_run(run or RUN).metrics.loc[1, "critic/vf_clipfrac"]),
-                 lambda run=None: my_clipfrac(run, 1), lambda run=None: my_clipfrac(run, _last(run), 0.05)]
+SOLUTIONS["09.7"] = first_vf_loss
 # no ½; the rejection-rewritten response_mask as denominator (re-normalised over the survivors); the step's logged
 # vf_loss (the mean over its 16 updates)
-WRONG["09.6"] = [lambda run=None: first_update_vf_loss(run, half=False),
+WRONG["09.7"] = [lambda run=None: first_update_vf_loss(run, half=False),
                  lambda run=None: first_update_vf_loss(run, denominator="response_mask"),
                  lambda run=None: float(resolve_run(run or RUN).metrics.loc[1, "critic/vf_loss"])]
+
+
+def v1_pair(run=None):
+    """What a learner writes: (a) the critic engine's cut with the micro-batch field added; (b) per rank, per
+    micro-batch at the small budget, masked_mean(L2 > L1), averaged over micro-batches, then over ranks."""
+    c = critic_engine_case(run)
+    n = len(critic_micro_batches(run, c["update"], 0, [f"critic.ppo_micro_batch_size_per_gpu={c['micro']}"]))
+    t = resolve_run(run or RUN).step(resolve_run(run or RUN).steps[0]).tensors
+    vp = t["critic_vpreds"][c["update"]]
+    per_rank = []
+    for k in range(c["dp"]):
+        shares = []
+        for sel in critic_micro_batches(run, c["update"], k, max_token_len=c["small"]):
+            m = t["response_mask"][sel]
+            vps = torch.where(m > 0, vp[sel], t["values"][sel])
+            _, e_new, e_clip, _ = value_clip_terms(vps, t["returns"][sel], t["values"][sel], eps_v(run))
+            shares.append(masked_mean((e_clip > e_new).float(), m).item())
+        if shares:
+            per_rank.append(sum(shares) / len(shares))
+    return n, sum(per_rank) / len(per_rank)
+
+
+def legacy_count(run=None):
+    """The legacy reading: rank 0's rows cut into fixed micro-batches of the field's size."""
+    c = critic_engine_case(run)
+    return -(-c["rows"] // c["micro"])
+
+
+SOLUTIONS["09.5"] = v1_pair
+# the legacy reading of the micro field, with the share at the run's budget (exercise 09.4's); the field honoured and
+# (b) right; (a) right and the share of 09.4 (the budget ignored); the share pooled over the mini-batch's tokens
+WRONG["09.5"] = [lambda run=None: (legacy_count(run), logged_clipfrac(run, critic_engine_case(run)["update"])),
+                 lambda run=None: (legacy_count(run), v1_pair(run)[1]),
+                 lambda run=None: (v1_pair(run)[0], logged_clipfrac(run, critic_engine_case(run)["update"])),
+                 lambda run=None: (v1_pair(run)[0], my_clipfrac(run, critic_engine_case(run)["update"]))]
+
+
+def window_pair(run=None):
+    """What a learner writes with the mini-batch of window_case's update."""
+    u = window_case(run)["update"]
+    vp, g, v, mask = critic_batch(run, u)
+    v_clip, e_new, e_clip, _ = value_clip_terms(vp, g, v, eps_v(run))
+    m = mask > 0
+    return int(((v_clip != vp) & m).sum()), int(((e_clip > e_new) & m).sum())
+
+
+SOLUTIONS["09.6"] = window_pair
+# every token that left the window is clipped; update 0's answer (the text above: nothing moves); >= counts every
+# untouched token as clipped; the pair swapped
+WRONG["09.6"] = [lambda run=None: (window_pair(run)[0], window_pair(run)[0]), (0, 0),
+                 lambda run=None: window_counts(run, strict=False), lambda run=None: window_pair(run)[::-1]]

@@ -1,6 +1,6 @@
 """Solutions to lab 10's exercises (kept out of the notebook). A callable solution is the code a learner
 would write; it is called with the exercise's context (e.g. ``run``)."""
-from ppolab.exercises.lab10 import first_step_log_ratio
+from ppolab.exercises.lab10 import after_rejected, masks_row_case
 from ppolab.numbers import step_tensors
 
 RUN = "ppo_fire_tiny"
@@ -10,12 +10,9 @@ def tensors(run=None):
     return step_tensors(run or RUN, None).tensors
 
 
-def row2(run=None):
-    return int(tensors(run)["response_mask"][2].sum())
-
-
 def logit_position(run=None):
-    return tensors(run)["prompts"].shape[1] - 1 + 4
+    t = tensors(run)
+    return t["prompts"].shape[1] - 1 + t["responses"].shape[1] - 1
 
 
 def n_rejected(run=None):
@@ -23,43 +20,57 @@ def n_rejected(run=None):
     return int((t["loss_mask"].bool() & ~t["response_mask"].bool()).sum())
 
 
+def n_after_rejected(run=None):
+    """What a learner writes: the rejected tokens, a running count along each row, the sampled tokens past one."""
+    t = tensors(run)
+    rejected = (t["loss_mask"].bool() & ~t["response_mask"].bool()).long()
+    after = (rejected.cumsum(-1) - rejected) > 0
+    return int((after & t["loss_mask"].bool()).sum())
+
+
+def row_masks(run=None):
+    t = tensors(run)
+    row = masks_row_case(run)["row"]
+    attention = t["response_attention_mask"] if "response_attention_mask" in t else t["response_mask"]
+    return int(attention[row].sum()), int(t["response_mask"][row].sum()), int(t["loss_mask"][row].sum())
+
+
 SOLUTIONS = {
-    "10.1": row2,
-    "10.2": logit_position,
-    "10.3": {"seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"},
-    "10.4": 4,
-    "10.5": n_rejected,
+    "10.1": {"seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"},
+    "10.2": 4,
+    "10.3": n_rejected,
+    "10.4": n_after_rejected,
+    "10.5": row_masks,
+    "10.6": logit_position,
 }
 
 #: Plausible wrong answers: each must be told "not yet".
 WRONG = {
-    # the padded width; loss_mask's count (the rejected token too); one too many
-    "10.1": [lambda run=None: tensors(run)["responses"].shape[1],
-             lambda run=None: int(tensors(run)["loss_mask"][2].sum()), lambda run=None: row2(run) + 2],
-    # no shift; the shift the wrong way
-    "10.2": [lambda run=None: logit_position(run) + 1, lambda run=None: logit_position(run) + 2],
     # "masked positions never leak"; all five; seq-mean-token-mean alone (because of its 1e-8)
-    "10.3": [set(), {"token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
+    "10.1": [set(), {"token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
                      "seq-mean-token-sum-norm"}, {"seq-mean-token-mean"}, {"token-mean", "token-sum"}],
     # padding only to a multiple of dp_size; per rank; 60 mod 16; the padded batch size
-    "10.4": [0, 2, 12, 64],
+    "10.2": [0, 2, 12, 64],
     # the rows touched instead of the tokens; the rejected share instead of a count; every zero of response_mask
-    "10.5": [lambda run=None: int((tensors(run)["loss_mask"].bool() & ~tensors(run)["response_mask"].bool())
+    "10.3": [lambda run=None: int((tensors(run)["loss_mask"].bool() & ~tensors(run)["response_mask"].bool())
                                   .any(-1).sum()),
              lambda run=None: n_rejected(run) / float(tensors(run)["loss_mask"].sum()),
              lambda run=None: int((tensors(run)["response_mask"] == 0).sum())],
+    # the rejected tokens themselves (the count printed above); the rejected tokens counted too; only the surviving
+    # tokens after one (response_mask); every position after one, padding included; the rows with a rejected token
+    "10.4": [n_rejected, lambda run=None: int((after_rejected(run, include_self=True)
+                                               & tensors(run)["loss_mask"].bool()).sum()),
+             lambda run=None: int((after_rejected(run) & tensors(run)["response_mask"].bool()).sum()),
+             lambda run=None: int(after_rejected(run).sum()),
+             lambda run=None: int((tensors(run)["loss_mask"].bool() & ~tensors(run)["response_mask"].bool())
+                                  .any(-1).sum())],
+    # the padded width as "attended"; the denominator re-normalised over the numerator; one mask for all three;
+    # loss_mask for all three
+    "10.5": [lambda run=None: (tensors(run)["responses"].shape[1], *row_masks(run)[1:]),
+             lambda run=None: (row_masks(run)[0], row_masks(run)[1], row_masks(run)[1]),
+             lambda run=None: (row_masks(run)[1],) * 3, lambda run=None: (row_masks(run)[2],) * 3],
+    # no shift; the shift the wrong way; the response index j itself; the old j = 4 of this exercise
+    "10.6": [lambda run=None: logit_position(run) + 1, lambda run=None: logit_position(run) + 2,
+             lambda run=None: tensors(run)["responses"].shape[1] - 1,
+             lambda run=None: tensors(run)["prompts"].shape[1] - 1 + 4],
 }
-
-
-def max_first_ratio_gap(run=None):
-    """What a learner writes: optimizer step 0's rows, its valid tokens, max |log π_θ − log π_old|."""
-    t = tensors(run)
-    lp = t["actor_log_probs"][0]
-    rows = ~lp.isnan().all(-1)
-    return round((lp[rows] - t["old_log_probs"][rows])[t["response_mask"][rows] > 0].abs().max().item(), 4)
-
-
-SOLUTIONS["10.6"] = max_first_ratio_gap
-# the bf16 rollout gap |log π_old − log π_rollout| (what rejection sampling looks at); the last optimizer step's gap
-WRONG["10.6"] = [lambda run=None: first_step_log_ratio(run, 0, against="rollout_log_probs"),
-                 lambda run=None: first_step_log_ratio(run, 15)]

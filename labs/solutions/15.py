@@ -31,11 +31,33 @@ def kl_over_pg(run=None, coef=True, reducer="median", half=True):
     return float(getattr(kl, reducer)() / getattr(pg, reducer)())
 
 
+def old_entropy(run=None, mask="response_mask", denominator="loss_mask", per_step=True):
+    from ppolab.numbers import optimizer_step_batch
+
+    r = resolve_run(run, default="ppo_fire_tiny")
+    rec = r.step(r.steps[0])
+    t = rec.tensors
+    h, m, d = t["entropy"], t[mask].float(), t[denominator].float()
+    if not per_step:  # one token mean over the whole batch
+        return float((h * m).sum() / d.sum())
+    out = []
+    for k in range(t["actor_log_probs"].shape[0]):
+        rows = optimizer_step_batch(rec, k)["rows"]
+        out.append(float((h[rows] * m[rows]).sum() / d[rows].sum()))
+    return sum(out) / len(out)
+
+
+def _logged(run=None, key="actor/entropy"):
+    r = resolve_run(run, default="ppo_fire_tiny")
+    return float(r.metrics.loc[r.steps[0], key])
+
+
 SOLUTIONS = {
     "15.1": zero_advantage_share,
     "15.2": lone_correct,
     "15.3": "actor/entropy collapsed",
     "15.4": kl_over_pg,
+    "15.5": old_entropy,
 }
 
 #: Plausible wrong answers: each must be told "not yet".
@@ -49,4 +71,10 @@ WRONG = {
     # the raw kl_loss (no coefficient); means instead of medians; the whole run instead of its second half
     "15.4": [lambda run=None: kl_over_pg(run, coef=False), lambda run=None: kl_over_pg(run, reducer="mean"),
              lambda run=None: kl_over_pg(run, half=False)],
+    # the logged actor/entropy and actor/entropy_loss (read, not computed); the whole batch over response_mask; the
+    # update's mask but its own token count as the denominator (as if rejected tokens left batch_num_tokens)
+    "15.5": [_logged, lambda run=None: _logged(run, "actor/entropy_loss"),
+             lambda run=None: old_entropy(run, denominator="response_mask", per_step=False),
+             lambda run=None: old_entropy(run, denominator="response_mask"),
+             lambda run=None: old_entropy(run, per_step=False)],  # one ratio over the whole batch
 }

@@ -121,15 +121,33 @@ def real_weight(run=None, step=None, opt_step=None, denominator="global", count_
     return rows / (a["actor"]["ppo_mini_batch_size"] * a["rollout"]["n"])
 
 
+def mistaken_betas(run=None, shortcut=None):
+    """(β from response_mask, β without the padding rows) at beta_case's step, or a shortcut pair."""
+    r = resolve_run(run, default=RUN)
+    step = beta_case(r)["step"]
+    if shortcut == "right":  # the trainer's own β, in both places
+        return (next_beta(r, step),) * 2
+    if shortcut == "geometric":  # 0.02 · 0.95^(step − 1): as if every earlier error had been clipped at −0.2
+        return (r.config["algorithm"]["kl_ctrl"]["kl_coef"] * 0.95 ** (step - 1),) * 2
+    if shortcut == "times_1.05":  # 1.05 × the logged β: as if the error were clipped at +0.2
+        return (1.05 * _logged_beta(r, step),) * 2
+    return (next_beta(r, step, mask_key="response_mask"), next_beta(r, step, real_only=True))
+
+
+def mini_batch_mistake(n=4, tbs=128, wanted=64, mini=64, epochs=1):
+    global_mini = mini * n  # the trainer multiplies ppo_mini_batch_size (prompts) by rollout.n
+    return tbs * n // global_mini * epochs, global_mini, wanted // n
+
+
 SOLUTIONS = {
     "16.1": rollout_ref_kl,
-    "16.2": (32 * 4 // (8 * 4) * 3, 8 * 4),
-    "16.3": beta_star,
-    "16.4": coef_star,
-    "16.5": lambda run=None: format_shares(run or "grpo_tiny"),
-    "16.6": next_beta,
-    "16.7": rejected_in_denominator,
-    "16.8": real_weight,
+    "16.2": mistaken_betas,
+    "16.3": rejected_in_denominator,
+    "16.4": mini_batch_mistake(),
+    "16.5": real_weight,
+    "16.6": beta_star,
+    "16.7": coef_star,
+    "16.8": lambda run=None: format_shares(run or "grpo_tiny"),
 }
 
 #: Plausible wrong answers: each must be told "not yet".
@@ -138,28 +156,32 @@ WRONG = {
     "16.1": [lambda run=None: rollout_ref_kl(run, use_current=True),
              lambda run=None: rollout_ref_kl(run, estimator="k3"),
              lambda run=None: float(resolve_run(run, default=RUN).metrics["actor/ppo_kl"].dropna().iloc[-1])],
-    # forgot × n (steps n× too many, rows n× too few); forgot the epochs; the micro-batch as the step
-    "16.2": [(48, 8), (4, 32), (16, 8)],
-    # token-mean KL against a per-trajectory score; the k3 estimator; the run's own β; over response_mask (after
-    # rejection sampling) instead of the tokens the trainer shaped
-    "16.3": [lambda run=None: beta_star(run, per_token=True), lambda run=None: beta_star(run, estimator="k3"),
-             lambda run=None: _logged_beta(run, step=resolve_run(run, default=RUN).steps[-1]),
-             lambda run=None: beta_star(run, mask_key="response_mask")],
-    # the value crossing (c·kl_loss = |pg_loss|); the run's own coefficient; "1 is where they match"
-    "16.4": [lambda run=None: coef_star(run, by_value=True), 0.01, 1.0],
-    # the score means instead of the format shares; "nobody writes the format at first"; from 0.5
-    "16.5": [(0.234, 0.781), (0.0, 1.0), (0.5, 1.0)],
-    # β unchanged; the unclipped proportional error; n = the real rows only (60, not 64); β·1.2 (the clip bound
-    # without n/horizon)
-    "16.6": [lambda run=None: _logged_beta(run), lambda run=None: next_beta(run, clip=False),
-             lambda run=None: next_beta(run, n_rows=60), lambda run=None: 1.2 * _logged_beta(run)],
+    # the shortcuts that pass where the error is clipped — 0.02·0.95² and 1.05 × the logged β — and the trainer's own
+    # β (the mistakes change nothing); the two mistakes swapped; n = 60 real rows but the KL mean still over 64;
+    # β unchanged; the unclipped proportional error with n = 60
+    "16.2": [lambda run=None: mistaken_betas(run, "geometric"), lambda run=None: mistaken_betas(run, "times_1.05"),
+             lambda run=None: mistaken_betas(run, "right"), lambda run=None: mistaken_betas(run)[::-1],
+             lambda run=None: (mistaken_betas(run)[0], next_beta(run, beta_case(run)["step"], n_rows=60)),
+             lambda run=None: (_logged_beta(run),) * 2],
     # "rejected tokens are not counted"; the whole training step's rejected tokens; Σ loss_mask itself
-    "16.7": [0, lambda run=None: rejected_in_denominator(run, whole_step=True),
+    "16.3": [0, lambda run=None: rejected_in_denominator(run, whole_step=True),
              lambda run=None: rejected_in_denominator(run) + int(optimizer_step_batch(
                  resolve_run(run, default=RUN).step(rejected_case(run)["step"]),
                  rejected_case(run)["opt_step"])["response_mask"].sum())],
+    # the colleague's own model (8 steps of 64, mini 64); × n applied to the steps, not the mini-batch; "set
+    # ppo_mini_batch_size = 64 × 4"; the steps and the trajectories swapped
+    "16.4": [(8, 64, 64), (32, 16, 16), (2, 256, 256), (256, 2, 16)],
     # every real row counted (forgot the row rejection sampling emptied); the local fallback (weights sum to 1);
     # the real rows as the denominator
-    "16.8": [lambda run=None: real_weight(run, count_empty=True), 1.0,
+    "16.5": [lambda run=None: real_weight(run, count_empty=True), 1.0,
              lambda run=None: real_weight(run, denominator="real")],
+    # token-mean KL against a per-trajectory score; the k3 estimator; the run's own β; over response_mask (after
+    # rejection sampling) instead of the tokens the trainer shaped
+    "16.6": [lambda run=None: beta_star(run, per_token=True), lambda run=None: beta_star(run, estimator="k3"),
+             lambda run=None: _logged_beta(run, step=resolve_run(run, default=RUN).steps[-1]),
+             lambda run=None: beta_star(run, mask_key="response_mask")],
+    # the value crossing (c·kl_loss = |pg_loss|); the run's own coefficient; "1 is where they match"
+    "16.7": [lambda run=None: coef_star(run, by_value=True), 0.01, 1.0],
+    # the score means instead of the format shares; "nobody writes the format at first"; from 0.5
+    "16.8": [(0.234, 0.781), (0.0, 1.0), (0.5, 1.0)],
 }

@@ -166,3 +166,25 @@ def kl_gradient(theta_logits: torch.Tensor, lp_ref: torch.Tensor, reverse: bool 
     lp = torch.log_softmax(u, dim=-1)
     (exact_kl(lp_ref, lp) if reverse else exact_kl(lp, lp_ref)).sum().backward()
     return u.grad
+
+
+# ---------------------------------------------------------------------------------- names
+#: verl 0.9.1's other name for each estimator (``core_algos.kl_penalty_forward`` accepts both); ppolab writes k1/k2/k3.
+KL_ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
+
+
+def canonical_kl_name(name: str) -> str | None:
+    """ppolab's name of the KL estimator ``name``, or None when ``name`` names no estimator.
+
+    verl's aliases map to ppolab's names (``kl`` → ``k1``, ``mse`` → ``k2``, ``low_var_kl`` → ``k3``), a trailing
+    ``+`` (the straight-through form) is kept (``low_var_kl+`` → ``k3+``), ``abs`` and ``full`` keep theirs; case and
+    surrounding blanks are ignored. ``full`` is a name verl knows although it raises (see :func:`kl_penalty_forward`).
+    """
+    if not isinstance(name, str):
+        return None
+    base = name.strip().lower()
+    plus = base.endswith("+")
+    base = base[:-1] if plus else base
+    if base not in KL_ESTIMATORS and base != "full":
+        return None
+    return KL_ALIASES.get(base, base) + ("+" if plus else "")

@@ -7,7 +7,24 @@ A lab cell ships unanswered::
 
 ``check`` computes the true value with ``ppolab.algos`` on the recorded run (or on the numbers the exercise
 states), compares, and answers **right**, or **not yet** with a hint that grows with each wrong try: first a
-nudge, then the formula. An unanswered exercise (``...``) is reported as such; ``check`` never raises on it.
+nudge, then the formula. An unanswered exercise (``...``) is reported as such.
+
+Accepted forms (:func:`matches`): every natural form of the right answer passes.
+
+* A number or a bool may be given as a tensor or numpy array holding one element, of any shape (``()``, ``(1,)``,
+  ``(1, 1)`` — what the worked examples' ``t(x) = torch.tensor([[x]])`` builds), or as a numpy scalar; numpy and
+  torch bools count as bools. A bool never matches a number, nor a number a bool.
+* Numbers match within the exercise's ``rel``/``abs`` tolerance; NaN matches only NaN.
+* Strings match ignoring case and surrounding blanks, also inside sequences, sets and dicts (keys too). Where the
+  truth is a KL estimator's name, verl's aliases are the same name: ``low_var_kl`` = ``k3``, ``kl`` = ``k1``,
+  ``mse`` = ``k2``, each with its ``+`` form too (:func:`ppolab.algos.kl.canonical_kl_name`).
+* A sequence may be a list, a tuple or a tensor/array (compared as its ``tolist``), element by element.
+* A set may be a set, frozenset, list or tuple; members are compared one by one, not hashed, so members that are
+  lists do not raise.
+
+``check`` never raises on the learner's side: an answer of another form (None, a dict where a number is asked for, a
+tensor of many elements, a function …) is a wrong try whose message says in one line which form was expected and
+which was given. A truth that cannot be computed is one line naming the error as a ppolab bug.
 
 Each lab's exercises live in ``ppolab/exercises/labNN.py`` and register themselves with :func:`exercise`;
 the solutions live outside the notebooks, in ``labs/solutions/NN.py`` (``SOLUTIONS`` and ``WRONG``), and
@@ -26,6 +43,7 @@ what is missing and which shipped run has it.
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import math
 import pkgutil
@@ -35,11 +53,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
+from ppolab.algos.kl import canonical_kl_name
 from ppolab.i18n import get_language, set_language, tr
 from ppolab.numbers.needs import NEEDS, RunLacks, require, run_label
 
-__all__ = ["Exercise", "Verdict", "case", "check", "exercise", "hints", "prompt", "registry", "reset", "set_language",
-           "truth", "UNANSWERED"]
+__all__ = ["Exercise", "Verdict", "case", "check", "exercise", "hints", "matches", "prompt", "registry", "reset",
+           "set_language", "truth", "UNANSWERED"]
 
 #: What an unanswered exercise holds: ``answer = ...``.
 UNANSWERED = Ellipsis
@@ -214,57 +233,276 @@ def _lacks_message(ex: Exercise, lacks: RunLacks) -> str:
     return line + f' — check(…, run="{ex.default_run}")'  # code: the same in every language
 
 
-def matches(answer: Any, expected: Any, rel: float = 1e-6, abs: float = 1e-9) -> bool:
-    """Whether ``answer`` equals ``expected``: numbers within ``rel``/``abs``, bools and strings exactly
-    (strings ignoring case and surrounding blanks), sequences and dicts element by element. A bool never
-    matches a number (``True`` is not an answer to "how many")."""
-    if isinstance(expected, bool) or isinstance(answer, bool):
-        return isinstance(answer, bool) and isinstance(expected, bool) and answer == expected
-    if hasattr(answer, "item") and getattr(answer, "ndim", 1) == 0:
-        answer = answer.item()
-    if hasattr(expected, "item") and getattr(expected, "ndim", 1) == 0:
-        expected = expected.item()
-    if isinstance(expected, (int, float)):
-        if not isinstance(answer, (int, float)):
+def _size(x: Any) -> int | None:
+    """How many elements ``x`` holds if it is a tensor or an array (a numpy scalar: 1); None for anything else."""
+    if isinstance(x, (bool, int, float, str, bytes, list, tuple, dict, set, frozenset)) or x is None:
+        return None
+    numel = getattr(x, "numel", None)
+    if callable(numel) and hasattr(x, "shape"):  # torch.Tensor
+        return int(numel())
+    size = getattr(x, "size", None)
+    if isinstance(size, int) and hasattr(x, "shape") and hasattr(x, "item"):  # numpy array or scalar, pandas
+        return size
+    return None
+
+
+def _scalar(x: Any) -> Any:
+    """A one-element tensor or array of any shape ((), (1,), (1, 1)) or a numpy scalar as the Python number or bool
+    it holds; anything else unchanged."""
+    return x.item() if _size(x) == 1 else x
+
+
+def _listed(x: Any) -> Any:
+    """A tensor or array as nested Python lists (``tolist``); anything else unchanged."""
+    return x.tolist() if _size(x) is not None and hasattr(x, "tolist") else x
+
+
+def _kind(x: Any) -> str:
+    """The form of an expected value: bool, number, string, dict, set, sequence, or other."""
+    if isinstance(x, bool):
+        return "bool"
+    if isinstance(x, (int, float)):
+        return "number"
+    if isinstance(x, str):
+        return "string"
+    if isinstance(x, dict):
+        return "dict"
+    if isinstance(x, (set, frozenset)):
+        return "set"
+    if isinstance(x, (list, tuple)):
+        return "sequence"
+    return "other"
+
+
+def _plain_expected(expected: Any) -> Any:
+    """A truth held in a tensor or array, as a Python scalar (one element) or nested lists."""
+    expected = _scalar(expected)
+    return _listed(expected)
+
+
+def _answer_for(answer: Any, kind: str) -> Any:
+    """``answer`` in the form an expected value of ``kind`` is compared with: one-element tensors and numpy scalars
+    as Python scalars where one value is expected, tensors and arrays as lists where a sequence or set is."""
+    if kind in ("bool", "number", "string"):
+        return _scalar(answer)
+    if kind in ("sequence", "set"):
+        return _listed(answer)
+    return answer
+
+
+def _matches(answer: Any, expected: Any, rel: float, abs: float) -> bool:
+    """:func:`matches` without the guard: may raise on an odd answer."""
+    expected = _plain_expected(expected)
+    kind = _kind(expected)
+    answer = _answer_for(answer, kind)
+    if kind == "bool":
+        return isinstance(answer, bool) and answer == expected
+    if kind == "number":
+        if isinstance(answer, bool) or not isinstance(answer, (int, float)):
             return False
         if math.isnan(expected) or math.isnan(answer):
             return math.isnan(expected) and math.isnan(answer)
         return math.isclose(answer, expected, rel_tol=rel, abs_tol=abs)
-    if isinstance(expected, str):
-        return isinstance(answer, str) and answer.strip().lower() == expected.strip().lower()
-    if isinstance(expected, dict):
-        return (isinstance(answer, dict) and set(answer) == set(expected)
-                and all(matches(answer[k], expected[k], rel, abs) for k in expected))
-    if isinstance(expected, (list, tuple)):
-        if hasattr(answer, "tolist"):
-            answer = answer.tolist()
+    if kind == "string":
+        if not isinstance(answer, str):
+            return False
+        a, e = answer.strip().lower(), expected.strip().lower()
+        kl = canonical_kl_name(e)  # verl's aliases of a KL estimator (low_var_kl = k3), and only of those
+        return canonical_kl_name(a) == kl if kl is not None else a == e
+    if kind == "dict":
+        if not isinstance(answer, dict) or len(answer) != len(expected):
+            return False
+        for key, value in expected.items():
+            keys = [k for k in answer if _matches(k, key, rel, abs)]
+            if len(keys) != 1 or not _matches(answer[keys[0]], value, rel, abs):
+                return False
+        return True
+    if kind == "sequence":
         return (isinstance(answer, (list, tuple)) and len(answer) == len(expected)
-                and all(matches(a, e, rel, abs) for a, e in zip(answer, expected)))
-    if isinstance(expected, (set, frozenset)):
-        return isinstance(answer, (set, frozenset, list, tuple)) and set(answer) == set(expected)
-    return answer == expected
+                and all(_matches(a, e, rel, abs) for a, e in zip(answer, expected)))
+    if kind == "set":  # compared member by member, not hashed: members may be lists, strings compare loosely
+        if not isinstance(answer, (set, frozenset, list, tuple)):
+            return False
+        members = list(answer)
+        return (all(any(_matches(a, e, rel, abs) for e in expected) for a in members)
+                and all(any(_matches(a, e, rel, abs) for a in members) for e in expected))
+    return bool(answer == expected)
+
+
+def matches(answer: Any, expected: Any, rel: float = 1e-6, abs: float = 1e-9) -> bool:
+    """Whether ``answer`` equals ``expected``; never raises (an answer it cannot compare does not match).
+
+    Numbers within ``rel``/``abs``; bools exactly, and a bool never matches a number (``True`` is not an answer to
+    "how many"); strings ignoring case and surrounding blanks, verl's aliases of a KL estimator equal to ppolab's
+    names (:func:`ppolab.algos.kl.canonical_kl_name`); sequences element by element; dicts key by key (string keys
+    loosely too); sets member by member (the answer may be a list or tuple; members may be lists). A tensor or array
+    with one element (shape (), (1,), (1, 1) …) and a numpy scalar count as the number or bool they hold; a larger
+    one as the list ``tolist`` gives."""
+    try:
+        return _matches(answer, expected, rel, abs)
+    except Exception:  # noqa: BLE001 — whatever the learner passes, the verdict is "not yet", never a traceback
+        return False
+
+
+def _expected_form(expected: Any) -> str:
+    """What form of answer ``expected`` asks for, in words."""
+    expected = _plain_expected(expected)
+    kind = _kind(expected)
+    if kind == "bool":
+        return tr("True or False")
+    if kind == "number":
+        return tr("a number")
+    if kind == "string":
+        return tr("a string")
+    if kind == "sequence":  # a tuple's length is fixed by the prompt; a list's length is part of the answer
+        return (tr("a sequence of length {n}").format(n=len(expected)) if isinstance(expected, tuple)
+                else tr("a list"))
+    if kind == "set":
+        return tr("a set (or a list)")
+    if kind == "dict":
+        return tr("a dict")
+    return tr("an object of type {type}").format(type=type(expected).__name__)
+
+
+def _given_form(answer: Any) -> str:
+    """What form ``answer`` has, in words (a tensor's shape, a sequence's length)."""
+    if answer is None:
+        return "None"
+    if type(answer).__module__ == "numpy" and getattr(answer, "shape", None) == ():  # a numpy scalar
+        answer = answer.item()
+    if isinstance(answer, bool):
+        return tr("the bool {value}").format(value=answer)
+    if isinstance(answer, (int, float)):
+        return tr("the number {value}").format(value=answer)
+    if isinstance(answer, str):
+        return tr("the string {value}").format(value=repr(answer if len(answer) <= 40 else answer[:40] + "…"))
+    if _size(answer) is not None:
+        shape = tuple(int(d) for d in answer.shape)
+        if callable(getattr(answer, "numel", None)):
+            return tr("a tensor of shape {shape}").format(shape=shape)
+        return tr("an array of shape {shape}").format(shape=shape)
+    if isinstance(answer, list):
+        return tr("a list of length {n}").format(n=len(answer))
+    if isinstance(answer, tuple):
+        return tr("a tuple of length {n}").format(n=len(answer))
+    if isinstance(answer, (set, frozenset)):
+        return tr("a set of size {n}").format(n=len(answer))
+    if isinstance(answer, dict):
+        return tr("a dict of size {n}").format(n=len(answer))
+    if hasattr(answer, "__next__"):
+        return tr("a generator (pass a list or a tuple of its values)")
+    if callable(answer):
+        return tr("a function (pass the value it returns, not the function)")
+    return tr("an object of type {type}").format(type=type(answer).__name__)
+
+
+def _form_problem(answer: Any, expected: Any) -> str | None:
+    """One phrase saying how the form of ``answer`` differs from the form ``expected`` asks for (for a sequence or
+    dict: of which item), or None when the forms agree (the value itself is then what is wrong)."""
+    expected = _plain_expected(expected)
+    kind = _kind(expected)
+    given = _answer_for(answer, kind)
+    fits = {"bool": isinstance(given, bool),
+            "number": isinstance(given, (int, float)) and not isinstance(given, bool),
+            "string": isinstance(given, str), "dict": isinstance(given, dict),
+            "set": isinstance(given, (set, frozenset, list, tuple)),
+            "sequence": isinstance(given, (list, tuple))
+            and (len(given) == len(expected) or not isinstance(expected, tuple))}.get(kind, True)
+    if not fits:
+        return tr("expected {expected}, got {given}").format(expected=_expected_form(expected),
+                                                             given=_given_form(answer))
+    if kind == "sequence" and len(given) == len(expected):
+        for i, (a, e) in enumerate(zip(given, expected)):
+            inner = _form_problem(a, e)
+            if inner is not None:
+                return tr("item {i}: {problem}").format(i=i + 1, problem=inner)
+    return None
+
+
+def _form_line(answer: Any, expected: Any, crashed: bool) -> str | None:
+    """The line a wrong answer of the wrong form gets (always one when comparing it raised); never raises."""
+    try:
+        problem = _form_problem(answer, expected)
+    except Exception:  # noqa: BLE001
+        problem = None
+    if problem is None and crashed:
+        try:
+            problem = tr("expected {expected}, got {given}").format(expected=_expected_form(expected),
+                                                                    given=_given_form(answer))
+        except Exception:  # noqa: BLE001
+            problem = tr("expected {expected}, got {given}").format(
+                expected=tr("another kind of answer"),
+                given=tr("an object of type {type}").format(type=type(answer).__name__))
+    return None if problem is None else tr("  {problem}.").format(problem=problem)
+
+
+def _one_line(error: BaseException) -> str:
+    """``error`` as ``Type: message`` on one short line."""
+    text = " ".join(str(error).split())
+    text = text if len(text) <= 160 else text[:160] + "…"
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _accepted(fn: Callable[..., Any], context: dict) -> dict:
+    """The part of ``context`` that ``fn`` takes (a learner may pass ``run=RUN`` to an exercise that needs none)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return context
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return context
+    return {k: v for k, v in context.items() if k in params}
 
 
 def check(id: str, answer: Any, **context: Any) -> Verdict:
     """Check ``answer`` to exercise ``id`` against the truth computed now (``context``: e.g. ``run=RUN``).
 
-    Returns a :class:`Verdict` (truthy when right). Unanswered (``...``) is not a wrong try and never raises.
+    Returns a :class:`Verdict` (truthy when right) and never raises. Unanswered (``...``) is not a wrong try. An
+    answer of another form than the one asked for (None, a tensor of many elements where a number is asked for …) is
+    a wrong try whose message says which form was expected. A run that lacks what the exercise needs gets the one
+    "lacks" line; a run that cannot be read, one line saying so; a truth that cannot be computed, one line naming
+    the error as a ppolab bug to report (the solution tests see it as not right).
     """
-    ex = _get(id)
+    try:
+        ex = _get(id)
+    except KeyError:  # a typo in the id: say which ids exist
+        return Verdict(str(id), False, False, tr("no exercise {id}; the labs' exercises are {ids}").format(
+            id=repr(id), ids=", ".join(registry())))
     if answer is UNANSWERED:
         return Verdict(id, False, False,
                        tr("{id}: not answered yet — replace `...` with your answer and run again.").format(id=id))
     try:
         if "run" in ex.context and not isinstance(context.get("run"), (tuple, list)):
             require(context.get("run"), *ex.needs, default=ex.default_run)
-        expected = ex.compute(**context)
     except RunLacks as e:  # the run lacks the mechanism: not a wrong try, and not an error
         return Verdict(id, False, True, _lacks_message(ex, e))
-    if matches(answer, expected, ex.rel, ex.abs):
+    except Exception as e:  # noqa: BLE001 — a path that is no run, a torn file: say so in one line
+        return Verdict(id, False, True, tr("{id}: could not read the run {run} ({error}).").format(
+            id=id, run=context.get("run"), error=_one_line(e)))
+    try:
+        expected = ex.compute(**_accepted(ex.compute, context))
+    except RunLacks as e:
+        return Verdict(id, False, True, _lacks_message(ex, e))
+    except Exception as e:  # noqa: BLE001 — ppolab's own bug: one line in the notebook, not-ok in the tests
+        return Verdict(id, False, True, tr("{id}: ppolab could not compute the answer ({error}) — a bug in ppolab, "
+                                           "please report it.").format(id=id, error=_one_line(e)))
+    try:
+        ok, crashed = _matches(answer, expected, ex.rel, ex.abs), False
+    except Exception:  # noqa: BLE001
+        ok, crashed = False, True
+    if ok:
         _TRIES.pop(id, None)
         return Verdict(id, True, True, tr("{id}: right.").format(id=id))
     tries = _TRIES.get(id, 0)
     _TRIES[id] = tries + 1
-    shown = hints(id, context.get("run"))[: min(tries + 1, len(ex.hints))]
-    text = "\n".join(tr("  hint {i}: {hint}").format(i=i + 1, hint=h) for i, h in enumerate(shown))
-    return Verdict(id, False, True, tr("{id}: not yet.").format(id=id) + "\n" + text)
+    try:
+        all_hints = hints(id, context.get("run"))
+    except Exception:  # noqa: BLE001 — a case finder that cannot read this run: the hints unfilled
+        all_hints = ex.hints
+    shown = all_hints[: min(tries + 1, len(all_hints))]
+    lines = [tr("{id}: not yet.").format(id=id)]
+    form = _form_line(answer, expected, crashed)
+    if form is not None:
+        lines.append(form)
+    lines += [tr("  hint {i}: {hint}").format(i=i + 1, hint=h) for i, h in enumerate(shown)]
+    return Verdict(id, False, True, "\n".join(lines))

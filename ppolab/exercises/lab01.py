@@ -7,24 +7,40 @@ import re
 import torch
 
 from ppolab.exercises import exercise
-from ppolab.numbers.cases import second_epoch_case
 
 
-@exercise("01.1", "Predict, then verify: recorded step 1 holds {rows} rows; its mini-batches are {mini} rows, "
-                  "ppo_epochs = {epochs}, shuffle = false. Which rows does optimizer step {opt_step} train on? Answer "
-                  "(first row, last row), 0-based row positions of the recorded batch.",
-          hints=("Optimizer steps 0 … {per_epoch} − 1 are the mini-batches of the first epoch. What does the second "
-                 "epoch go through, and in which order, when the mini-batches are not shuffled?",
-                 "Without shuffle, epoch e takes the same contiguous slices again: optimizer step k trains on rows "
-                 "(k mod {per_epoch})·{mini} … (k mod {per_epoch})·{mini} + {mini} − 1. The rows of step k are those "
-                 "where actor_log_probs[k] is not NaN."),
-          context=("run",), needs=("step1", "epochs", "unshuffled"), case=second_epoch_case)
-def _e1(run=None) -> tuple[int, int]:
-    from ppolab.numbers import step_tensors
+def last_opt_step_case(run=None) -> dict:
+    """Exercise 01.1's case: the first recorded step and its last optimizer step, with the batch plan's numbers."""
+    from ppolab.numbers import resolve_run
+    from ppolab.numbers.cases import _per_epoch
+    from ppolab.numbers.steps import _n_opt_steps
 
-    lp = step_tensors(run, 1).tensors["actor_log_probs"][second_epoch_case(run)["opt_step"]]
-    rows = torch.nonzero(~torch.isnan(lp).all(dim=-1)).flatten()
-    return int(rows.min()), int(rows.max())
+    r = resolve_run(run)
+    s = r.steps[0]
+    rec = r.step(s)
+    n_opt, per = _n_opt_steps(rec), _per_epoch(r, s)
+    actor = r.ppo_config().actor_rollout_ref.actor
+    rows = int(rec.tensors["responses"].shape[0])
+    return {"step": s, "opt_step": n_opt - 1, "n_opt": n_opt, "rows": rows, "per_epoch": per,
+            "mini": rows // max(1, per), "epochs": actor.ppo_epochs, "shuffle": str(actor.shuffle).lower()}
+
+
+@exercise("01.1", "Predict, then verify: recorded step {step} holds {rows} rows; stage 9 takes {n_opt} optimizer steps "
+                  "({epochs} epoch(s) × {per_epoch} mini-batch(es) of {mini} rows, shuffle = {shuffle}). How many "
+                  "response tokens (response_mask = 1, real rows only) does its LAST optimizer step, optimizer step "
+                  "{opt_step}, train on?",
+          hints=("First find the rows: optimizer step k trains on the rows where actor_log_probs[k] is not NaN "
+                 "(without shuffle, epoch e walks the same contiguous mini-batches again). Then count their "
+                 "tokens, not the rows.",
+                 "rows = ~torch.isnan(t['actor_log_probs'][{opt_step}]).all(-1) & ~t['is_pad'].bool(); answer "
+                 "int(t['response_mask'][rows].sum())."),
+          context=("run",), needs=("steps",), case=last_opt_step_case)
+def _e1(run=None) -> int:
+    from ppolab.numbers import optimizer_step_batch, resolve_run
+
+    c = last_opt_step_case(run)
+    b = optimizer_step_batch(resolve_run(run).step(c["step"]), c["opt_step"])
+    return int(b["response_mask"].sum())   # response_mask of real rows only (padding rows zeroed)
 
 
 @exercise("01.2", "How many response tokens of recorded step 1 enter the actor loss? Count each token once, real "
@@ -53,15 +69,35 @@ def stage_methods() -> list[str]:
         ("generate_", "compute_", "balance_", "update_"))]
 
 
-@exercise("01.3", "Which stage (its method name, e.g. \"compute_reward\") first creates the tensor that the "
-                  "reference-KL paths need?",
-          hints=("The reference KL compares a policy with π_ref. Which recorded tensor holds π_ref's log-probs, "
-                 "and in the table of stages, which row adds it?",
-                 "The stage that writes batch[\"ref_log_prob\"] — stage 5 of the nine."))
-def _e3() -> str:
-    from ppolab.trainer import PPOTrainer
+def score_row_case(run=None) -> dict:
+    """Exercise 01.3's case: in the first recorded step, the first real row with a non-zero score that does not sit
+    in the last column (else the first row with a score), with the padded response width ``width``."""
+    from ppolab.numbers import RunLacks, real_rows, resolve_run
 
-    for name in stage_methods():
-        if re.search(r"\[\"ref_log_prob\"\]\s*=", inspect.getsource(getattr(PPOTrainer, name))):
-            return name
-    raise LookupError("no stage of PPOTrainer.step writes ref_log_prob")
+    r = resolve_run(run)
+    rec = r.step(r.steps[0])
+    s = rec.tensors["token_level_scores"]
+    scored = [i for i in range(s.shape[0]) if real_rows(rec)[i] and bool((s[i] != 0).any())]
+    if not scored:
+        raise RunLacks("a real row with a non-zero score in token_level_scores", r)
+    inner = [i for i in scored if int(torch.nonzero(s[i]).flatten().max()) < s.shape[1] - 1]
+    return {"step": rec.step, "row": (inner or scored)[0], "width": int(s.shape[1])}
+
+
+@exercise("01.3", "Stage 2 (compute_reward) writes one score per trajectory into token_level_scores, a (rows, "
+                  "{width}) tensor. In recorded step {step}, at which response position (0-based) does row {row}'s "
+                  "score sit? Work it out from the row's mask (t['loss_mask'], the copy of response_mask made at "
+                  "generation), then verify on token_level_scores.",
+          hints=("The score belongs to the whole answer, so it sits on the last response token the model generated; "
+                 "responses are right-padded, so that is not the last column of every row.",
+                 "the last position where the row's generation-time mask is 1: "
+                 "int(torch.nonzero(t['loss_mask'][{row}]).max()) — not the response length (that is one more), "
+                 "and loss_mask rather than response_mask, which rejection sampling (stage 7) may have zeroed since."),
+          context=("run",), needs=("steps",), case=score_row_case)
+def _e3(run=None) -> int:
+    from ppolab.numbers import resolve_run
+
+    c = score_row_case(run)
+    r = resolve_run(run)
+    scores = r.step(c["step"]).tensors["token_level_scores"][c["row"]]
+    return int(torch.nonzero(scores).flatten().max())   # where stage 2 put it: read off the recorded tensor

@@ -26,6 +26,8 @@ def bypass_stages(run=None):
     produced_later = ("old_log_probs", "entropy", "rollout_is_weights", "token_level_rewards", "advantages",
                       "returns", "actor_log_probs", "critic_vpreds")
     batch = Batch({k: v.clone() for k, v in rec.tensors.items() if k not in produced_later})
+    if "loss_mask" in rec.tensors:   # response_mask as stage 7 found it: rejection sampling rewrote it there
+        batch["response_mask"] = rec.tensors["loss_mask"].clone()
     trainer = SimpleNamespace(config=cfg, kl_ctrl_in_reward=_reward_kl_controller(r, rec.step),
                               verl_data=PPOTrainer.verl_data)
     batch, _ = PPOTrainer.compute_old_log_prob(trainer, batch)
@@ -45,32 +47,59 @@ def _reward_kl_controller(r, step: int):
     return algos.FixedKLController(kl_coef=beta)
 
 
-@exercise("02.1", "With algorithm.rollout_correction.bypass_mode=true (and rollout_is=token, as the vLLM run had): "
-                  "(a) which recorded tensor becomes old_log_probs, the denominator of the PPO ratio, and (b) does "
-                  "stage 7 still add rollout_is_weights? Answer (field name, True/False).",
-          hints=("In bypass mode stage 4 runs no forward pass: the anchor is a tensor the batch already holds. "
-                 "Once old and rollout are the same tensor, is there a gap left for IS weights to correct?",
-                 "V1 stage 4: old_log_probs := rollout_log_probs; stage 7 skips the rollout correction in bypass "
-                 "mode (verl trainer_base.py; ppolab PPOTrainer.compute_old_log_prob / compute_advantage)."),
-          context=("run",), default_run="grpo_tiny_vllm_bf16")
-def _e1(run=None) -> tuple[str, bool]:
-    recorded, batch, _ = bypass_stages(run)
-    anchor = [k for k in sorted(recorded) if k != "old_log_probs" and recorded[k].shape == batch["old_log_probs"]
-              .shape and recorded[k].dtype == batch["old_log_probs"].dtype
-              and torch.equal(recorded[k], batch["old_log_probs"])]
-    return anchor[0], "rollout_is_weights" in batch
+def first_step_case(run=None, default: str = "grpo_tiny_vllm_bf16") -> dict:
+    """The first recorded step of ``run`` (the step bypass_stages replays)."""
+    from ppolab.record import resolve_run
+
+    return {"step": resolve_run(run, default=default).steps[0]}
 
 
-@exercise("02.2", "You set algorithm.rollout_correction.bypass_mode=true and leave the actor's config alone. Which "
-                  "actor_rollout_ref.actor.policy_loss.loss_mode computes the actor loss in verl V1 (and ppolab)?",
-          hints=("verl registers a policy loss named bypass_mode, and the legacy trainer (≤ 0.8) switched to it. "
-                 "Does the V1 trainer touch the actor's policy_loss config at all?",
-                 "V1 only replaces old_log_probs; policy_loss.loss_mode keeps its configured value (the default "
-                 "is vanilla), and algorithm.rollout_correction.loss_type is not propagated to the actor."),
-          context=("run",), default_run="grpo_tiny_vllm_bf16")
-def _e2(run=None) -> str:
-    _, _, cfg = bypass_stages(run)       # stages 4 and 7 ran in bypass mode; the actor config after them:
-    return cfg.actor_rollout_ref.actor.policy_loss.loss_mode
+@exercise("02.1", "Bypass mode, stage 4: had the vLLM run set algorithm.rollout_correction.bypass_mode=true, what "
+                  "actor/ppo_kl would compute_policy_loss_vanilla report at optimizer step 0 of recorded step {step} "
+                  "(one call on all that optimizer step's rows)? Decoupled mode reports 0 there. (a signed number)",
+          hints=("actor/ppo_kl is the mean of (old − log_prob) over the valid tokens, with whatever tensor is the "
+                 "anchor. In bypass mode stage 4 runs no forward pass: which tensor the batch already holds becomes "
+                 "old_log_probs? At optimizer step 0 log_prob is still the trainer's π_old.",
+                 "masked_mean(rollout_log_probs[rows] − actor_log_probs[0][rows], response_mask[rows]) with rows "
+                 "where actor_log_probs[0] is not NaN — verl trainer_base.py::_compute_old_log_prob sets "
+                 "old_log_probs := rollout_log_probs in bypass mode."),
+          rel=1e-4, abs=1e-8, context=("run",), needs=("rollout_gap",), case=first_step_case,
+          default_run="grpo_tiny_vllm_bf16")
+def _e1(run=None) -> float:
+    from ppolab.numbers import actor_config, resolve_run
+    from ppolab.numbers.steps import optimizer_step_batch
+
+    recorded, batch, _ = bypass_stages(run)        # the trainer's own stages 4 and 7, in bypass mode
+    r = resolve_run(run, default="grpo_tiny_vllm_bf16")
+    b = optimizer_step_batch(r.step(r.steps[0]), 0)
+    old = batch["old_log_probs"][b["rows"]].float()
+    _, metrics = algos.compute_policy_loss_vanilla(old, b["log_prob"], b["advantages"], b["response_mask"],
+                                                   config=actor_config(r))
+    return metrics["actor/ppo_kl"]
+
+
+def _tokens_in_loss(tensors, response_mask) -> int:
+    real = ~tensors["is_pad"].bool() if "is_pad" in tensors else torch.ones(response_mask.shape[0], dtype=torch.bool)
+    return int(response_mask[real].sum())
+
+
+@exercise("02.2", "Bypass mode, stage 7: ppo_fire_tiny trained in decoupled mode with rejection sampling "
+                  "(rollout_rs). Had it set bypass_mode=true, how many MORE response tokens would enter the actor "
+                  "loss of recorded step {step} (response_mask = 1, real rows)?",
+          hints=("In bypass mode stage 7 skips the whole rollout correction (verl trainer_base.py): no IS weights, "
+                 "and no rejection sampling either. Which tokens did rejection sampling take out of response_mask? "
+                 "loss_mask is the copy of response_mask made at generation, before stage 7.",
+                 "the tokens rejection zeroed: int((t['loss_mask'].bool() & ~t['response_mask'].bool())[real].sum()) "
+                 "with real = ~t['is_pad'].bool() (ppolab PPOTrainer.compute_advantage skips the correction in "
+                 "bypass mode)."),
+          context=("run",), needs=("rejection",), case=lambda run=None: first_step_case(run, "ppo_fire_tiny"),
+          default_run="ppo_fire_tiny")
+def _e2(run=None) -> int:
+    from ppolab.record import resolve_run
+
+    r = resolve_run(run, default="ppo_fire_tiny")
+    recorded, batch, _ = bypass_stages(r)          # stage 7 in bypass mode: response_mask as generated
+    return _tokens_in_loss(recorded, batch["response_mask"]) - _tokens_in_loss(recorded, recorded["response_mask"])
 
 
 def bypass_first_ratio(run=None, step: int | None = None) -> torch.Tensor:
@@ -113,3 +142,29 @@ def _e4(run=None) -> float:
     lp = t["actor_log_probs"][-1]
     m = t["response_mask"].bool() & ~torch.isnan(lp)
     return (lp - t["old_log_probs"])[m].max().exp().item()   # exp is monotone: exp of the largest log-ratio
+
+
+@exercise("02.5", "The IS weights in the loss (§3, §5): recompute actor/pg_loss of recorded step {step} of the vLLM "
+                  "run twice from its tensors — with the recorded rollout_is_weights where verl applies them, and "
+                  "without them — the way the trainer logs it (each optimizer step's token-mean, then the mean over "
+                  "the optimizer steps). Answer (pg_loss with the weights) − (pg_loss without). (a signed number)",
+          hints=("verl's compute_policy_loss_vanilla takes rollout_is_weights as an argument and multiplies the "
+                 "per-token loss by them after the clip and the dual clip; the entropy and KL terms of ppo_loss never "
+                 "see them. The first number is the one the trainer logged.",
+                 "for every optimizer step k: b = optimizer_step_batch(rec, k); compute_policy_loss_vanilla(old, "
+                 "log_prob, A, mask, config=actor_config(run), rollout_is_weights=w[b['rows']] or None, "
+                 "global_batch_info=GlobalBatchInfo(1, Σ loss_mask of the rows, len(rows))); average over k, then "
+                 "subtract. ppolab.numbers.pg_loss_with_and_without_is does it."),
+          rel=2e-5, abs=5e-8, context=("run",), case=lambda run=None: {"step": _is_step(run)},
+          default_run="grpo_tiny_vllm_bf16")
+def _e5(run=None) -> float:
+    from ppolab.numbers.rollout_is import pg_loss_with_and_without_is
+
+    out = pg_loss_with_and_without_is(run)
+    return out["with_is"] - out["without_is"]
+
+
+def _is_step(run=None) -> int:
+    from ppolab.numbers.rollout_is import is_weighted_step
+
+    return is_weighted_step(run)

@@ -56,3 +56,18 @@ def _e4() -> float:
     lp = _t(30.0, grad=True)
     algos.ppo_clip_terms(_t(0.0), lp, _t(1.0), 0.2, 0.2)["ratio"].sum().backward()
     return lp.grad.item()
+
+
+@exercise("03.5", "The clamp on this run's own tensors: over the real response tokens of EVERY recorded optimizer step "
+                  "of the run (every recorded step, every actor_log_probs[k]), what is the largest "
+                  "|log_prob − old_log_prob|? (3 decimals) Compare it with the clamp's 20.",
+          hints=("π_θ of optimizer step k is actor_log_probs[k] (NaN outside its mini-batch), π_old is old_log_probs. "
+                 "Take the absolute log-ratio on the tokens with response_mask = 1 of real rows, over all of them.",
+                 "max over s in run.steps, k: (b['log_prob'] − b['old_log_probs']).abs()[b['response_mask'] > 0].max() "
+                 "with b = optimizer_step_batch(run.step(s), k); ppolab.numbers.largest_log_ratio(run) gives it and "
+                 "where it is."),
+          rel=0.0, abs=5.1e-4, context=("run",), needs=("steps",))
+def _e5(run=None) -> float:
+    from ppolab.numbers.clamp import largest_log_ratio
+
+    return largest_log_ratio(run)["value"]

@@ -11,9 +11,9 @@ from ppolab.numbers.cases import clip_case
 
 #: The lab's run: PPO + GAE trained at clip_ratio 0.07, where the clip binds on a few % of the tokens.
 RUN = "ppo_fire_tiny"
-#: The recorded step and optimizer steps the lab's explorer and exercises use (an epoch-2 and an epoch-3 pass over
-#: the first mini-batch of step 24).
-STEP, OPT_PREDICT, OPT_CODE = 24, 8, 12
+#: The recorded step and optimizer steps the lab's explorer and exercises use (an epoch-2 pass over the first
+#: mini-batch of step 24, and an epoch-3 pass over its third: another mini-batch, so 04.3 is not 04.2 again).
+STEP, OPT_PREDICT, OPT_CODE = 24, 8, 14
 
 
 def predict_case(run=None) -> dict:
@@ -22,8 +22,26 @@ def predict_case(run=None) -> dict:
 
 
 def code_case(run=None) -> dict:
-    """Exercise 04.3's (step, optimizer step)."""
-    return clip_case(run, (STEP, OPT_CODE), default=RUN)
+    """Exercise 04.3's (step, optimizer step): ``OPT_CODE``'s where the clip binds there, else the pair where it binds
+    most — in either case one whose pg_clipfrac at the run's ε differs from exercise 04.2's truth (resubmitting the
+    previous answer must not pass), searched in order of clipped tokens when the first choice collides."""
+    from ppolab.numbers import resolve_run
+    from ppolab.numbers.cases import _clip_terms, _opt_pairs
+
+    r = resolve_run(run, default=RUN)
+    c = clip_case(r, (STEP, OPT_CODE), default=RUN)
+    avoid = _e2(r)
+
+    def clipfrac(s: int, k: int) -> float:
+        b, terms = _clip_terms(r, s, k)
+        return algos.masked_mean(terms["clipped"], b["response_mask"]).item()
+    if not math.isclose(clipfrac(c["step"], c["opt_step"]), avoid, rel_tol=1e-6, abs_tol=1e-9):
+        return c
+    for s, k in sorted(_opt_pairs(r, first_opt=1), key=lambda p: -clipfrac(*p)):
+        f = clipfrac(s, k)
+        if f > 0 and not math.isclose(f, avoid, rel_tol=1e-6, abs_tol=1e-9):
+            return {**c, "step": s, "opt_step": k}
+    return c
 
 
 def _t(x: float) -> torch.Tensor:

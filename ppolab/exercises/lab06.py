@@ -136,7 +136,7 @@ E5_TOKEN = dict(ratio=1.3, advantage=1.0, old_prob=0.5)
           hints=("r = 1.3 is past 1 + ε with A > 0. Which modes switch the token off there, which only bound its "
                  "weight (a stop-gradient clipped ratio), and which measure the move in probability, not in ratio?",
                  "For each mode, gradient_weights(mode, [1.3], 1.0, ActorConfig(), old_prob=0.5) from "
-                 "ppolab.widgets.gradients (autograd through POLICY_LOSS_REGISTRY[mode]); keep the modes where it is "
+                 "ppolab.numbers.gradients (autograd through POLICY_LOSS_REGISTRY[mode]); keep the modes where it is "
                  "0. dppo_tv drops a token only when π_θ − π_old > δ: here 0.5·0.3 = 0.15 ≤ 0.2."))
 def _e5() -> set[str]:
     from ppolab.config import ActorConfig

@@ -10,6 +10,18 @@ from ppolab import algos
 from ppolab.exercises import exercise
 
 
+def _temperature_case(run=None) -> dict:
+    from ppolab.numbers.temperature import temperature_case
+
+    return temperature_case(run)
+
+
+def _entropy_bonus_case(run=None) -> dict:
+    from ppolab.numbers.temperature import entropy_bonus_case
+
+    return entropy_bonus_case(run)
+
+
 @functools.lru_cache(maxsize=2)
 def _model(path: str):
     from ppolab.models import load_tokenizer_and_model
@@ -39,7 +51,7 @@ def step1_entropy(run=None, temperature: float = 1.0) -> float:
     return algos.masked_mean(out.entropy, t["response_mask"]).item()
 
 
-@exercise("07.1", "The masked-mean entropy of recorded step 1's response tokens at T = 0.5 (the base model, which is "
+@exercise("07.3", "The masked-mean entropy of recorded step 1's response tokens at T = 0.5 (the base model, which is "
           "π_old at step 1).",
           hints=("Divide the response logits by T before the softmax, take each position's entropy, then average "
                  "over the response mask.",
@@ -49,7 +61,7 @@ def _e1(run=None) -> float:
     return step1_entropy(run, 0.5)
 
 
-@exercise("07.2", "The ratio of the mean actor/entropy over the last 10 training steps to the mean over the first 10.",
+@exercise("07.4", "The ratio of the mean actor/entropy over the last 10 training steps to the mean over the first 10.",
           hints=("run.metrics['actor/entropy'] has one value per step (drop the missing ones); last 10 over "
                  "first 10.",
                  "ent = run.metrics['actor/entropy'].dropna(); ent.iloc[-10:].mean() / ent.iloc[:10].mean()."),
@@ -61,7 +73,7 @@ def _e2(run=None) -> float:
     return float(ent.iloc[-10:].mean() / ent.iloc[:10].mean())
 
 
-@exercise("07.3", "The largest entropy (in nats) that any single response position can have under this model, at any "
+@exercise("07.1", "The largest entropy (in nats) that any single response position can have under this model, at any "
           "temperature.",
           hints=("Which distribution over a finite vocabulary has the largest entropy, and how many tokens does "
                  "this model's vocabulary hold?",
@@ -74,7 +86,7 @@ def _e3(run=None) -> float:
     return math.log(_run_model(resolve_run(run)).config.vocab_size)
 
 
-@exercise("07.4", "Predict, then verify with the temperature slider: the masked-mean entropy of recorded step 1 at "
+@exercise("07.2", "Predict, then verify with the temperature slider: the masked-mean entropy of recorded step 1 at "
           "T = 2.0 (3 decimals).",
           hints=("T > 1 flattens every distribution: the entropy grows with T, towards log V. Set the slider to 2.0 "
                  "and read the dot.",
@@ -82,3 +94,43 @@ def _e3(run=None) -> float:
           rel=0.0, abs=5e-4, context=("run",), needs=("step1",))
 def _e4(run=None) -> float:
     return step1_entropy(run, 2.0)
+
+
+@exercise("07.5", "Predict, then verify: π_θ that forgets the temperature. At the first optimizer step of recorded "
+          "step {step} (π_θ is still π_old), recompute π_θ's log-probs from the logits NOT divided by the rollout "
+          "temperature T = {T}, and give the masked mean of the ratio exp(log π_θ − old_log_probs) over that "
+          "optimizer step's valid tokens ({rows} rows).",
+          hints=("With the temperature the ratio is exactly 1 on every token. Without it π_θ is softmax(z) while "
+                 "π_old sampled from softmax(z / T): for T < 1 which one gives the sampled, mostly likely, tokens "
+                 "the higher probability?",
+                 "forward_response(model, ids, attn, R, 1.0).log_probs on optimizer_step_batch(rec, 0)['rows'] "
+                 "(ppolab.roles; at step 1 the model is the base model), then "
+                 "masked_mean(ppo_clip_terms(old, lp, adv, ε, ε)['ratio'], response_mask) — "
+                 "ppolab.numbers.temperature.mean_first_ratio(run, 1.0) (chapter §6, verl "
+                 "transformer_impl.py::prepare_model_outputs)."),
+          rel=1e-4, abs=1e-6, context=("run",), needs=("step1", "opt_steps"), case=_temperature_case,
+          default_run="grpo_temp_tiny")
+def _e5(run=None) -> float:
+    from ppolab.numbers.temperature import mean_first_ratio
+
+    _temperature_case(run)  # a run sampled at T = 1 lacks this (skipping T changes nothing there)
+    return mean_first_ratio(run, 1.0)
+
+
+@exercise("07.6", "The entropy bonus in the loss: at the first optimizer step of recorded step {step}, by how much "
+          "does entropy_coeff = {entropy_coeff} move the actor loss — loss with the bonus minus loss without it "
+          "(entropy_coeff 0)? π_θ is the base model there, at T = {T}.",
+          hints=("verl subtracts the bonus: loss = pg_loss − entropy_coeff · entropy_loss, and entropy_loss is "
+                 "aggregated like pg_loss (the run's loss_agg_mode over that optimizer step's response_mask), from "
+                 "temperature-scaled logits.",
+                 "−entropy_coeff · agg_loss(H, response_mask, loss_agg_mode), H = forward_response(model, ids, "
+                 "attn, R, T, want_entropy=True).entropy on optimizer_step_batch(rec, 0)['rows'] — or "
+                 "algos.ppo_loss(cfg, …, entropy=H) minus the same at entropy_coeff 0 (verl "
+                 "workers/utils/losses.py::ppo_loss)."),
+          rel=1e-5, abs=1e-8, context=("run",), needs=("step1", "opt_steps"), case=_entropy_bonus_case,
+          default_run="grpo_temp_tiny")
+def _e6(run=None) -> float:
+    from ppolab.numbers.temperature import first_step_loss
+
+    c = _entropy_bonus_case(run)
+    return -c["entropy_coeff"] * first_step_loss(run)[1]["actor/entropy_loss"]

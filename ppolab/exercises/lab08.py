@@ -7,8 +7,7 @@ import torch
 
 from ppolab import algos
 from ppolab.exercises import exercise
-from ppolab.numbers import RunLacks
-from ppolab.numbers.cases import recorded_step_case
+from ppolab.numbers.cases import proportional_kl_case, recorded_step_case
 
 #: π_θ of the §7.3 exercises: the base model at this temperature (π_ref: the base model at the run's temperature).
 T_THETA = 0.7
@@ -38,7 +37,7 @@ def reward_kl_statistic(run=None, step: int = 3, mask: str = "loss_mask", real_r
     return torch.mean(per_row).item()
 
 
-@exercise("08.1", "target_kl = 0.1, horizon = 1000, β = 0.001, a batch of 64 sequences whose KL is 0.05: β after one "
+@exercise("08.3", "target_kl = 0.1, horizon = 1000, β = 0.001, a batch of 64 sequences whose KL is 0.05: β after one "
           "update of the adaptive controller?",
           hints=("KL is half the target: the proportional error is −0.5 before clipping. Clip it first.",
                  "e = clip(KL/target − 1, −0.2, 0.2); β ← β·(1 + e·n_seq/horizon) with n_seq = 64 (chapter §7.1)."))
@@ -48,7 +47,7 @@ def _e1() -> float:
     return ctrl.value
 
 
-@exercise("08.2", "Which log-probs does each path compare with ref_log_prob? A dict {'reward-side': …, 'loss-side': …} "
+@exercise("08.4", "Which log-probs does each path compare with ref_log_prob? A dict {'reward-side': …, 'loss-side': …} "
           "with values among 'old_log_probs', 'rollout_log_probs', 'log_prob' (the current actor).",
           hints=("The reward is shaped once per step, before the advantage and before any actor update; the loss is "
                  "recomputed in every actor forward pass.",
@@ -72,7 +71,18 @@ def _e2() -> dict[str, str]:
     return {"reward-side": reward_side, "loss-side": loss_side}
 
 
+def _distinct_policies(run=None) -> None:
+    """§7.3's π_θ is the base model at T_θ, π_ref the base model at the run's temperature: a run sampled at T_θ
+    itself would make them one policy (every KL 0), so it lacks these exercises."""
+    from ppolab.numbers import RunLacks
+
+    r = _run(run)
+    if float(r.ppo_config().actor_rollout_ref.rollout.temperature) == T_THETA:
+        raise RunLacks(f"a rollout temperature other than T_θ = {T_THETA} (π_θ and π_ref would be one policy)", r)
+
+
 def _lps(run=None, temperature: float = T_THETA):
+    _distinct_policies(run)
     from ppolab.numbers.kl import full_log_probs, response_logits
 
     src = response_logits(_run(run), 1)
@@ -80,7 +90,7 @@ def _lps(run=None, temperature: float = T_THETA):
     return full_log_probs(src["logits"][m], temperature), full_log_probs(src["logits"][m], src["temperature"])
 
 
-@exercise("08.3", f"The exact KL(π_θ‖π_ref) averaged over the valid response positions of recorded step 1, with "
+@exercise("08.5", f"The exact KL(π_θ‖π_ref) averaged over the valid response positions of recorded step 1, with "
           f"π_θ = the base model at T_θ = {T_THETA} and π_ref = the base model at the run's temperature.",
           hints=("At every position both policies are full distributions over the 29 tokens: no sampling is "
                  "needed. Sum over the vocabulary, then average over the positions.",
@@ -94,7 +104,7 @@ def _e3(run=None) -> float:
     return exact_kl(lp_theta, lp_ref).mean().item()
 
 
-@exercise("08.4", f"Predict, then verify: tokens sampled from π_ref instead of π_θ (T_θ = {T_THETA}). The mean over "
+@exercise("08.6", f"Predict, then verify: tokens sampled from π_ref instead of π_θ (T_θ = {T_THETA}). The mean over "
           "the positions of recorded step 1 of E_{a∼π_ref}[k1] (3 decimals).",
           hints=("k1 = log π_θ(a) − log π_ref(a). Average it under π_ref, not π_θ: what KL is that, and in which "
                  "direction, and with which sign?",
@@ -106,7 +116,7 @@ def _e4(run=None) -> float:
     return (lp_ref.exp() * (lp_theta - lp_ref)).sum(-1).mean().item()
 
 
-@exercise("08.5", "Predict, then verify with the T_θ slider: under a ∼ π_θ, which of k1 and k3 has the smaller mean "
+@exercise("08.7", "Predict, then verify with the T_θ slider: under a ∼ π_θ, which of k1 and k3 has the smaller mean "
           "per-token variance on recorded step 1 — at T_θ = 0.8, and at T_θ = 0.5? A pair of names.",
           hints=("k3 = r − 1 − log r with r = π_ref(a)/π_θ(a): small when r stays near 1. How large can r get on a "
                  "token that a much sharper π_θ has almost ruled out?",
@@ -117,13 +127,14 @@ def _e5(run=None) -> tuple[str, str]:
     from ppolab.numbers.kl import estimator_table
 
     out = []
+    _distinct_policies(run)
     for temperature in (0.8, 0.5):
         rows = estimator_table(_run(run), 1, temperature, ("k1", "k3"))["rows"]
         out.append(min(("k1", "k3"), key=lambda n: rows[n]["pi_theta"]["var"]))
     return tuple(out)
 
 
-@exercise("08.6", "Sampled tokens a ∼ π_θ are data (no gradient flows through the sampling). Which of the names k1, "
+@exercise("08.8", "Sampled tokens a ∼ π_θ are data (no gradient flows through the sampling). Which of the names k1, "
           "abs, k2, k3, k1+, abs+, k2+, k3+ give, on average, exactly the gradient of KL(π_θ‖π_ref)? A set of names.",
           hints=("Write each estimator's derivative with respect to log π_θ(a), then average "
                  "∂k/∂log π_θ(a) · ∇log π_θ(a) over a ∼ π_θ; remember E_{π_θ}[∇log π_θ] = 0.",
@@ -134,44 +145,66 @@ def _e5(run=None) -> tuple[str, str]:
 def _e6(run=None) -> set[str]:
     from ppolab.numbers.kl import gradient_table
 
+    _distinct_policies(run)
     table = gradient_table(_run(run), 1, T_THETA)
     return {name for name, row in table.items() if row["to KL(θ‖ref)"] < 1e-6}
 
 
-@exercise("08.7", "Predict, then verify: the adaptive controller of the lab's run starts at β = kl_coef and is updated "
-          "once per step with that step's logged actor/reward_kl_penalty. Which β does the reward-side penalty of "
-          "training step 3 use (its actor/reward_kl_penalty_coeff)? Use the run's kl_ctrl and the logged KL of "
-          "steps 1 and 2.",
-          hints=("β is read before the update: step 1 uses kl_coef, step 2 the β after one update, step 3 after two. "
-                 "Clip every error to ±0.2, and n_steps counts the rows apply_kl_penalty saw — padding rows too.",
-                 "β₃ = kl_coef · Π_{k=1,2} (1 + clip(KL_k / target_kl − 1, −0.2, 0.2) · n_steps / horizon), "
-                 "n_steps = the rows of the balanced batch (real + padding) — replay_adaptive_kl(kl, kl_coef, "
-                 "target_kl, horizon, n_steps)[2] (chapter §7.1)."),
-          context=("run",), needs=("adaptive_kl",), default_run=RUN)
-def _e7(run=None) -> float:
-    from ppolab.numbers.kl import adaptive_kl_trace
-
-    trace = adaptive_kl_trace(_run(run))
-    if 3 not in trace["steps"]:
-        raise RunLacks("a third training step that logged actor/reward_kl_penalty", _run(run))
-    return trace["replay"][trace["steps"].index(3)]
-
-
-def e8_case(run=None) -> dict:
-    """Exercise 08.8's step: recorded step 3, or the run's first recorded step; with its number of rows."""
+def e1_case(run=None) -> dict:
+    """Exercise 08.1's step: recorded step 3, or the run's first recorded step; with its number of rows."""
     c = recorded_step_case(run, 3, default=RUN)
     return {**c, "rows": int(_run(run).step(c["step"]).tensors["responses"].shape[0])}
 
 
-@exercise("08.8", "Recompute actor/reward_kl_penalty of recorded step {step} — the KL statistic apply_kl_penalty "
+@exercise("08.1", "Recompute actor/reward_kl_penalty of recorded step {step} — the KL statistic apply_kl_penalty "
           "fed the "
           "adaptive controller — from the recorded old_log_probs, ref_log_prob and the right mask.",
           hints=("Stage 7 applies the reward KL BEFORE rejection sampling rewrites response_mask: which recorded mask "
                  "is the one it saw? And verl averages per sequence first, then over every row of the batch.",
                  "kld = kl_penalty(old_log_probs, ref_log_prob, 'kl') * loss_mask; "
                  "torch.mean(masked_mean(kld, loss_mask, axis=-1)) over all {rows} rows, padding rows (0) included "
-                 "(verl core_algos.py::apply_kl_penalty, chapter §7.1)."),
-          rel=1e-5, abs=1e-9, context=("run",), needs=("kl_in_reward", "reference"), case=e8_case, default_run=RUN)
+                 "(verl ray_trainer.py::apply_kl_penalty, chapter §7.1)."),
+          rel=1e-5, abs=1e-9, context=("run",), needs=("kl_in_reward", "reference"), case=e1_case, default_run=RUN)
 def _e8(run=None) -> float:
     # float32 tensors summed in another order (a learner may work in float64): agreement to ~1e-7 relative
-    return reward_kl_statistic(run, e8_case(run)["step"])
+    return reward_kl_statistic(run, e1_case(run)["step"])
+
+
+def e2_case(run=None) -> dict:
+    """Exercise 08.2's step: a recorded step where the adaptive controller is proportional (the error
+    KL/target − 1 inside ±0.2, not clipped) and the next step logged β — step 3 of ppo_fire_tiny."""
+    return proportional_kl_case(run, 3, default=RUN)
+
+
+def next_beta(run=None, step: int | None = None, mask: str = "loss_mask", real_rows_only: bool = False,
+              n_steps: int | None = None) -> float:
+    """β after the controller's update at recorded step ``step``: AdaptiveKLController started at the β that step
+    used (its logged actor/reward_kl_penalty_coeff), updated with :func:`reward_kl_statistic` recomputed from the
+    step's tensors and ``n_steps`` (default: the step's rows, padding rows included), as
+    ray_trainer.py::apply_kl_penalty does."""
+    r = _run(run)
+    s = e2_case(r)["step"] if step is None else step
+    ctrl_cfg = r.ppo_config().algorithm.kl_ctrl
+    beta = float(r.metrics.loc[s, "actor/reward_kl_penalty_coeff"])
+    ctrl = algos.AdaptiveKLController(init_kl_coef=beta, target_kl=float(ctrl_cfg.target_kl),
+                                      horizon=float(ctrl_cfg.horizon))
+    rows = int(r.step(s).tensors["responses"].shape[0]) if n_steps is None else n_steps
+    ctrl.update(current_kl=reward_kl_statistic(r, s, mask=mask, real_rows_only=real_rows_only), n_steps=rows)
+    return ctrl.value
+
+
+@exercise("08.2", "Predict, then verify: recorded step {step} used the β logged as its "
+          "actor/reward_kl_penalty_coeff and then fed the adaptive controller the KL statistic of 08.1. Which β "
+          "does the reward-side penalty of step {next} use? Compute it from the step's tensors and the run's "
+          "algorithm.kl_ctrl (target_kl {target_kl}, horizon {horizon}).",
+          hints=("Is the error KL/target − 1 of this step inside ±0.2? Then nothing is clipped and the size of the "
+                 "KL matters, not just its sign. n_steps counts the rows apply_kl_penalty saw — padding rows too.",
+                 "β_{next} = β_{step} · (1 + clip(KL / target_kl − 1, −0.2, 0.2) · n_steps / horizon), KL = your "
+                 "08.1 statistic (loss_mask: the mask before rejection sampling), n_steps = {rows} rows — "
+                 "AdaptiveKLController(β_{step}, target_kl, horizon).update(KL, n_steps) (verl "
+                 "core_algos.py::AdaptiveKLController.update, chapter §7.1)."),
+          rel=1e-7, abs=1e-12, context=("run",), needs=("adaptive_kl", "reference"), case=e2_case, default_run=RUN)
+def _e2_beta(run=None) -> float:
+    # the KL is a float32 statistic recomputed in another order (~1e-7 relative); inside the proportional band it
+    # moves β by e·n/horizon, so β agrees to ~1e-9 relative: rel 1e-7 still refuses n = 60 rows (3.7e-4 off)
+    return next_beta(run)

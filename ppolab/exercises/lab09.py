@@ -44,37 +44,32 @@ def clipfrac(run=None, update: int = 0, cliprange_value: float | None = None, st
 
 
 def logged_clipfrac(run=None, update: int = 0, cliprange_value: float | None = None,
-                    step: int | None = None) -> float:
+                    step: int | None = None, max_token_len: int | None = None) -> float:
     """vf_clipfrac of one critic optimizer step as the trainer logs it: every rank computes masked_mean(L2 > L1) on
     each of its micro-batches; the values are averaged over micro-batches, then over ranks (verl
     ``workers/utils/losses.py::value_loss`` returns a float, averaged like every ratio metric; not token-weighted).
     Rank k trains on the k-th contiguous chunk of the balanced batch, cut as the critic engine cuts it: token-budget
     micro-batches of ``critic.ppo_infer_max_token_len_per_gpu`` (verl V1; the top-level micro-batch fields never
-    reach the critic, chapter §8 — one micro-batch a rank in the shipped runs)."""
-    from ppolab.engine import Batch, micro_batches
+    reach the critic, chapter §8 — one micro-batch a rank in the shipped runs), or of ``max_token_len`` when given
+    (what the same predictions would log under another budget)."""
+    from ppolab.numbers.critic_engine import critic_batching, critic_micro_batches
 
     r, rec = _record(run, step)
     t = rec.tensors
-    critic = r.ppo_config().critic
-    eps = critic.cliprange_value if cliprange_value is None else cliprange_value
+    cfg = r.ppo_config()
+    eps = cfg.critic.cliprange_value if cliprange_value is None else cliprange_value
+    budget = critic_batching(cfg).max_token_len if max_token_len is None else max_token_len
     dp = int(rec.info.get("dp_size", 1) or 1)
-    chunk = t["responses"].shape[0] // dp
     vp = t["critic_vpreds"][update]
-    rows = (~torch.isnan(vp).all(-1)).nonzero().flatten()
     per_rank = []
     for k in range(dp):
-        mine = rows[(rows // chunk) == k]
-        if len(mine) == 0:
-            continue
         shares = []
-        rows_of_rank = Batch({k: t[k][mine] for k in ("prompt_mask", "response_mask", "response_attention_mask")
-                              if k in t})
-        for micro in micro_batches(rows_of_rank, None, critic.ppo_infer_max_token_len_per_gpu):
-            sel = mine[micro]
+        for sel in critic_micro_batches(r, update, k, step=rec.step, max_token_len=budget):
             m = t["response_mask"][sel]
             vps = torch.where(m > 0, vp[sel], t["values"][sel])
             shares.append(float(algos.compute_value_loss(vps, t["returns"][sel], t["values"][sel], m, eps)[1]))
-        per_rank.append(sum(shares) / len(shares))
+        if shares:
+            per_rank.append(sum(shares) / len(shares))
     return sum(per_rank) / len(per_rank)
 
 
@@ -145,19 +140,82 @@ def first_update_vf_loss(run=None, step: int | None = None, half: bool = True,
     return float((0.5 if half else 1.0) * total)
 
 
-@exercise("09.5", "Predict, then verify: vf_clipfrac of critic optimizer step 0 (the first) of the first recorded "
-          "step, pooled over its global mini-batch, at the run's ε_v (2 decimals).",
-          hints=("Which critic produced `values`, and which critic makes the predictions of the first optimizer step, "
-                 "before any gradient was applied in this training step?",
-                 "V_new = V_old on every token of update 0 (critic_vpreds[0] == values), so V_clip = V_new and the two "
-                 "squared errors are equal: (V_clip − G)² > (V_new − G)² never holds — compute_value_loss(*w.batch(0)"
-                 "[:4], eps_v)[1]."),
-          rel=0.0, abs=5e-3, context=("run",), needs=("critic",), default_run=RUN)
-def _e5(run=None) -> float:
-    return clipfrac(run, 0)
+def critic_engine_case(run=None) -> dict:
+    """Exercise 09.5's critic optimizer step (update 3, or the last), rank 0's rows and tokens, the budgets."""
+    from ppolab.numbers.critic_engine import critic_engine_case as find_case
+
+    return find_case(run, 3)
 
 
-@exercise("09.6", "The vf_loss of critic optimizer step 0 of the first recorded step (token-mean, as the engine "
+def v1_micro_batches(run=None, micro: int = 2, budget: int | None = None) -> tuple[int, float]:
+    """(how many micro-batches rank 0 runs in exercise 09.5's critic optimizer step once
+    ``critic.ppo_micro_batch_size_per_gpu={micro}`` is added to the run's config, the vf_clipfrac logged for that
+    optimizer step had ``+critic.ppo_infer_max_token_len_per_gpu`` been ``budget`` — default the smallest one)."""
+    from ppolab.numbers.critic_engine import critic_micro_batches
+
+    c = critic_engine_case(run)
+    budget = c["small"] if budget is None else budget
+    n = len(critic_micro_batches(run, c["update"], 0, [f"critic.ppo_micro_batch_size_per_gpu={micro}"]))
+    return n, logged_clipfrac(run, c["update"], max_token_len=budget)
+
+
+@exercise("09.5", "Critic optimizer step {update} of the first recorded step; rank 0 holds {rows} of its rows, "
+          "{tokens} attended tokens (prompt + response). (a) Add critic.ppo_micro_batch_size_per_gpu={micro} to the "
+          "run's config: into how many micro-batches does the critic engine cut rank 0's rows? (b) Instead set "
+          "+critic.ppo_infer_max_token_len_per_gpu={small}: the vf_clipfrac the trainer would log for that optimizer "
+          "step (the same predictions, cut by that budget). A pair (count, share).",
+          hints=("verl V1 hands the critic engine one key, critic.ppo_infer_max_token_len_per_gpu (here {budget}); "
+                 "which of the two settings reaches it? The logged share is a mean over each rank's micro-batches.",
+                 "(a) len(critic_micro_batches(RUN, {update}, 0, ['critic.ppo_micro_batch_size_per_gpu={micro}'])) — "
+                 "the field is ignored, so as many as at the run's budget; (b) for each rank k, "
+                 "critic_micro_batches(RUN, {update}, k, max_token_len={small}), masked_mean(L2 > L1) on each, the "
+                 "mean over the micro-batches, then over the ranks (chapter §8, §11.6)."),
+          rel=1e-6, abs=1e-9, context=("run",), needs=("critic",), case=critic_engine_case, default_run=RUN)
+def _e5(run=None) -> tuple[int, float]:
+    return v1_micro_batches(run)
+
+
+def window_case(run=None) -> dict:
+    """Exercise 09.6's critic optimizer step: update 1 (the first after a gradient step), or the last."""
+    from ppolab.numbers.critic_engine import window_case as find_case
+
+    return find_case(run, 1)
+
+
+def window_counts(run=None, update: int | None = None, mask: str = "response_mask", strict: bool = True
+                  ) -> tuple[int, int]:
+    """(tokens whose V_new left [V_old − ε_v, V_old + ε_v], tokens where (V_clip − G)² > (V_new − G)²) over the
+    ``mask`` tokens of critic optimizer step ``update``'s global mini-batch (first recorded step, run's ε_v)."""
+    r, rec = _record(run)
+    t = rec.tensors
+    update = window_case(r)["update"] if update is None else update
+    eps = r.ppo_config().critic.cliprange_value
+    vp = t["critic_vpreds"][update]
+    rows = ~torch.isnan(vp).all(-1)
+    keep = t[mask][rows] > 0
+    v, g = t["values"][rows], t["returns"][rows]
+    vpred = torch.where(t["response_mask"][rows] > 0, vp[rows], v)
+    v_clip, err_new, err_clip, _ = algos.value_clip_terms(vpred, g, v, eps)
+    left = (v_clip != vpred) & keep
+    clipped = ((err_clip > err_new) if strict else (err_clip >= err_new)) & keep
+    return int(left.sum()), int(clipped.sum())
+
+
+@exercise("09.6", "Critic optimizer step {update} of the first recorded step (after one gradient step of the "
+          "critic), at the run's ε_v = {eps_v}, over the tokens with response_mask 1 of its global mini-batch: how "
+          "many predictions V_new left the window [V_old − ε_v, V_old + ε_v], and on how many tokens is the clipped "
+          "error the larger one, (V_clip − G)² > (V_new − G)²? A pair of counts.",
+          hints=("Leaving the window is not the same as being clipped: a prediction that left it away from the target "
+                 "keeps the larger unclipped error and keeps training.",
+                 "v_clip, err_new, err_clip, _ = value_clip_terms(vpreds, returns, values, eps_v) on "
+                 "w.batch({update}); ((v_clip != vpreds) & m).sum() and ((err_clip > err_new) & m).sum() with "
+                 "m = response_mask > 0 (chapter §8)."),
+          context=("run",), needs=("critic", "critic_updates"), case=window_case, default_run=RUN)
+def _e6(run=None) -> tuple[int, int]:
+    return window_counts(run)
+
+
+@exercise("09.7", "The vf_loss of critic optimizer step 0 of the first recorded step (token-mean, as the engine "
           "normalises it), computed from `values` and `returns` only — no vpreds.",
           hints=("At update 0 the critic still is the critic that wrote `values`: V_new = V_old, so the clip changes "
                  "nothing and the loss is plain regression of V_old onto G. Mind the ½ and the engine's denominator.",
@@ -165,6 +223,6 @@ def _e5(run=None) -> float:
                  "critic_vpreds[0] not NaN) — compute_value_loss(values, returns, values, response_mask, eps_v, "
                  "batch_num_tokens=loss_mask.sum())[0] (chapter §8, §9)."),
           rel=1e-5, abs=1e-9, context=("run",), needs=("critic",), default_run=RUN)
-def _e6(run=None) -> float:
+def _e7(run=None) -> float:
     # float32 recorded tensors; a learner may compute in float32 or float64: agreement to ~1e-7 relative
     return first_update_vf_loss(run)

@@ -7,7 +7,6 @@ import torch
 
 from ppolab import algos
 from ppolab.exercises import exercise
-from ppolab.numbers import RunLacks
 
 
 #: The lab's run: synthetic padding rows and rejection sampling are both real in it.
@@ -34,48 +33,34 @@ def nan_loss_and_mask() -> tuple[torch.Tensor, torch.Tensor]:
     return loss, mask
 
 
-@exercise("10.1", "How many token losses of row 2 of the first recorded step enter the numerator of every loss?",
-          hints=("Only positions with response_mask = 1 are multiplied by 1; the others by 0 — and with rejection "
-                 "sampling on, response_mask and loss_mask can differ.",
-                 "int(response_mask[2].sum()) — equivalently agg_loss(ones, response_mask[2:3], 'token-sum'); "
-                 "loss_mask only counts the denominator (chapter §9)."),
-          context=("run",), default_run=RUN)
-def _e1(run=None) -> int:
-    t = _record(run).tensors
-    ones = torch.ones(1, t["responses"].shape[1], dtype=torch.float64)
-    return int(algos.agg_loss(ones, t["response_mask"][2:3].double(), "token-sum").item())
-
-
-@exercise("10.2", "With the prompt width P of the first recorded step, the logits at which sequence position score "
-          "response token j = 4?",
+@exercise("10.6", "With the prompt width P and the padded response width R of the first recorded step, the logits at "
+          "which sequence position score the last response position, j = R − 1?",
           hints=("Position t of a causal LM predicts the token at t + 1; response token j sits at position P + j.",
-                 "logit position = P − 1 + j (the one-token shift; shift_table(rec, tokenizer, row)['logit "
-                 "position'])."),
+                 "logit position = P − 1 + j with j = R − 1: P + R − 2 (the one-token shift; shift_table(rec, "
+                 "tokenizer, row)['logit position'][-1])."),
           context=("run",), default_run=RUN)
-def _e2(run=None) -> int:
+def _e6(run=None) -> int:
     from ppolab.numbers.masks import run_tokenizer, shift_table
     from ppolab.record import resolve_run
 
     rec = _record(run)
-    if rec.tensors["responses"].shape[1] < 5:
-        raise RunLacks("responses at least 5 tokens wide (data.max_response_length)", resolve_run(run, RUN))
-    return int(shift_table(rec, run_tokenizer(resolve_run(run, RUN)), 0)["logit position"][4])
+    return int(shift_table(rec, run_tokenizer(resolve_run(run, RUN)), 0)["logit position"][-1])
 
 
-@exercise("10.3", "A NaN sits at a masked position (mask 0) of a token-loss matrix. For which of the five "
+@exercise("10.1", "A NaN sits at a masked position (mask 0) of a token-loss matrix. For which of the five "
           "loss_agg_modes is the aggregated loss NaN? A set of mode names.",
           hints=("masked_sum replaces masked positions by 0 before it multiplies; which modes call masked_sum, and "
                  "which multiply loss_mat * loss_mask themselves? What is NaN · 0?",
                  "token-mean and token-sum use masked_sum (torch.where, then × mask); the seq-mean-* modes compute "
                  "torch.sum(loss_mat * loss_mask, dim=-1), and NaN·0 = NaN (verl core_algos.py::agg_loss). Run "
                  "agg_loss on such a matrix for every mode in LOSS_AGG_MODES."))
-def _e3() -> set[str]:
+def _e1() -> set[str]:
     loss, mask = nan_loss_and_mask()
     return {mode for mode in algos.LOSS_AGG_MODES if torch.isnan(algos.agg_loss(loss, mask, mode)).item()}
 
 
 def padding_case(run=None) -> dict:
-    """Exercise 10.4's batch arithmetic, read off the run's config: prompts, n, ranks, mini-batch sizes."""
+    """Exercise 10.2's batch arithmetic, read off the run's config: prompts, n, ranks, mini-batch sizes."""
     from ppolab.record import resolve_run
 
     r = resolve_run(run, RUN)
@@ -87,7 +72,7 @@ def padding_case(run=None) -> dict:
             "critic_n": (c.critic.ppo_mini_batch_size * n) if c.use_critic else "—"}
 
 
-@exercise("10.4", "Predict, then verify: data.train_batch_size {tb} prompts × rollout.n {n}, trained on {dp} ranks "
+@exercise("10.2", "Predict, then verify: data.train_batch_size {tb} prompts × rollout.n {n}, trained on {dp} ranks "
           "with "
           "ppo_mini_batch_size {mini} (actor and critic). How many synthetic padding rows (is_pad) does a step of this "
           "run hold?",
@@ -96,11 +81,11 @@ def padding_case(run=None) -> dict:
                  "pad to the next multiple of lcm(dp_size, actor mini × n, critic mini × n) = lcm({dp}, {mini_n}, "
                  "{critic_n}): int(is_pad.sum()) — or batch_plan['padding_rows'] (verl padding_utils.py, chapter §9)."),
           context=("run",), needs=("padding_rows",), case=padding_case, default_run=RUN)
-def _e4(run=None) -> int:
+def _e2(run=None) -> int:
     return int(_record(run).tensors["is_pad"].sum())
 
 
-@exercise("10.5", "Count the tokens of the first recorded step that rollout rejection sampling zeroed: sampled by the "
+@exercise("10.3", "Count the tokens of the first recorded step that rollout rejection sampling zeroed: sampled by the "
           "policy, then dropped from response_mask.",
           hints=("Rejection rewrites response_mask and leaves loss_mask, the copy made at generation: compare the two "
                  "masks position by position.",
@@ -108,29 +93,65 @@ def _e4(run=None) -> int:
                  "response_mask.sum(); rollout_corr/rollout_rs_masked_fraction × loss_mask.sum() (verl "
                  "rollout_corr_helper.py)."),
           context=("run",), needs=("rejection",), default_run=RUN)
-def _e5(run=None) -> int:
+def _e3(run=None) -> int:
     return int(rejected_tokens(run).sum())
 
 
-def first_step_log_ratio(run=None, opt_step: int = 0, mask: str = "response_mask", against: str = "old_log_probs"
-                         ) -> float:
-    """max |actor_log_probs[opt_step] − ``against``| over the tokens of optimizer step ``opt_step``'s global mini-batch
-    (first recorded step) where ``mask`` is 1."""
+def after_rejected(run=None, include_self: bool = False) -> torch.Tensor:
+    """(N, R) bool: positions of the first recorded step that come after a rejected token of their row (or are one,
+    with ``include_self``) — the positions whose prefix would change if a forward attended with ``response_mask``."""
+    rej = rejected_tokens(run).long()
+    before = rej.cumsum(-1) if include_self else rej.cumsum(-1) - rej
+    return before > 0
+
+
+@exercise("10.4", "Predict, then verify: had the update's forward attended with the rewritten response_mask instead "
+          "of response_attention_mask, the tokens after a rejected token would read another prefix. How many sampled "
+          "tokens (loss_mask 1) of the first recorded step come after a rejected token in their row?",
+          hints=("A rejected token changes the prefix of every later token of its own row — rejected or not — and of "
+                 "no other row; padding after the response is not sampled.",
+                 "rejected = loss_mask.bool() & ~response_mask.bool(); after = (rejected.long().cumsum(-1) − "
+                 "rejected.long()) > 0; int((after & loss_mask.bool()).sum()) (chapter §9)."),
+          context=("run",), needs=("rejection",), default_run=RUN)
+def _e4(run=None) -> int:
     t = _record(run).tensors
-    lp = t["actor_log_probs"][opt_step]
-    rows = ~torch.isnan(lp).all(-1)
-    keep = t[mask][rows] > 0
-    return (lp[rows] - t[against][rows])[keep].abs().max().item()
+    return int((after_rejected(run) & t["loss_mask"].bool()).sum())
 
 
-@exercise("10.6", "Predict, then verify: the largest |log π_θ − log π_old| (actor_log_probs[0] − old_log_probs) over "
-          "the tokens with response_mask 1 of the actor's first optimizer step (global mini-batch 0) of the first "
-          "recorded step. (4 decimals)",
-          hints=("Before the first gradient step the actor IS π_old. What else would have to be the same for its "
-                 "forward to give the same log-probs — and does rejection sampling change what the model reads?",
-                 "The update's forward attends with response_attention_mask (rejected tokens stay attended), so it "
-                 "recomputes old_log_probs exactly: (actor_log_probs[0] − old_log_probs)[rows][response_mask[rows] "
-                 "> 0].abs().max() is 0 — not the bf16 rollout gap, which is π_rollout vs π_old."),
-          rel=0.0, abs=1e-4, context=("run",), default_run=RUN)
-def _e6(run=None) -> float:
-    return first_step_log_ratio(run)
+def masks_row_case(run=None) -> dict:
+    """Exercise 10.5's row: the row of the first recorded step with the most tokens attended but outside
+    ``response_mask`` (rejected tokens, tool observations), the first on a tie; row 0 where no mask differs."""
+    t = _record(run).tensors
+    gap = (attended(run).bool() & ~t["response_mask"].bool()).sum(-1)
+    return {"row": int(gap.argmax()) if int(gap.max()) > 0 else 0}
+
+
+def attended(run=None) -> torch.Tensor:
+    """(N, R): the response positions every forward pass attends to — ``response_attention_mask`` where the run
+    recorded it (it differs from ``response_mask``), else ``response_mask``
+    (``ppolab.engine.Batch.response_attention``)."""
+    from ppolab.engine import Batch
+
+    t = _record(run).tensors
+    keys = ("response_mask",) + (("response_attention_mask",) if "response_attention_mask" in t else ())
+    return Batch({k: t[k] for k in keys}).response_attention()
+
+
+def three_masks(run=None, row: int | None = None) -> tuple[int, int, int]:
+    """(attended, numerator, token-mean denominator) token counts of ``row`` (default: :func:`masks_row_case`'s)."""
+    t = _record(run).tensors
+    row = masks_row_case(run)["row"] if row is None else row
+    return (int(attended(run)[row].sum()), int(t["response_mask"][row].sum()), int(t["loss_mask"][row].sum()))
+
+
+@exercise("10.5", "Row {row} of the first recorded step: how many of its response tokens (a) does every forward pass "
+          "attend to, (b) enter the numerator of every loss, (c) count in token-mean's denominator (the engine's "
+          "batch_num_tokens)? A triple of counts.",
+          hints=("Three masks, three jobs (the table \"Three masks\"): response_attention_mask, response_mask, "
+                 "loss_mask. Rejection rewrites only one of them; a tool observation is 0 in two.",
+                 "(int(response_attention_mask[{row}].sum()), int(response_mask[{row}].sum()), "
+                 "int(loss_mask[{row}].sum())) — where the run recorded no response_attention_mask, it equals "
+                 "response_mask (chapter §9)."),
+          context=("run",), case=masks_row_case, default_run=RUN)
+def _e5(run=None) -> tuple[int, int, int]:
+    return three_masks(run)

@@ -46,7 +46,7 @@ def padded_mini_batch_step(run=None) -> int:
 
 
 def padding_case(run=None) -> dict:
-    """Exercise 11.4: the trainer's B_agg (``gbs``) and the optimizer step whose mini-batch holds padding rows."""
+    """Exercise 11.2: the trainer's B_agg (``gbs``) and the optimizer step whose mini-batch holds padding rows."""
     return {"gbs": global_batch_size(run), "opt_step": padded_mini_batch_step(run)}
 
 
@@ -86,21 +86,7 @@ def ones_seq_mean(run=None, opt_step: int | None = None, fixed: bool = True) -> 
     return algos.agg_loss(torch.ones_like(m), m, "seq-mean-token-mean", global_batch_size=gbs).item()
 
 
-@exercise("11.1", "Under token-mean, a batch holds a 3-token and a 9-token trajectory. What share of the total weight "
-          "does the 3-token one get?",
-          hints=("token-mean gives every valid token the same weight.",
-                 "share = T_A / (T_A + T_B); trajectory_weights(ones, mask, 'token-mean') gives the weights "
-                 "(chapter §10.1, §10.6)."))
-def _e1() -> float:
-    from ppolab.numbers.aggregation import trajectory_weights
-
-    mask = torch.zeros(2, 9, dtype=torch.float64)
-    mask[0, :3], mask[1, :] = 1, 1
-    _, w = trajectory_weights(torch.ones(2, 9, dtype=torch.float64), mask, "token-mean")
-    return (w[0] / w.sum()).item()
-
-
-@exercise("11.2", "Predict, then verify: every token loss ℓ = 1 on the global mini-batch of actor optimizer step 0 of "
+@exercise("11.3", "Predict, then verify: every token loss ℓ = 1 on the global mini-batch of actor optimizer step 0 of "
           "the first recorded step. What does token-mean return with the engine's batch_num_tokens = Σ loss_mask of "
           "that mini-batch? (4 decimals)",
           hints=("The numerator counts the tokens response_mask keeps; does the denominator lose the tokens rejection "
@@ -108,11 +94,11 @@ def _e1() -> float:
                  "Σ response_mask / Σ loss_mask over the mini-batch = agg_loss(ones, response_mask, 'token-mean', "
                  "batch_num_tokens=loss_mask.sum()) (chapter §9, §10.1)."),
           rel=0.0, abs=1e-4, context=("run",), default_run=RUN)
-def _e2(run=None) -> float:
+def _e3(run=None) -> float:
     return ones_token_mean(run, 0)
 
 
-@exercise("11.3", "Predict, then verify: in the global mini-batch of optimizer step 0 of the first recorded step, the "
+@exercise("11.1", "Predict, then verify: in the global mini-batch of optimizer step 0 of the first recorded step, the "
           "weight of a longest trajectory divided by the weight of a shortest non-empty one — under token-mean and "
           "under seq-mean-token-mean. A pair of numbers.",
           hints=("token-mean weighs tokens equally, seq-mean-token-mean weighs non-empty trajectories equally. "
@@ -120,11 +106,11 @@ def _e2(run=None) -> float:
                  "(T_max / T_min, 1.0): trajectory_weights(loss, mask, mode) for both modes, at the rows with the "
                  "largest and the smallest non-zero response_mask.sum(-1)."),
           rel=1e-6, abs=1e-9, context=("run",), default_run=RUN)
-def _e3(run=None) -> tuple[float, float]:
+def _e1(run=None) -> tuple[float, float]:
     return weight_ratio(run, "token-mean"), weight_ratio(run, "seq-mean-token-mean")
 
 
-@exercise("11.4", "Predict, then verify: every token loss ℓ = 1 on the global mini-batch that holds the synthetic "
+@exercise("11.2", "Predict, then verify: every token loss ℓ = 1 on the global mini-batch that holds the synthetic "
           "padding rows (the first recorded step). What does seq-mean-token-mean return with the trainer's "
           "B_agg = global_batch_size = ppo_mini_batch_size × rollout.n? (4 decimals)",
           hints=("Every non-empty row has a sequence mean of 1 (up to the 1e-8 in its denominator); q_i = 0 removes a "
@@ -132,5 +118,53 @@ def _e3(run=None) -> tuple[float, float]:
                  "(number of non-empty rows) / global_batch_size = agg_loss(ones, response_mask, "
                  "'seq-mean-token-mean', global_batch_size={gbs}) on that mini-batch (chapter §10.3–§10.4)."),
           rel=0.0, abs=1e-4, context=("run",), needs=("padding_rows",), case=padding_case, default_run=RUN)
-def _e4(run=None) -> float:
+def _e2(run=None) -> float:
     return ones_seq_mean(run)
+
+
+def step_lengths(run=None, mask: str = "response_mask") -> torch.Tensor:
+    """Σ ``mask`` of every real row (padding rows left out) of the first recorded step, float64 — the rows the
+    explorer aggregates."""
+    from ppolab.numbers import step_tensors
+
+    t = step_tensors(run, None, RUN).tensors
+    real = ~t["is_pad"].bool() if "is_pad" in t else torch.ones(t["responses"].shape[0], dtype=torch.bool)
+    return t[mask][real].double().sum(-1)
+
+
+def longest_case(run=None) -> dict:
+    """Exercise 11.4: ``k`` — a quarter of the first recorded step's non-empty real rows, at least 1 — and ``n``, that
+    row count."""
+    from ppolab.record import resolve_run
+
+    n = int((step_lengths(run) > 0).sum())
+    if n < 2:
+        raise RunLacks("two non-empty trajectories in the first recorded step", resolve_run(run, RUN))
+    return {"k": max(1, n // 4), "n": n}
+
+
+def longest_share(run=None, mode: str = "token-mean", mask: str = "response_mask") -> float:
+    """Share of the total weight that the ``k`` longest real trajectories of the first recorded step get under
+    ``mode``, with the local counts (every real row, as the explorer): autograd's weights (trajectory_weights)."""
+    from ppolab.numbers import step_tensors
+    from ppolab.numbers.aggregation import trajectory_weights
+
+    t = step_tensors(run, None, RUN).tensors
+    real = ~t["is_pad"].bool() if "is_pad" in t else torch.ones(t["responses"].shape[0], dtype=torch.bool)
+    m = t["response_mask"][real].double()
+    _, w = trajectory_weights(torch.ones_like(m), m, mode)
+    top = step_lengths(run, mask).argsort(descending=True, stable=True)[: longest_case(run)["k"]]
+    return (w[top].sum() / w.sum()).item()
+
+
+@exercise("11.4", "§10.6 on the recorded step: every token loss ℓ = 1 on every real row of the first recorded step "
+          "(the explorer's local counts). What share of the total weight do its {k} longest trajectories (of {n} "
+          "non-empty ones) get under token-mean, and under seq-mean-token-mean? A pair of shares.",
+          hints=("token-mean weighs every valid token alike, seq-mean-token-mean every non-empty trajectory alike: "
+                 "count tokens for the first, trajectories for the second.",
+                 "L = response_mask[real].sum(-1); top = L.argsort(descending=True)[:{k}]: (L[top].sum() / L.sum(), "
+                 "{k} / {n}) — or trajectory_weights(ones, response_mask[real], mode) summed over top "
+                 "(chapter §10.1, §10.4, §10.6)."),
+          rel=1e-6, abs=1e-9, context=("run",), case=longest_case, default_run=RUN)
+def _e4(run=None) -> tuple[float, float]:
+    return longest_share(run, "token-mean"), longest_share(run, "seq-mean-token-mean")

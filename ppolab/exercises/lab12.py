@@ -23,16 +23,16 @@ def _e1(run=None) -> tuple[int, int]:
 
 
 @exercise("12.2", "train_batch_size = 64, rollout.n = 4, ppo_mini_batch_size = 16, 4 DP ranks, "
-                  "ppo_micro_batch_size_per_gpu = 4, 1 epoch: how many optimizer steps per training step, and how "
+                  "ppo_micro_batch_size_per_gpu = 4, 2 epochs: how many optimizer steps per training step, and how "
                   "many gradient-accumulation waves per mini-batch? Answer (optimizer steps, waves).",
           hints=("First turn every size into trajectories (× n), then split the global mini-batch over the DP "
                  "ranks before you cut it into micro-batches.",
-                 "steps = (64·4)/(16·4) × 1; waves = local mini / micro = (16·4/4)/4 — plan_batches(64, 4, 16, 4, "
-                 "4, 1).optimizer_steps and .micro_batches_per_mini."))
+                 "steps = (64·4)/(16·4) × 2; waves = local mini / micro = (16·4/4)/4 — plan_batches(64, 4, 16, 4, "
+                 "4, 2).optimizer_steps and .micro_batches_per_mini."))
 def _e2() -> tuple[int, int]:
     from ppolab.batching import plan_batches
 
-    p = plan_batches(64, 4, 16, 4, 4, 1)
+    p = plan_batches(64, 4, 16, 4, 4, 2)
     return p.optimizer_steps, p.micro_batches_per_mini
 
 
@@ -68,3 +68,81 @@ def _e4(run=None) -> int:
 
     rec = step_tensors(run, 1)
     return len(plan_dynamic_micro_batches(recorded_seq_lens(rec, rec.info["batch_plan"]["local_mini_batch"]), 128))
+
+
+#: Exercise 12.5's overrides: a fixed critic micro-batch of 2 rows, and the token budget the V1 critic engine reads.
+CRITIC_MICRO, CRITIC_BUDGET = 2, 48
+
+
+def critic_mini_batch(run=None):
+    """(rank 0's rows of the first critic mini-batch of recorded step 1, as a Batch; the critic config): the rows
+    ``TrainingWorker`` gives rank 0 first (``mini_batch_indices`` with the critic's epochs, shuffle and seed)."""
+    from ppolab.batching import mini_batch_indices
+    from ppolab.engine import Batch
+    from ppolab.record import resolve_run
+
+    r = resolve_run(run, default="ppo_fire_tiny")
+    rec, cfg = r.step(1), r.ppo_config()
+    c, n = cfg.critic, cfg.actor_rollout_ref.rollout.n
+    dp = int(rec.info.get("dp_size", 1) or 1)
+    per = int(rec.tensors["responses"].shape[0]) // dp
+    rows = mini_batch_indices(per, c.ppo_mini_batch_size * n // dp, c.ppo_epochs, c.shuffle, c.data_loader_seed)[0][0]
+    batch = Batch({k: v for k, v in rec.tensors.items() if k not in ("actor_log_probs", "critic_vpreds")})
+    return batch.select(rows), c
+
+
+def critic_budget_case(run=None) -> dict:
+    """Exercise 12.5's numbers: the fixed micro-batch, the budget (:data:`CRITIC_BUDGET`, or the longest row of the
+    mini-batch when that is longer — a budget must hold every row), the mini-batch's rows and tokens."""
+    mb, _ = critic_mini_batch(run)
+    lens = mb.seq_lens()
+    return {"micro": CRITIC_MICRO, "budget": max(CRITIC_BUDGET, max(lens)), "rows": len(lens), "tokens": sum(lens)}
+
+
+@exercise("12.5", "Predict, then verify — the critic as verl V1 wires it (§11.6): recorded step 1, rank 0's first "
+                  "critic mini-batch ({rows} rows, {tokens} tokens). The run is given critic.use_dynamic_bsz=false, "
+                  "critic.ppo_micro_batch_size_per_gpu={micro} and +critic.ppo_infer_max_token_len_per_gpu={budget}. "
+                  "How many micro-batches does the critic engine cut that mini-batch into, and how many would the "
+                  "top-level micro-batch field have cut? Answer (critic engine, top-level field).",
+          hints=("V1's trainer_base.py hands the critic engine one field only, ppo_infer_max_token_len_per_gpu, for "
+                 "the value forward and the update alike; the engine keeps EngineConfig's use_dynamic_bsz=True. "
+                 "So the {micro}-row micro-batch is never used: count token-budget partitions, with 0.9.1's fit "
+                 "loop.",
+                 "engine: len(micro_batches(mini_batch, None, {budget})) — ceil(ΣL / {budget}) plus one per retry "
+                 "of the fit loop; top-level field: len(micro_batches(mini_batch, {micro}, None)) = ceil({rows} / "
+                 "{micro}). mini_batch = ppolab.exercises.lab12.critic_mini_batch(run)[0]."),
+          context=("run",), needs=("step1", "critic"), case=critic_budget_case, default_run="ppo_fire_tiny")
+def _e5(run=None) -> tuple[int, int]:
+    import dataclasses
+
+    from ppolab.engine import micro_batches
+
+    mb, c = critic_mini_batch(run)
+    case = critic_budget_case(run)
+    c = dataclasses.replace(c, use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=case["micro"],
+                            ppo_infer_max_token_len_per_gpu=case["budget"])
+    # CriticWorker.engine_batching: no fixed size, the one budget ppo_infer_max_token_len_per_gpu
+    engine = micro_batches(mb, None, c.ppo_infer_max_token_len_per_gpu)
+    # what the top-level fields ask for (the actor's rule, Worker.train_batching): a fixed size unless dynamic
+    top = micro_batches(mb, None if c.use_dynamic_bsz else c.ppo_micro_batch_size_per_gpu, c.ppo_max_token_len_per_gpu)
+    return len(engine), len(top)
+
+
+#: Exercise 12.6's worker: actor.shuffle = true, data_loader_seed 42, this rank of two, its rows, local mini, epochs.
+SHUFFLE = {"seed": 42, "rank": 1, "rows": 8, "local_mini": 4, "epochs": 2, "step": 7}
+
+
+@exercise("12.6", "Predict, then verify — actor.shuffle=true (§12.1–§12.2): data_loader_seed = 42, DP rank 1 of 2, "
+                  "8 rows on the rank, a local mini-batch of 4, ppo_epochs = 2. At training step 7, which of the "
+                  "rank's rows (positions 0–7) does the first mini-batch of the second epoch hold? Answer a set.",
+          hints=("The worker builds its iterator afresh at every update, seeded with data_loader_seed + dp_rank; "
+                 "epoch e draws the e-th permutation from that one generator. Does the training step enter the "
+                 "seed?",
+                 "mini_batch_indices(8, 4, 2, shuffle=True, seed=42 + 1)[1][0] — the same at every training step "
+                 "(verl make_iterator; ppolab.worker.Worker.update calls it once per update)."))
+def _e6() -> set[int]:
+    from ppolab.batching import mini_batch_indices
+
+    s = SHUFFLE
+    return set(mini_batch_indices(s["rows"], s["local_mini"], s["epochs"], shuffle=True,
+                                  seed=s["seed"] + s["rank"])[1][0])

@@ -32,15 +32,43 @@ def _e1(run=None) -> tuple[tuple[int, int], tuple[int, int]]:
                   "leaving use_kl_loss off. Which recorded tensor disappears from the batch, and which trainer stage "
                   "(the PPOTrainer method name) stops running? Answer (tensor name, stage method name).",
           hints=("With neither KL path on, which of the four policies is never needed?",
-                 "config.use_reference_policy is use_kl_loss or use_kl_in_reward; without it stage 5, "
-                 "compute_ref_log_prob, is skipped and the batch has no ref_log_prob."))
+                 "config.use_reference_policy is use_kl_loss or use_kl_in_reward; PPOTrainer.step runs each "
+                 "optional stage under one switch (if self.use_ref: …, if self.use_critic: …): which switch flips, "
+                 "which stage does it guard, and which batch key does that stage write?"))
 def _e2() -> tuple[str, str]:
     from ppolab.train import resolve_config
 
     on = resolve_config("ppo_gae_tiny")
     off = resolve_config("ppo_gae_tiny", ["algorithm.use_kl_in_reward=false"])
-    assert on.use_reference_policy and on.use_critic and off.use_critic
-    return ("ref_log_prob", "compute_ref_log_prob") if not off.use_reference_policy else ("", "")
+    (stage, tensor), = skipped_stages(on, off)
+    return tensor, stage
+
+
+def skipped_stages(on, off) -> list[tuple[str, str]]:
+    """(PPOTrainer method, the batch key it writes) of every stage that config ``on`` runs and ``off`` skips, read
+    from ppolab's trainer source (``ppolab/trainer.py``, not imported: no model library is loaded): the trainer's
+    switches (``self.use_ref, … = cfg.use_reference_policy, …``), the stages ``PPOTrainer.step`` runs under each
+    (``if self.use_ref: … self.compute_ref_log_prob(batch)``), and the keys each writes (``batch["…"] = …``)."""
+    import re
+    from pathlib import Path
+
+    import ppolab
+
+    src = (Path(ppolab.__file__).parent / "trainer.py").read_text(encoding="utf-8")
+    lhs, rhs = re.search(r"((?:self\.\w+,\s*)*self\.\w+)\s*=\s*((?:cfg\.\w+,\s*)*cfg\.\w+)\n", src).groups()
+    switches = dict(zip(re.findall(r"self\.(\w+)", lhs), re.findall(r"cfg\.(\w+)", rhs)))
+    step = src[src.index("    def step("):]
+    step = step[: step.index("\n    def ", 1)]
+    gated = re.findall(r"if self\.(\w+):\s*\n\s*with timer\(timing, \"\w+\"\):\s*\n\s*(?:[^\n=]+=\s*)?self\.(\w+)\(",
+                       step)
+    out = []
+    for flag, method in gated:
+        attr = switches.get(flag)
+        if attr and getattr(on, attr) and not getattr(off, attr):
+            body = src[src.index(f"    def {method}("):]
+            body = body[: body.index("\n    def ", 1)]
+            out += [(method, key) for key in re.findall(r'batch\["(\w+)"\]\s*=', body)]
+    return out
 
 
 def _tool_record(run=None, step: int = 1):

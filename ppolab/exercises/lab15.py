@@ -82,3 +82,41 @@ def _e4(run=None) -> float:
     second = m.iloc[len(m) // 2:]
     return float((second["actor/kl_coef"] * second["actor/kl_loss"]).median()
                  / second["actor/pg_loss"].abs().median())
+
+
+#: Exercise 15.5's run: one whose update computes the entropy (entropy_coeff ≠ 0), with rejection sampling.
+ENTROPY_RUN = "ppo_fire_tiny"
+
+
+def entropy_as_the_update_sees_it(run=None, step: int | None = None) -> float:
+    """π_old's stage-4 entropy aggregated as the update aggregates ``actor/entropy_loss``: per optimizer step, the
+    global mini-batch's Σ response_mask·H over its batch_num_tokens = Σ loss_mask (token-mean; other modes through
+    ``agg_loss`` with the trainer's global counts), then the mean over the optimizer steps (``reduce_metrics``)."""
+    from ppolab.numbers import actor_config, optimizer_step_batch, resolve_run
+
+    r = resolve_run(run, default=ENTROPY_RUN)
+    rec = r.step(r.steps[0] if step is None else step)
+    t, cfg = rec.tensors, actor_config(r)
+    arr = r.ppo_config().actor_rollout_ref
+    values = []
+    for k in range(t["actor_log_probs"].shape[0]):
+        b = optimizer_step_batch(rec, k)
+        values.append(float(algos.agg_loss(t["entropy"][b["rows"]], b["response_mask"], cfg.loss_agg_mode,
+                                           batch_num_tokens=float(t["loss_mask"][b["rows"]].sum()),
+                                           global_batch_size=arr.actor.ppo_mini_batch_size * arr.rollout.n,
+                                           loss_scale_factor=cfg.loss_scale_factor)))
+    return sum(values) / len(values)
+
+
+@exercise("15.5", "Predict, then verify — two entropies (§15): at the run's first recorded step, actor/entropy is "
+                  "π_old's entropy from stage 4 over the whole batch and the mask as generated; actor/entropy_loss "
+                  "is π_θ's, inside the update. What would actor/entropy_loss be if π_θ were still π_old? Aggregate "
+                  "the recorded stage-4 entropy as the update does (4 significant digits).",
+          hints=("The update sees one global mini-batch per optimizer step, masks with response_mask as it is after "
+                 "rejection sampling, divides by batch_num_tokens = Σ loss_mask (which still counts the rejected "
+                 "tokens), and the logged value is the mean over the optimizer steps.",
+                 "mean over k of Σ(entropy·response_mask) / Σ loss_mask over the rows of optimizer_step_batch(rec, "
+                 "k) — agg_loss(entropy[rows], response_mask, loss_agg_mode, batch_num_tokens=Σ loss_mask[rows])."),
+          rel=1e-3, abs=1e-9, context=("run",), needs=("opt_steps",), default_run=ENTROPY_RUN)
+def _e5(run=None) -> float:
+    return entropy_as_the_update_sees_it(run)

@@ -6,36 +6,42 @@ import torch
 
 from ppolab import algos
 from ppolab.exercises import exercise
-from ppolab.numbers.cases import adaptive_kl_case, padded_mini_batch_case, rejection_case
+from ppolab.numbers.cases import padded_mini_batch_case, proportional_kl_case, rejection_case
 
 #: The lab's run, and the recorded step its explorers open on.
 RUN, STEP = "ppo_fire_tiny", 12
-#: Exercise 16.8's optimizer step: the last one of the last recorded step, whose mini-batch holds the 4 synthetic
+#: Exercise 16.5's optimizer step: the last one of the last recorded step, whose mini-batch holds the 4 synthetic
 #: padding rows and a real row that rejection sampling emptied.
 AGG_STEP, AGG_OPT = 30, 15
 
 
 def grad_case(run=None) -> dict:
-    """Exercise 16.4's step: :data:`STEP` if the run recorded it, else its last recorded step."""
+    """Exercise 16.7's step: :data:`STEP` if the run recorded it, else its last recorded step."""
     from ppolab.record import resolve_run
 
     steps = resolve_run(run, default=RUN).steps
     return {"step": STEP if STEP in steps else steps[-1]}
 
 
+#: Exercise 16.2's step: step 3 → 4 of ppo_fire_tiny, where KL/target ≈ 1.02 — the controller is proportional, so
+#: the mask and the row count it is fed both move β (at step 12 the error is clipped and they would not).
+BETA_STEP = 3
+
+
 def beta_case(run=None) -> dict:
-    """Exercise 16.6's step: :data:`STEP`, or the last recorded step whose next step logged β."""
-    return adaptive_kl_case(run, STEP, default=RUN)
+    """Exercise 16.2's step: :data:`BETA_STEP`, or the first recorded step where the adaptive controller is
+    proportional (``proportional_kl_case``: |KL/target − 1| < 0.2) and the next step logged β."""
+    return proportional_kl_case(run, BETA_STEP, default=RUN)
 
 
 def rejected_case(run=None) -> dict:
-    """Exercise 16.7's (step, optimizer step): the lab's, or the one whose mini-batch holds the most rejected
+    """Exercise 16.3's (step, optimizer step): the lab's, or the one whose mini-batch holds the most rejected
     tokens."""
     return rejection_case(run, (STEP, 14), default=RUN)
 
 
 def agg_case(run=None) -> dict:
-    """Exercise 16.8's (step, optimizer step): the lab's, or the first whose mini-batch holds padding rows."""
+    """Exercise 16.5's (step, optimizer step): the lab's, or the first whose mini-batch holds padding rows."""
     return padded_mini_batch_case(run, (AGG_STEP, AGG_OPT), default=RUN)
 
 
@@ -65,21 +71,27 @@ def _e1(run=None) -> float:
     return algos.masked_mean(algos.kl_penalty(t["old_log_probs"], t["ref_log_prob"], "k1"), mask).item()
 
 
-@exercise("16.2", "Predict, then verify: data.train_batch_size=32, rollout.n=4, ppo_mini_batch_size=8, ppo_epochs=3, "
-                  "one GPU, ppo_micro_batch_size_per_gpu=8. How many optimizer steps per training step, and how many "
-                  "trajectories does one optimizer step see? Answer (optimizer steps, trajectories per step).",
-          hints=("ppo_mini_batch_size counts prompts: the trainer multiplies it by rollout.n. Then count how many "
-                 "such mini-batches the batch holds, and how many times it is walked.",
-                 "rows = 8 × 4; steps = (32 × 4) / rows × 3 — plan_batches(32, 4, 8, 1, 8, 3).optimizer_steps and "
-                 ".global_mini_batch."))
-def _e2() -> tuple[int, int]:
+@exercise("16.4", "Mistake 5 in a config: data.train_batch_size=128, rollout.n=4, one GPU, "
+                  "ppo_micro_batch_size_per_gpu=8, ppo_epochs=1. A colleague wants 64 trajectories per optimizer "
+                  "step and, forgetting the × n, sets ppo_mini_batch_size=64. How many optimizer steps does the "
+                  "trainer then take per training step, how many trajectories does each see, and which "
+                  "ppo_mini_batch_size gives the 64 they wanted? Answer (optimizer steps, trajectories per optimizer "
+                  "step, ppo_mini_batch_size).",
+          hints=("The trainer multiplies ppo_mini_batch_size by rollout.n before it cuts the batch (verl "
+                 "trainer_base.py::_update_actor): the colleague's 64 are prompts, not trajectories.",
+                 "plan_batches(128, 4, 64, 1, 8, 1).optimizer_steps and .global_mini_batch; the wanted size is "
+                 "the M with M × 4 = 64."))
+def _e4() -> tuple[int, int, int]:
     from ppolab.batching import plan_batches
 
-    plan = plan_batches(32, 4, 8, 1, 8, 3)
-    return plan.optimizer_steps, plan.global_mini_batch
+    plan = plan_batches(128, 4, 64, 1, 8, 1)
+    # the ppo_mini_batch_size (a divisor of the 128 prompts) whose global mini-batch is 64 trajectories
+    wanted = next(m for m in range(1, 129)
+                  if 128 % m == 0 and plan_batches(128, 4, m, 1, None, 1).global_mini_batch == 64)
+    return plan.optimizer_steps, plan.global_mini_batch, wanted
 
 
-@exercise("16.3", "Mistake 9, reward side: on the last recorded step of the run (trained with the reward-side "
+@exercise("16.6", "Mistake 9, reward side: on the last recorded step of the run (trained with the reward-side "
                   "KL, kl_penalty = kl), find β* at which the mean penalty per trajectory, β·Σ_t KL_t, equals the "
                   "mean score per trajectory — over the tokens the trainer shaped, loss_mask (real trajectories; "
                   "4 significant digits).",
@@ -89,7 +101,7 @@ def _e2() -> tuple[int, int]:
                  "β* = mean_i Σ_t token_level_scores / mean_i Σ_t kl_penalty(old_log_probs, ref_log_prob, 'kl')"
                  "·loss_mask over the real rows (kl_drowning's penalty_mean at β = 1 is the denominator)."),
           rel=1e-4, abs=1e-9, context=("run",), needs=("kl_in_reward", "reference"), default_run=RUN)
-def _e3(run=None) -> float:
+def _e6(run=None) -> float:
     from ppolab.numbers import real_rows, resolve_run
 
     r = resolve_run(run, default=RUN)
@@ -99,7 +111,7 @@ def _e3(run=None) -> float:
     return float(t["token_level_scores"].sum(-1)[real].mean() / kld.sum(-1)[real].mean())
 
 
-@exercise("16.4", "Mistake 9, loss side: on the last optimizer step of recorded step {step} of the run, at "
+@exercise("16.7", "Mistake 9, loss side: on the last optimizer step of recorded step {step} of the run, at "
                   "which kl_loss_coef c does the KL term's gradient with respect to the token log-probs, "
                   "‖∂(c·kl_loss)/∂log π‖, equal the policy loss's, ‖∂pg_loss/∂log π‖? (2 decimals)",
           hints=("The KL term's gradient is linear in c; read grad_ratio off the table for any c and scale. The "
@@ -107,7 +119,7 @@ def _e3(run=None) -> float:
                  "c* = ‖∂pg_loss/∂log π‖ / ‖∂kl_loss/∂log π‖ = c / grad_ratio(c) in "
                  "kl_term_vs_policy_gradient(RUN, step={step})."),
           rel=0.0, abs=5e-3, context=("run",), needs=("kl_loss", "reference"), case=grad_case, default_run=RUN)
-def _e4(run=None) -> float:
+def _e7(run=None) -> float:
     from ppolab.numbers.mistakes import kl_term_vs_policy_gradient
 
     import math
@@ -122,7 +134,7 @@ def _e4(run=None) -> float:
     return 1.0 / ratio
 
 
-@exercise("16.5", "Predict, then verify: in the run (default grpo_tiny), what share of the real responses contains the "
+@exercise("16.8", "Predict, then verify: in the run (default grpo_tiny), what share of the real responses contains the "
                   "answer format '#### ' at the first recorded step, and at the last? Answer (first, last), "
                   "3 decimals.",
           hints=("The reward pays only for '#### <the right number>'. What does π_ref (the start) do, and where "
@@ -130,38 +142,51 @@ def _e4(run=None) -> float:
                  "reference_drift(run)['format_share'] at the first and the last recorded step: the share of "
                  "rec.info['texts']['responses'] of the real rows that contain '#### '."),
           rel=0.0, abs=5e-4, context=("run",))
-def _e5(run=None) -> tuple[float, float]:
+def _e8(run=None) -> tuple[float, float]:
     from ppolab.numbers.mistakes import reference_drift
 
     share = reference_drift(run)["format_share"]
     return float(share.iloc[0]), float(share.iloc[-1])
 
 
-@exercise("16.6", "Predict, then verify — mistake 3's reward side moves: the run's adaptive controller held "
-                  "β = actor/reward_kl_penalty_coeff at step {step} (target_kl {target_kl}, horizon {horizon}). From "
-                  "step {step}'s recorded tensors, what β does it hold at step {next}? (4 significant digits)",
-          hints=("β moves once per step, after the penalty: β ← β·(1 + e·n/horizon) with e = clip(KL/target − 1, "
-                 "−0.2, 0.2) and n the rows of the batch. Which KL, and which n? Both count the synthetic padding "
-                 "rows (their KL is 0).",
-                 "apply_kl_penalty(token_level_scores, old_log_probs, ref_log_prob, loss_mask, "
-                 "AdaptiveKLController(β_{step}, {target_kl}, {horizon}), 'kl') on run.step({step}), then the "
-                 "controller's .value; the logged actor/reward_kl_penalty_coeff of step {next} shows it."),
-          rel=1e-4, abs=1e-9, context=("run",), needs=("adaptive_kl", "reference"), case=beta_case, default_run=RUN)
-def _e6(run=None) -> float:
+def beta_next(run=None, mask: str = "loss_mask", drop_padding: bool = False) -> float:
+    """β of step ``next`` as the trainer computes it from step ``step`` (``mask="loss_mask"``, every row), or as a
+    mistaken model does: the KL averaged over another mask, or with the synthetic padding rows left out (of the
+    batch mean and of n). One call of ``algos.apply_kl_penalty`` on the recorded tensors, then the controller's
+    value."""
     from ppolab.record import resolve_run
 
     r = resolve_run(run, default=RUN)
     step = beta_case(r)["step"]
-    rec = r.step(step)
-    t, alg = rec.tensors, r.ppo_config().algorithm
+    t, alg = r.step(step).tensors, r.ppo_config().algorithm
+    rows = ~t["is_pad"].bool() if drop_padding else torch.ones(t["responses"].shape[0], dtype=torch.bool)
     ctrl = algos.AdaptiveKLController(float(r.metrics.loc[step, "actor/reward_kl_penalty_coeff"]),
                                       alg.kl_ctrl.target_kl, alg.kl_ctrl.horizon)
-    algos.apply_kl_penalty(t["token_level_scores"].float(), t["old_log_probs"].float(), t["ref_log_prob"].float(),
-                           _loss_mask(rec), ctrl, alg.kl_penalty)
+    algos.apply_kl_penalty(t["token_level_scores"][rows].float(), t["old_log_probs"][rows].float(),
+                           t["ref_log_prob"][rows].float(), t.get(mask, t["response_mask"])[rows].float(), ctrl,
+                           alg.kl_penalty)
     return float(ctrl.value)
 
 
-@exercise("16.7", "Mistake 4's denominator: on recorded step {step}, optimizer step {opt_step}, the engine divides "
+@exercise("16.2", "Predict, then verify — mistake 3's reward side moves, and two ways to get it wrong: at step {step} "
+                  "the run's adaptive controller (target_kl {target_kl}, horizon {horizon}) is proportional — "
+                  "KL/target is within ±0.2 of 1, so the error is not clipped. From step {step}'s recorded tensors, "
+                  "what β would a colleague predict for step {next} (a) who averages the KL over response_mask (the "
+                  "mask after rejection sampling) instead of loss_mask, and (b) who leaves the synthetic padding "
+                  "rows out of the batch mean and out of n? Answer (β with response_mask, β without the padding "
+                  "rows), 4 significant digits each.",
+          hints=("The trainer's own β of step {next} is logged (actor/reward_kl_penalty_coeff): each mistake moves "
+                 "it a little, because β ← β·(1 + e·n/horizon) with e = KL/target − 1 unclipped here. Mistake (a) "
+                 "changes the KL; mistake (b) changes both the KL (a mean over fewer rows) and n.",
+                 "(a) apply_kl_penalty(token_level_scores, old_log_probs, ref_log_prob, response_mask, "
+                 "AdaptiveKLController(β_{step}, {target_kl}, {horizon}), 'kl') on run.step({step}), then .value; "
+                 "(b) the same with loss_mask on the rows with is_pad == 0 only (n = the real rows)."),
+          rel=1e-4, abs=1e-9, context=("run",), needs=("adaptive_kl", "reference"), case=beta_case, default_run=RUN)
+def _e2(run=None) -> tuple[float, float]:
+    return beta_next(run, mask="response_mask"), beta_next(run, drop_padding=True)
+
+
+@exercise("16.3", "Mistake 4's denominator: on recorded step {step}, optimizer step {opt_step}, the engine divides "
                   "every "
                   "micro-batch's token sum by batch_num_tokens = Σ loss_mask over the global mini-batch. How many of "
                   "those tokens carry no loss, because rejection sampling zeroed them in response_mask?",
@@ -171,7 +196,7 @@ def _e6(run=None) -> float:
                  "{step}), {opt_step}) (real rows) — reproduce('micro_is_not_the_batch', RUN, {step}, {opt_step})"
                  ".details."),
           context=("run",), needs=("rejection",), case=rejected_case, default_run=RUN)
-def _e7(run=None) -> int:
+def _e3(run=None) -> int:
     from ppolab.numbers import optimizer_step_batch, resolve_run
 
     c = rejected_case(run)
@@ -180,7 +205,7 @@ def _e7(run=None) -> int:
     return int(_loss_mask(rec)[b["rows"]].sum() - b["response_mask"].sum())
 
 
-@exercise("16.8", "Predict, then verify — mistake 7 with padding rows: on recorded step {step}, optimizer step "
+@exercise("16.5", "Predict, then verify — mistake 7 with padding rows: on recorded step {step}, optimizer step "
                   "{opt_step} (its mini-batch holds the {n_pad} synthetic padding rows), in seq-mean-token-mean with "
                   "the "
                   "trainer's global_batch_size = ppo_mini_batch_size × n = {gbs}, what total weight do the real "
@@ -192,7 +217,7 @@ def _e7(run=None) -> int:
                  "reproduce('agg_mode_weights', RUN, {step}, {opt_step}).pair[1] (its details: "
                  "seq_mean_weight_sum)."),
           rel=0.0, abs=5e-5, context=("run",), needs=("padding_rows",), case=agg_case, default_run=RUN)
-def _e8(run=None) -> float:
+def _e5(run=None) -> float:
     from ppolab.numbers import optimizer_step_batch, resolve_run
 
     r = resolve_run(run, default=RUN)

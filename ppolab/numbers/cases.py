@@ -200,3 +200,30 @@ def adaptive_kl_case(r: Run, prefer: int) -> Case:
     ctrl = r.ppo_config().algorithm.kl_ctrl
     step = prefer if prefer in ok else ok[-1]
     return {"step": step, "next": step + 1, "target_kl": ctrl.target_kl, "horizon": ctrl.horizon}
+
+
+#: The adaptive controller's proportional band: e = clip(KL/target − 1, −0.2, 0.2) is clipped outside it.
+KL_CTRL_CLIP = 0.2
+
+
+@_cached
+def proportional_kl_case(r: Run, prefer: int) -> Case:
+    """A recorded step ``step`` where the adaptive KL controller is proportional — its logged
+    ``actor/reward_kl_penalty`` within ±20 % of ``target_kl``, so the error is not clipped — and whose next step
+    ``next`` logged β (``prefer`` when it qualifies, else the first such step); with ``target_kl``, ``horizon``
+    and the step's ``rows`` (the n_steps apply_kl_penalty passes: padding rows included)."""
+    require(r, "adaptive_kl")
+    m = r.metrics
+    ctrl = r.ppo_config().algorithm.kl_ctrl
+    logged = m[["actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff"]].dropna()
+
+    def proportional(s: int) -> bool:
+        return abs(float(logged.loc[s, "actor/reward_kl_penalty"]) / ctrl.target_kl - 1) < KL_CTRL_CLIP
+
+    ok = [s for s in r.steps if s in logged.index and s + 1 in logged.index and proportional(s)]
+    if not ok:
+        raise RunLacks("a recorded step where the adaptive KL controller's error is not clipped "
+                       "(|KL/target_kl − 1| < 0.2) and the next step logged actor/reward_kl_penalty_coeff", r)
+    step = prefer if prefer in ok else ok[0]
+    return {"step": step, "next": step + 1, "target_kl": ctrl.target_kl, "horizon": ctrl.horizon,
+            "rows": int(r.step(step).tensors["responses"].shape[0])}
