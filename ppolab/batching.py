@@ -8,8 +8,8 @@ share it:
   largest-differencing partitioner (verl `karmarkar_karp`), tie-breaks included, so partitions match verl's.
 * :func:`balance_partitions`, :func:`balance_metrics` — the trainer's DP balance stage (verl V1
   `trainer_base.py`, stage 3).
-* :func:`plan_dynamic_micro_batches`, :func:`restore_order` — ``use_dynamic_bsz`` micro-batches (verl
-  `rearrange_micro_batches`, 0.9.1).
+* :func:`plan_dynamic_micro_batches`, :func:`plan_dynamic_micro_batches_dp`, :func:`restore_order` —
+  ``use_dynamic_bsz`` micro-batches (verl `rearrange_micro_batches`, 0.9.1), on one rank or agreed over the ranks.
 * :func:`mini_batch_indices`, :func:`fixed_micro_batches` — the worker's mini-batch iterator (verl
   `TrainingWorker.train_mini_batch`) and the fixed micro-batch split (verl `forward_backward_batch`).
 """
@@ -371,16 +371,15 @@ def plan_dynamic_micro_batches(seq_lens: IntSeq, max_token_len: int, min_num_mic
                                num_batches_divided_by: int | None = None, *, prompt_lens: IntSeq | None = None,
                                response_lens: IntSeq | None = None) -> list[list[int]]:
     """Index lists of the ``use_dynamic_bsz`` micro-batches of one local mini-batch (verl `rearrange_micro_batches`,
-    0.9.1).
+    0.9.1), on one data-parallel rank; several ranks: :func:`plan_dynamic_micro_batches_dp`.
 
     ``seq_lens`` (B,) are effective lengths; ``max_token_len`` = ppo_max_token_len_per_gpu × sp_size.
     num_micro = min(B, ceil(ΣL / max_token_len)), then max(·, min_num_micro_batch), then rounded up to a
-    multiple of num_batches_divided_by. (The DP all-reduce MAX of num_micro is left to the caller.) Rows are
-    split by KK (equal_size=False) on workload; 0.9.1's loop then adds micro-batches (one, or
-    num_batches_divided_by, at a time) until every
-    micro-batch's token sum ≤ max_token_len. Micro-batches are sorted by descending workload sum (ties: first
-    index), then reordered evens-reversed + odds so the smallest sit at both ends (pipeline warm-up and
-    cool-down). Indices inside a micro-batch are ascending. Undo the order with :func:`restore_order`.
+    multiple of num_batches_divided_by. Rows are split by KK (equal_size=False) on workload; 0.9.1's loop then adds
+    micro-batches (one, or num_batches_divided_by, at a time) until every micro-batch's token sum ≤ max_token_len.
+    Micro-batches are sorted by descending workload sum (ties: first index), then reordered evens-reversed + odds so
+    the smallest sit at both ends (pipeline warm-up and cool-down). Indices inside a micro-batch are ascending. Undo
+    the order with :func:`restore_order`.
 
     ``prompt_lens`` / ``response_lens`` (B,) (effective lengths, summing to ``seq_lens``): also bound what a padded
     micro-batch materialises. verl removes padding, so its budget is the token sum; ppolab pads each micro-batch to
@@ -392,47 +391,80 @@ def plan_dynamic_micro_batches(seq_lens: IntSeq, max_token_len: int, min_num_mic
     lens = [int(x) for x in _as_list(seq_lens)]
     if not lens:
         raise ValueError("seq_lens is empty")
+    return plan_dynamic_micro_batches_dp(
+        [lens], max_token_len, min_num_micro_batch, num_batches_divided_by,
+        rank_prompt_lens=None if prompt_lens is None else [prompt_lens],
+        rank_response_lens=None if response_lens is None else [response_lens])[0]
+
+
+def plan_dynamic_micro_batches_dp(rank_seq_lens: Sequence[IntSeq], max_token_len: int,
+                                  min_num_micro_batch: int | None = None, num_batches_divided_by: int | None = None, *,
+                                  rank_prompt_lens: Sequence[IntSeq] | None = None,
+                                  rank_response_lens: Sequence[IntSeq] | None = None) -> list[list[list[int]]]:
+    """Every data-parallel rank's ``use_dynamic_bsz`` micro-batches, ``[rank][micro-batch] → row indices``, with the
+    count agreed over the ranks as verl's engine does (`rearrange_micro_batches` with a dp_group and
+    ``same_micro_num_in_dp=True``, 0.9.1): the first count is the MAX over the ranks (all_reduce MAX), and the fit
+    loop adds micro-batches on every rank until every rank's partitions fit (all_reduce MIN of "within the budget").
+    So every rank runs as many micro-batches, and a rank with short rows may cut finer than it would alone.
+
+    ``rank_seq_lens[r]`` are rank r's effective lengths; the rest as :func:`plan_dynamic_micro_batches` (which is
+    this with one rank). The worker all-gathers its peers' lengths and takes its own rank's plan.
+    """
+    ranks = [[int(x) for x in _as_list(lens)] for lens in rank_seq_lens]
+    if not ranks or not all(ranks):
+        raise ValueError("seq_lens is empty")
     _check_positive("ppo_max_token_len_per_gpu", max_token_len)
-    if max_token_len < max(lens):
+    longest = max(max(lens) for lens in ranks)
+    if max_token_len < longest:
         raise ValueError(f"ppo_max_token_len_per_gpu (× sp) = {max_token_len} is smaller than the longest "
-                         f"sequence, {max(lens)} tokens")
-    num_micro = min(len(lens), math.ceil(sum(lens) / max_token_len))
-    if min_num_micro_batch is not None:
-        num_micro = max(num_micro, min_num_micro_batch)
+                         f"sequence, {longest} tokens")
+    rows = min(len(lens) for lens in ranks)  # verl: the fewest rows (groups) of any rank bound the count
+    counts = []
+    for lens in ranks:
+        n = min(len(lens), math.ceil(sum(lens) / max_token_len))
+        counts.append(n if min_num_micro_batch is None else max(n, min_num_micro_batch))
+    num_micro = max(counts)  # all_reduce MAX over the DP group
     if num_batches_divided_by is not None:
         _check_positive("num_batches_divided_by", num_batches_divided_by)
         num_micro = -(-num_micro // num_batches_divided_by) * num_batches_divided_by
-    if num_micro > len(lens):
-        raise ValueError(f"{num_micro} micro-batches requested (min_num_micro_batch / num_batches_divided_by) "
-                         f"but only {len(lens)} rows")
-    if (prompt_lens is None) != (response_lens is None):
+    if num_micro > rows:
+        raise ValueError(f"{num_micro} micro-batches requested (min_num_micro_batch / num_batches_divided_by"
+                         f"{' / another rank' if len(ranks) > 1 else ''}) but only {rows} rows")
+    if (rank_prompt_lens is None) != (rank_response_lens is None):
         raise ValueError("give both prompt_lens and response_lens, or neither")
-    if prompt_lens is not None:
-        p_lens, r_lens = [int(x) for x in _as_list(prompt_lens)], [int(x) for x in _as_list(response_lens)]
-        if len(p_lens) != len(lens) or len(r_lens) != len(lens):
-            raise ValueError(f"prompt_lens / response_lens have {len(p_lens)} / {len(r_lens)} entries for "
-                             f"{len(lens)} rows")
+    padded: list[tuple[list[int], list[int]]] | None = None
+    if rank_prompt_lens is not None:
+        padded = []
+        for lens, p, r in zip(ranks, rank_prompt_lens, rank_response_lens, strict=True):
+            p_lens, r_lens = [int(x) for x in _as_list(p)], [int(x) for x in _as_list(r)]
+            if len(p_lens) != len(lens) or len(r_lens) != len(lens):
+                raise ValueError(f"prompt_lens / response_lens have {len(p_lens)} / {len(r_lens)} entries for "
+                                 f"{len(lens)} rows")
+            padded.append((p_lens, r_lens))
 
-    def fits(part: list[int]) -> bool:
-        if sum(lens[i] for i in part) > max_token_len:
+    def fits(k: int, part: list[int]) -> bool:
+        if sum(ranks[k][i] for i in part) > max_token_len:
             return False
-        return prompt_lens is None or padded_tokens(part, p_lens, r_lens) <= max_token_len
+        return padded is None or padded_tokens(part, *padded[k]) <= max_token_len
 
-    workloads = calculate_workload(lens).tolist()
+    workloads = [calculate_workload(lens).tolist() for lens in ranks]
     step = num_batches_divided_by or 1  # verl keeps the count a multiple of the VPP size while it retries
     while True:
-        parts = get_seqlen_balanced_partitions(workloads, num_micro, equal_size=False)
+        plans = [get_seqlen_balanced_partitions(w, num_micro, equal_size=False) for w in workloads]
         # KK balances workload, not tokens, so a partition can overshoot the token budget; 0.9.1 retries with
-        # more micro-batches. It always ends: at num_micro = B every partition is one row, whose padded size is its
-        # own length ≤ max_token_len.
-        if all(fits(p) for p in parts):
+        # more micro-batches — on every rank while any rank overshoots. It always ends: at num_micro = B every
+        # partition is one row, whose padded size is its own length ≤ max_token_len.
+        if all(fits(k, part) for k, parts in enumerate(plans) for part in parts):
             break
-        if num_micro + step > len(lens):
+        if num_micro + step > rows:
             raise ValueError(f"cannot keep every micro-batch within ppo_max_token_len_per_gpu = {max_token_len} "
-                             f"with {len(lens)} rows in steps of {step}")
+                             f"with {rows} rows in steps of {step}")
         num_micro += step
-    parts.sort(key=lambda p: (sum(workloads[i] for i in p), p[0]), reverse=True)
-    return parts[::2][::-1] + parts[1::2]
+    out = []
+    for k, parts in enumerate(plans):
+        parts.sort(key=lambda p: (sum(workloads[k][i] for i in p), p[0]), reverse=True)
+        out.append(parts[::2][::-1] + parts[1::2])
+    return out
 
 
 def padded_tokens(rows: Sequence[int], prompt_lens: Sequence[int], response_lens: Sequence[int]) -> int:

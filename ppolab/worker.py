@@ -126,6 +126,16 @@ class Worker:
         c = self.config
         return InferBatching(None if c.use_dynamic_bsz else c.ppo_micro_batch_size_per_gpu, c.ppo_max_token_len_per_gpu)
 
+    def micro_batches(self, batch: Batch, batching: InferBatching) -> list[list[int]]:
+        """This rank's micro-batches of ``batch``. Dynamic ones on several ranks are planned from every rank's
+        lengths, so all ranks run as many micro-batches (verl `rearrange_micro_batches`, ``same_micro_num_in_dp``:
+        an all-reduce MAX of the count, then MIN of "every partition fits")."""
+        dp_lengths = None
+        if batching.micro_batch_size is None and self.dist.enabled:
+            dp_lengths = distributed.all_gather_object(batch.lengths(), self.dist)
+        return micro_batches(batch, batching.micro_batch_size, batching.max_token_len, dp_lengths=dp_lengths,
+                             rank=self.dist.rank)
+
     # ------------------------------------------------------------------ forward only
     def infer(self, batch: Batch, batching: InferBatching, *, log_probs: bool = True, entropy: bool = False,
               values: bool = False, sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
@@ -139,7 +149,7 @@ class Worker:
         with torch.inference_mode(), self.model() as model:
             was_training = model.training
             model.eval()
-            for rows in micro_batches(batch, batching.micro_batch_size, batching.max_token_len):
+            for rows in self.micro_batches(batch, batching):
                 mb = to_device(batch.select(rows), self.device)
                 ids, mask, r_len = trimmed_inputs(mb)
                 out = forward_response(model, ids, mask, r_len, self.temperature, log_probs, entropy, value_head,
@@ -181,7 +191,7 @@ class Worker:
                 self.optimizer.zero_grad(set_to_none=True)
                 info = self.global_batch_info(mini)
                 micro_metrics, total_loss = [], 0.0
-                for micro_rows in micro_batches(mini, batching.micro_batch_size, batching.max_token_len):
+                for micro_rows in self.micro_batches(mini, batching):
                     mb = to_device(mini.select(micro_rows), self.device)
                     loss, metrics, output = self.loss(mb, info)
                     history.see(mb["row_id"], output)

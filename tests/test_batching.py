@@ -26,6 +26,7 @@ from ppolab.batching import (
     mini_batch_indices,
     plan_batches,
     plan_dynamic_micro_batches,
+    plan_dynamic_micro_batches_dp,
     restore_order,
 )
 
@@ -266,6 +267,50 @@ def test_dynamic_0_9_1_loop_adds_micro_batches_until_budget_holds():
     # ceil(1000 / 250) = 4, but 10 equal rows in 4 parts means a 3-row part (300 > 250): the loop goes to 5.
     parts = plan_dynamic_micro_batches([100] * 10, 250)
     assert len(parts) == 5 and all(len(p) == 2 for p in parts)
+
+
+def test_dynamic_count_is_agreed_over_ranks_as_verl_all_reduces_it():
+    # rank 0 alone: ceil(400 / 500) = 1 micro-batch; rank 1 alone: ceil(1000 / 500) = 2. verl all-reduces the count
+    # (MAX), so rank 0 also cuts in two.
+    short, long_ = [100] * 4, [250] * 4
+    assert len(plan_dynamic_micro_batches(short, 500)) == 1 and len(plan_dynamic_micro_batches(long_, 500)) == 2
+    plans = plan_dynamic_micro_batches_dp([short, long_], 500)
+    assert [len(p) for p in plans] == [2, 2]
+    assert plans[0] == plan_dynamic_micro_batches(short, 500, min_num_micro_batch=2)
+    assert plans[1] == plan_dynamic_micro_batches(long_, 500)
+    for parts, n in zip(plans, (4, 4)):
+        _assert_cover(parts, n)
+
+
+def test_dynamic_fit_loop_of_one_rank_adds_micro_batches_on_every_rank():
+    # rank 1: ceil(1000 / 250) = 4, but 10 equal rows in 4 parts overshoot, so its loop goes to 5 — and verl's
+    # all-reduce MIN of "every partition fits" keeps rank 0 in step: 5 micro-batches there too.
+    plans = plan_dynamic_micro_batches_dp([[50] * 10, [100] * 10], 250)
+    assert [len(p) for p in plans] == [5, 5]
+    assert len(plan_dynamic_micro_batches([50] * 10, 250)) == 2  # alone, rank 0 would cut 2
+    with pytest.raises(ValueError, match="another rank"):
+        plan_dynamic_micro_batches_dp([[10, 10], [100, 100, 100]], 100)  # rank 1 needs 3, rank 0 has 2 rows
+
+
+def test_the_worker_plans_dynamic_micro_batches_from_every_ranks_lengths(monkeypatch):
+    from types import SimpleNamespace
+
+    from ppolab import distributed
+    from ppolab.engine import Batch
+    from ppolab.worker import InferBatching, Worker
+
+    def share(lengths):
+        n = len(lengths)
+        return Batch({"prompt_mask": torch.ones(n, 2, dtype=torch.long),
+                      "response_mask": torch.tensor([[1] * r + [0] * (8 - r) for r in lengths])})
+    mine, peer = share([1, 1, 1, 1]), share([8, 8, 8, 8])
+    worker = SimpleNamespace(dist=SimpleNamespace(enabled=True, rank=0, world_size=2))
+    monkeypatch.setattr(distributed, "all_gather_object", lambda obj, info: [obj, peer.lengths()])
+    plan = Worker.micro_batches(worker, mine, InferBatching(None, 20))
+    assert len(plan) == 2  # alone: 12 tokens in one micro-batch; the peer's 40 tokens need ceil(40 / 20) = 2
+    assert len(Worker.micro_batches(worker, mine, InferBatching(2, 20))) == 2  # fixed size: no exchange needed
+    worker.dist.enabled = False
+    assert len(Worker.micro_batches(worker, mine, InferBatching(None, 20))) == 1
 
 
 def test_dynamic_rejects_budget_below_longest_sequence():

@@ -198,17 +198,20 @@ def update_plan(run: Run | str | None = None, step: int | None = None, role: str
     dp = _dp(rec)
     chunk = len(batch) // dp
     local = c.ppo_mini_batch_size * n // dp
-    per_rank = []
+    minis_of = []  # [rank][optimizer step] → the recorded rows of that rank's share of the mini-batch
     for rank in range(dp):
         rows = list(range(rank * chunk, (rank + 1) * chunk))
-        steps = []
-        for minis in mini_batch_indices(chunk, local, c.ppo_epochs, c.shuffle, c.data_loader_seed + rank):
-            for mini in minis:
-                mini_rows = [rows[i] for i in mini]
-                steps.append([[mini_rows[i] for i in mb] for mb in micro_batches(batch.select(mini_rows), micro,
-                                                                                 budget)])
-        per_rank.append(steps)
-    return [[per_rank[rank][k] for rank in range(dp)] for k in range(len(per_rank[0]))]
+        minis_of.append([[rows[i] for i in mini] for minis in mini_batch_indices(chunk, local, c.ppo_epochs,
+                                                                                 c.shuffle, c.data_loader_seed + rank)
+                         for mini in minis])
+    plan = []
+    for k in range(len(minis_of[0])):
+        shares = [batch.select(minis_of[rank][k]) for rank in range(dp)]
+        lengths = [b.lengths() for b in shares]  # the ranks agree on a dynamic count, as the worker does
+        plan.append([[[minis_of[rank][k][i] for i in mb]
+                      for mb in micro_batches(shares[rank], micro, budget, dp_lengths=lengths, rank=rank)]
+                     for rank in range(dp)])
+    return plan
 
 
 def dp_size(run: Run | str | None = None, step: int | None = None) -> int:

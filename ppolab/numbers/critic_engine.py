@@ -81,8 +81,12 @@ def critic_micro_batches(run: Run | str | None = None, update: int = 0, rank: in
         overrides = list(overrides)
         batching = critic_batching(config_with(r, overrides) if overrides else r.ppo_config())
         size, budget = batching.micro_batch_size, batching.max_token_len
-    rows = Batch({k: t[k][mine] for k in ("prompt_mask", "response_mask", "response_attention_mask") if k in t})
-    return [mine[torch.as_tensor(m, dtype=torch.long)] for m in micro_batches(rows, size, budget)]
+    keys = [k for k in ("prompt_mask", "response_mask", "response_attention_mask") if k in t]
+    dp = int(rec.info.get("dp_size", 1) or 1)
+    shares = [Batch({k: t[k][rank_rows(r, update, k_rank, step)] for k in keys}) for k_rank in range(dp)]
+    # every rank's lengths: the engine agrees the count over the ranks (verl all-reduces it, MAX)
+    plan = micro_batches(shares[rank], size, budget, dp_lengths=[b.lengths() for b in shares], rank=rank)
+    return [mine[torch.as_tensor(m, dtype=torch.long)] for m in plan]
 
 
 def smallest_budget(run: Run | str | None = None) -> int:

@@ -222,3 +222,51 @@ def test_karmarkar_karp_and_dynamic_micro_batches(seed):
     for budget, vpp in ((80, None), (150, None), (60, 2)):
         _, theirs = SB.rearrange_micro_batches(td, max_token_len=budget, num_batches_divided_by=vpp)
         assert batching.plan_dynamic_micro_batches(lens, budget, num_batches_divided_by=vpp) == theirs
+
+
+def _verl_rank_plan(rank, lens_per_rank, budget, port, out):
+    """One DP rank of a 2-process gloo group: verl's rearrange_micro_batches with the dp_group (count all-reduced)."""
+    import os
+
+    import torch.distributed as dist
+    from tensordict import TensorDict
+    from verl.utils import seqlen_balancing as sb
+
+    sb.get_device_name = lambda: "cpu"  # verl exchanges the count on its accelerator; gloo on CPU tensors here
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=len(lens_per_rank))
+    try:
+        lens = lens_per_rank[rank]
+        width = max(max(x) for x in lens_per_rank)
+        mask = (torch.arange(width)[None] < torch.tensor(lens)[:, None]).long()
+        td = TensorDict({"input_ids": torch.zeros_like(mask), "attention_mask": mask}, batch_size=[len(lens)])
+        _, idx = sb.rearrange_micro_batches(td, max_token_len=budget, dp_group=dist.group.WORLD)
+        out.put((rank, idx))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("lens_per_rank, budget", [
+    ([[100] * 4, [250] * 4], 500),           # the count differs alone (1 vs 2): all-reduce MAX
+    ([[50] * 10, [100] * 10], 250),          # one rank's fit loop (4 → 5) keeps the other in step
+    ([[7, 30, 12, 45, 3, 22], [40, 41, 5, 9, 33, 2]], 60),
+])
+def test_dynamic_micro_batches_agreed_over_ranks_equal_verls(lens_per_rank, budget):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from ppolab import batching
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_verl_rank_plan, args=(r, lens_per_rank, budget, port, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    theirs = dict(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    assert batching.plan_dynamic_micro_batches_dp(lens_per_rank, budget) == [theirs[0], theirs[1]]
