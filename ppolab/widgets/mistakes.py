@@ -414,8 +414,9 @@ MISTAKES: dict[str, Mistake] = {m.key: m for m in [
             "which pair of policies the KL compares",
             "reference KL: current π_θ vs π_ref (what use_kl_loss penalises)",
             "actor/ppo_kl: current π_θ vs π_old (one PPO update's drift)",
-            "ppo_kl measures how far the current update drifted from the rollout anchor π_old; it resets every "
-            "step. Distance to the frozen reference π_ref grows over training and is a different number.",
+            "ppo_kl measures how far the current update drifted from π_old (the PPO ratio's anchor, recomputed by "
+            "the trainer before the update); it resets every step. Distance to the frozen reference π_ref grows "
+            "over training and is a different number.",
             _m2_ppo_kl),
     Mistake("kl_twice", 3, "Both KL paths on means the KL constraint counts twice", "§7.4, §16.3",
             "algorithm.use_kl_in_reward (with actor.use_kl_loss=true)",
