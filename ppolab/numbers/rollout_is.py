@@ -8,9 +8,8 @@ recorded tensors (every optimizer step's π_θ is in ``actor_log_probs``), and i
 from __future__ import annotations
 
 from ppolab import algos
-from ppolab.algos.aggregation import GlobalBatchInfo
 from ppolab.numbers.needs import RunLacks
-from ppolab.numbers.steps import _n_opt_steps, actor_config, optimizer_step_batch, real_rows
+from ppolab.numbers.steps import _n_opt_steps, actor_config, global_batch_info, optimizer_step_batch
 from ppolab.record import Run, resolve_run
 
 
@@ -25,16 +24,6 @@ def is_weighted_step(run: Run | str | None = None) -> int:
     raise RunLacks("recorded rollout_is_weights", r)
 
 
-def _global_info(rec, b: dict, dp: int) -> GlobalBatchInfo:
-    """The counts the engine normalised optimizer step ``b``'s loss by: Σ loss_mask of its real rows (rejected tokens
-    included, chapter §9), its rows, and the ranks."""
-    t = rec.tensors
-    count = (t["loss_mask"] if "loss_mask" in t else t["response_mask"])[b["rows"]].float()
-    real = real_rows(rec)[b["rows"]].float().unsqueeze(-1)
-    return GlobalBatchInfo(dp_size=dp, batch_num_tokens=float((count * real).sum()),
-                           global_batch_size=int(len(b["rows"])))
-
-
 def pg_loss_with_and_without_is(run: Run | str | None = None, step: int | None = None) -> dict[str, float]:
     """``actor/pg_loss`` of recorded ``step`` (default :func:`is_weighted_step`) recomputed from its tensors, as the
     trainer reduces it (each optimizer step's global mini-batch, token-mean over Σ loss_mask × dp_size, then the
@@ -46,12 +35,11 @@ def pg_loss_with_and_without_is(run: Run | str | None = None, step: int | None =
     t, cfg = rec.tensors, actor_config(r)
     if "rollout_is_weights" not in t:
         raise RunLacks("recorded rollout_is_weights", r)
-    dp = int(rec.info.get("dp_size", 1) or 1)
     loss = algos.get_policy_loss_fn(cfg.policy_loss.loss_mode)
     out: dict[str, list[float]] = {"with_is": [], "without_is": [], "kl_loss": []}
     for k in range(_n_opt_steps(rec)):
         b = optimizer_step_batch(rec, k)
-        info = _global_info(rec, b, dp)
+        info = global_batch_info(r, rec, b["rows"])  # the worker's own counts, every rank's rows at once
         w = t["rollout_is_weights"][b["rows"]].float()
         for key, weights in (("with_is", w), ("without_is", None)):
             pg, _ = loss(b["old_log_probs"], b["log_prob"], b["advantages"], b["response_mask"], cfg.loss_agg_mode,
