@@ -156,9 +156,13 @@ def test_batch_calculator_dynamic(run):
         ctl.value = budget
         parts = plan_dynamic_micro_batches(w.seq_lens, budget)
         assert w.micro_batches == parts
-        bars = [tr for tr in w.figures["dynamic"].data if tr.type == "bar"]
-        totals = np.sum([np.array(tr.y) for tr in bars], axis=0)
-        assert list(totals) == [sum(w.seq_lens[i] for i in p) for p in parts]
+        (bar,) = [tr for tr in w.figures["dynamic"].data if tr.type == "bar"]
+        # one segment per row, drawn from the tokens below it in its micro-batch: the stack tops are the sums
+        x, y, base = (np.asarray(v) for v in (bar.x, bar.y, bar.base))
+        assert len(x) == len(w.seq_lens)
+        totals = [int((base + y)[x == j].max()) for j in range(len(parts))]
+        assert totals == [sum(w.seq_lens[i] for i in p) for p in parts]
+        assert all(int(base[x == j].min()) == 0 for j in range(len(parts)))
         assert max(totals) <= budget
     with pytest.raises(ValueError, match="dp_size"):
         batch_calculator(run, dp_size=0)

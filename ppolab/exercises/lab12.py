@@ -113,18 +113,17 @@ def critic_budget_case(run=None) -> dict:
                  "{micro}). mini_batch = ppolab.exercises.lab12.critic_mini_batch(run)[0]."),
           context=("run",), needs=("step1", "critic"), case=critic_budget_case, default_run="ppo_fire_tiny")
 def _e5(run=None) -> tuple[int, int]:
-    import dataclasses
-
     from ppolab.engine import micro_batches
+    from ppolab.numbers.critic_engine import critic_micro_batches
 
     mb, c = critic_mini_batch(run)
     case = critic_budget_case(run)
-    c = dataclasses.replace(c, use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=case["micro"],
-                            ppo_infer_max_token_len_per_gpu=case["budget"])
-    # CriticWorker.engine_batching: no fixed size, the one budget ppo_infer_max_token_len_per_gpu
-    engine = micro_batches(mb, None, c.ppo_infer_max_token_len_per_gpu)
-    # what the top-level fields ask for (the actor's rule, Worker.train_batching): a fixed size unless dynamic
-    top = micro_batches(mb, None if c.use_dynamic_bsz else c.ppo_micro_batch_size_per_gpu, c.ppo_max_token_len_per_gpu)
+    # CriticWorker.engine_batching: no fixed size, the one budget ppo_infer_max_token_len_per_gpu, with the count
+    # agreed over the data-parallel ranks (all-reduce MAX, then the fit loop on every rank) as the engine does
+    engine = critic_micro_batches(run if run is not None else "ppo_fire_tiny", update=0, rank=0, step=1,
+                                  max_token_len=case["budget"])
+    # what the top-level field asks for (the actor's rule, Worker.train_batching): a fixed size
+    top = micro_batches(mb, case["micro"], None)
     return len(engine), len(top)
 
 

@@ -101,12 +101,14 @@ def batch_calculator(run=None, step=None, max_token_len: int | None = None, **si
         "timeline": go.FigureWidget(layout={"title": tr("optimizer steps of one training step"), "height": 300,
                                                 "xaxis_title": tr("optimizer step"),
                                                 "yaxis_title": tr("rows (global mini-batch)")}),
-        "dynamic": go.FigureWidget(layout={"title": tr("use_dynamic_bsz micro-batches"), "barmode": "stack",
+        "dynamic": go.FigureWidget(layout={"title": tr("use_dynamic_bsz micro-batches"), "barmode": "overlay",
                                                "height": 320, "xaxis_title": tr("micro-batch (execution order)"),
                                                "yaxis_title": tr("tokens"),
                                                "showlegend": False}),
     }
     figs["timeline"].add_bar()
+    figs["dynamic"].add_bar(marker={"line": {"width": 1, "color": "white"}})
+    figs["dynamic"].add_scatter(mode="lines", line={"dash": "dash", "color": "red"}, name=tr("budget"))
 
     @on_move
     def refresh_plan(*_):
@@ -143,17 +145,20 @@ def batch_calculator(run=None, step=None, max_token_len: int | None = None, **si
         budget = controls["max_token_len"].value
         parts = plan_dynamic_micro_batches(lens, budget)
         box.micro_batches = parts
+        # one bar trace for every segment (each drawn from ``base``, the tokens below it in its micro-batch), so a
+        # move updates two traces in place instead of rebuilding one trace per stack depth
+        xs, ys, base, text = [], [], [], []
+        for j, p in enumerate(parts):
+            below = 0
+            for i in p:
+                xs.append(j), ys.append(lens[i]), base.append(below), text.append(tr("row {i}").format(i=i))
+                below += lens[i]
         with figs["dynamic"].batch_update():
-            figs["dynamic"].data = []
-            depth = max(len(p) for p in parts)
-            for d in range(depth):
-                figs["dynamic"].add_bar(x=list(range(len(parts))),
-                                        y=[lens[p[d]] if d < len(p) else 0 for p in parts],
-                                        text=[tr(f"row {p[d]}") if d < len(p) else "" for p in parts])
-            figs["dynamic"].add_scatter(x=[-0.5, len(parts) - 0.5], y=[budget, budget], mode="lines",
-                                        line={"dash": "dash", "color": "red"}, name=tr("budget"))
-            figs["dynamic"].layout.title = (tr(f"plan_dynamic_micro_batches: {len(lens)} rows, {sum(lens)} tokens, "
-                                            f"budget {budget} → {len(parts)} micro-batches"))
+            figs["dynamic"].data[0].update(x=xs, y=ys, base=base, text=text)
+            figs["dynamic"].data[1].update(x=[-0.5, len(parts) - 0.5], y=[budget, budget])
+            figs["dynamic"].layout.title = tr("plan_dynamic_micro_batches: {rows} rows, {tokens} tokens, budget "
+                                              "{budget} → {n} micro-batches").format(
+                rows=len(lens), tokens=sum(lens), budget=budget, n=len(parts))
 
     for k in RANGES:
         controls[k].observe(refresh_plan, names="value")

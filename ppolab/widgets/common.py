@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 from typing import Any, Callable, Iterator
 
 import ipywidgets as W
@@ -66,11 +67,21 @@ def one_thread() -> Iterator[None]:
 
 
 def on_move(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` (an explorer's observer) run under :func:`one_thread`."""
+    """``fn`` (an explorer's observer) run under :func:`one_thread`, with Python's cyclic garbage collector paused.
+
+    A kernel that has opened several explorers holds millions of objects; a full collection that happens to fall
+    inside a move took ~230 ms of a 5 ms move. Paused, the collector runs at the kernel's next allocations after the
+    move instead (nothing is lost: reference counting still frees everything acyclic at once)."""
     @functools.wraps(fn)
     def move(*args: Any, **kwargs: Any) -> Any:
-        with one_thread():
-            return fn(*args, **kwargs)
+        was_on = gc.isenabled()
+        gc.disable()
+        try:
+            with one_thread():
+                return fn(*args, **kwargs)
+        finally:
+            if was_on:
+                gc.enable()
     return move
 
 
