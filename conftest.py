@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 
 def pytest_configure(config):
     opt = getattr(config.option, "nbval_sanitize_with", None)
@@ -54,9 +56,17 @@ def pytest_sessionstart(session):
 
 
 def pytest_collection_modifyitems(config, items):
-    """With ``PPOLAB_RUN`` set every lab opens on that run, so the saved outputs of the cells marked
+    """Tests marked ``slow`` (long matrices: every estimator, two-rank runs, resolving the GPU extra) are skipped
+    unless the marker expression names them (``-m slow``; ``.ci/run`` runs them after the README command).
+
+    With ``PPOLAB_RUN`` set every lab opens on that run, so the saved outputs of the cells marked
     ``# NBVAL_CHECK_OUTPUT`` (numbers of the lab's own shipped run) cannot match: every cell is lax then — it must
     still run without error."""
+    if "slow" not in (config.getoption("markexpr") or ""):
+        skip = pytest.mark.skip(reason="slow: select it with -m slow (.ci/run does)")
+        for item in items:
+            if item.get_closest_marker("slow"):
+                item.add_marker(skip)
     if not os.environ.get("PPOLAB_RUN"):
         return
     for item in items:

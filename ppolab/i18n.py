@@ -3,10 +3,11 @@
     from ppolab.i18n import set_language; set_language("zh")
 
 Every user-visible string of ``ppolab.widgets`` and of the exercise checks goes through :func:`tr`: the
-English text is the key, ``ppolab/i18n_zh.json`` maps it to Chinese. A string that is not a key as a whole —
-an f-string's output, ``tr(f"row {i}, opt step {k}")`` — is translated piece by piece: every key found in it
-as whole words is replaced, longest first, so the table holds the literal parts of the f-string and the
-numbers pass through. A template can also be translated before it is filled: ``tr("step {k}").format(k=3)``.
+English text is the key, ``ppolab/i18n_zh.json`` maps it to Chinese. A readout that holds numbers is a whole
+template, translated before it is filled — ``tr("{label}: pg_clipfrac = {f:.4f} ({n}/{m} tokens)").format(...)`` —
+so its Chinese has its own word order and punctuation (``tests/test_zh_terms.py`` renders every template; a
+``tr(f"…")`` fails ``tests/test_i18n.py``). A string that is not a key as a whole (an exception's text shown in a
+readout) is translated piece by piece: every key found in it as whole words is replaced, longest first.
 Config keys and metric names (``clip_ratio``, ``actor/pg_clipfrac``) are never keys, so they stay English.
 
 Torch-free on purpose: the Chinese labs set the language before anything heavy is imported.
@@ -17,8 +18,9 @@ import json
 import re
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
-__all__ = ["LANGUAGES", "get_language", "set_language", "tr", "missing"]
+__all__ = ["LANGUAGES", "Sign", "get_language", "set_language", "sign_text", "tr", "missing"]
 
 #: The languages :func:`set_language` accepts.
 LANGUAGES = ("en", "zh")
@@ -77,3 +79,31 @@ def tr(text: str) -> str:
 def missing() -> set[str]:
     """The English strings :func:`tr` was asked to translate into Chinese and could not (a copy)."""
     return set(_missing)
+
+
+class Sign(str):
+    """A line of English filled from a template (a ``str``: what tests and exercises compare) that keeps the
+    template and its fields, so :func:`sign_text` can show it as one whole sentence in the current language — the
+    warning signs of ``ppolab.numbers.metrics.warning_signs`` and ``ppolab.rewards.reward_warning_signs``."""
+
+    template: str
+    fields: dict[str, Any]
+
+    def __new__(cls, template: str, **fields: Any) -> Sign:
+        line = super().__new__(cls, template.format(**fields))
+        line.template, line.fields = template, fields
+        return line
+
+    def __reduce__(self):  # copies rebuild from the template, not from the filled text
+        return _sign, (self.template, self.fields)
+
+
+def _sign(template: str, fields: dict[str, Any]) -> Sign:
+    return Sign(template, **fields)
+
+
+def sign_text(line: str) -> str:
+    """``line`` in the current language: a :class:`Sign` through its whole template, any other line by :func:`tr`."""
+    if isinstance(line, Sign):
+        return tr(line.template).format(**line.fields)
+    return tr(line)

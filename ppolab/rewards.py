@@ -30,6 +30,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from ppolab.i18n import Sign
+
 RewardFn = Callable[..., Any]  # returns a float or a dict with a "score" key
 
 _CLIP_CHARS = 300  # verl only searches the last 300 characters (answers come last; long regexes are slow)
@@ -411,14 +413,15 @@ def reward_warning_signs(metrics: Any) -> list[str]:
     mean = metrics["critic/score/mean"].astype(float)
     bad = mean[~mean.apply(math.isfinite)]
     if len(bad):
-        out.append(f"critic/score is not finite (NaN/inf) at {len(bad)} step(s), first at step {bad.index[0]}: the "
-                   "reward function returned NaN/inf and poisoned those batches")
+        out.append(Sign("critic/score is not finite (NaN/inf) at {n} step(s), first at step {first}: the reward "
+                        "function returned NaN/inf and poisoned those batches", n=len(bad), first=bad.index[0]))
     lo, hi = metrics["critic/score/min"].astype(float), metrics["critic/score/max"].astype(float)
     good = lo.apply(math.isfinite) & hi.apply(math.isfinite)
     if good.any() and (lo[good] == hi[good]).all():
         values = sorted(set(lo[good]))
-        said = f"always {values[0]:g}" if len(values) == 1 else "the same for every response of each step"
-        out.append(f"critic/score is {said} at all {int(good.sum())} step(s): no response scored differently "
-                   "from the others, so there is no learning signal — check the reward function and the ground "
-                   "truths")
+        tail = (" at all {n} step(s): no response scored differently from the others, so there is no learning "
+                "signal — check the reward function and the ground truths")
+        out.append(Sign("critic/score is always {value:g}" + tail, value=values[0], n=int(good.sum()))
+                   if len(values) == 1 else Sign("critic/score is the same for every response of each step" + tail,
+                                                 n=int(good.sum())))
     return out

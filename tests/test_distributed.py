@@ -45,6 +45,7 @@ def updates(tmp_path_factory):
     return dirs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
 def test_two_ranks_give_the_same_lora_weights_as_one(updates, mode):
     one, two = (load_file(str(updates[dp] / f"{mode}.safetensors")) for dp in (1, 2))
@@ -72,6 +73,7 @@ def test_torchrun_trains_with_two_ranks_and_only_rank0_writes(tmp_path):
     assert len(list(tmp_path.rglob("metrics.jsonl"))) == 1
 
 
+@pytest.mark.slow
 def test_two_rank_resume_continues_exactly(tmp_path):
     args = ["-m", "ppolab.train", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4",
             "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",

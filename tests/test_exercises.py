@@ -121,3 +121,21 @@ def test_exercises_are_numbered_in_cell_order(lab):
             if int(k) not in order:
                 order.append(int(k))
     assert order == sorted(order), f"lab {lab}: exercises checked in the order {[f'{lab}.{k}' for k in order]}"
+
+
+def test_14_2_reads_the_trainers_switches_from_its_source():
+    """14.2's truth parses ppolab/trainer.py (ast): each optional stage and the key it writes, under its switch."""
+    import warnings
+
+    from ppolab.exercises.lab14 import skipped_stages
+    from ppolab.train import resolve_config
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        on = resolve_config("ppo_gae_tiny")
+        no_kl = resolve_config("ppo_gae_tiny", ["algorithm.use_kl_in_reward=false"])
+        no_critic = resolve_config("ppo_gae_tiny", ["critic.enable=false", "algorithm.adv_estimator=grpo",
+                                                    "actor_rollout_ref.rollout.n=4"])
+    assert skipped_stages(on, no_kl) == [("compute_ref_log_prob", "ref_log_prob")]
+    assert skipped_stages(on, no_critic) == [("compute_values", "values")]
+    assert skipped_stages(on, on) == [] and skipped_stages(no_kl, on) == []

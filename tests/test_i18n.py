@@ -32,6 +32,7 @@ ALLOWED = {
     "advantage", "advantages", "ratio", "log-ratio", "entropy", "mask", "loss", "optimizer", "step", "value",
     "temperature", "estimator", "controller", "adaptive", "reward-side", "loss-side", "tool", "observation",
     "policy", "policy-gradient", "rejection", "trainer", "fraction", "bonus",
+    "run",  # ppolab's recorded training run ("该 run", labs/GLOSSARY.md)
 }
 
 
@@ -187,13 +188,27 @@ def test_the_prose_detector_sees_english():
     assert english_words("actor/pg_clipfrac = 0.2, loss_type=reinforce, {id}: 裁剪 token ConfigNotice exp(") == []
 
 
+def punctuation_left(strings) -> dict[str, list[str]]:
+    """{text: its punctuation problems (labs/GLOSSARY.md, 标点)} for every rendered text that has any. A rendered
+    text is a whole sentence, not a fragment, so its brackets must pair up in one kind."""
+    from test_zh_terms import punct_problems
+
+    return {t: p for t in strings if (p := punct_problems(t))}
+
+
 @pytest.mark.parametrize("name", sorted(_explorers()))
 def test_explorer_speaks_chinese(name, zh):
+    """No English prose after the controls moved, and the glossary's punctuation in every text before and after
+    (a readout built from English fragments keeps their half-width brackets and colons: issue 25)."""
     w = _explorers()[name]()
+    bad = punctuation_left(texts(w))
     move_every_control(w)
     left = {t: english_words(t) for t in texts(w) if english_words(t)}
     assert not left, f"{name}: English left in {len(left)} text(s): " + "\n".join(
         f"{words} in {t[:200]!r}" for t, words in list(left.items())[:15])
+    bad.update(punctuation_left(texts(w)))
+    assert not bad, f"{name}: punctuation problems in {len(bad)} text(s): " + "\n".join(
+        f"{p} in {t[:200]!r}" for t, p in list(bad.items())[:15])
 
 
 def _english_left(w) -> dict[str, list[str]]:
@@ -221,7 +236,7 @@ def test_every_metric_meaning_and_warning_sign_speaks_chinese(zh):
 
     import pandas as pd
 
-    from ppolab.widgets.metrics import METRIC_MEANINGS, meaning, warning_signs
+    from ppolab.widgets.metrics import METRIC_MEANINGS, meaning, sign_text, warning_signs
 
     lines = [tr(v) for v in METRIC_MEANINGS.values()] + [tr(meaning("no/such/metric"))]
     steps = range(1, 21)
@@ -241,9 +256,14 @@ def test_every_metric_meaning_and_warning_sign_speaks_chinese(zh):
     }, index=list(steps))
     signs = [warning_signs(wild), warning_signs(still)]
     assert len(signs[0]) >= 12 and len(signs[1]) >= 3, signs  # the made-up curves do fire the signs
-    lines += [tr(s) for s in signs[0] + signs[1]]
+    # as metrics_dashboard shows them: each sign through its own whole zh template, not English pieces
+    assert [s for s in signs[0] + signs[1] if tr(s.template) == s.template] == []
+    shown = [sign_text(s) for s in signs[0] + signs[1]]
+    lines += shown
     left = {t: english_words(t) for t in lines if english_words(t) or not re.search(_CJK, t)}
     assert not left, "\n".join(f"{words} in {t[:200]!r}" for t, words in list(left.items())[:15])
+    bad = punctuation_left(shown)
+    assert not bad, "\n".join(f"{p} in {t[:200]!r}" for t, p in list(bad.items())[:15])
 
 
 def test_exercise_checks_speak_chinese(zh):
@@ -266,3 +286,27 @@ def test_exercise_checks_speak_chinese(zh):
     wrong = exercises.check(ex_id, sol.WRONG[ex_id][0])
     assert not wrong.ok and exercises.hints(ex_id)[0] in wrong.message and "hint" not in wrong.message
     exercises.reset()
+
+
+def _tr_of_built_strings(source: str) -> list[int]:
+    """Lines where ``tr`` is called on a string built at run time (an f-string, or a sum with one)."""
+    import ast
+
+    def built(node) -> bool:
+        return isinstance(node, ast.JoinedStr) or (isinstance(node, ast.BinOp) and (built(node.left)
+                                                                                     or built(node.right)))
+    return [n.lineno for n in ast.walk(ast.parse(source))
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "tr" and n.args
+            and built(n.args[0])]
+
+
+def test_readouts_are_whole_templates():
+    """tr(f"…") translates an f-string's output piece by piece, in English word order with English brackets; a
+    readout is tr("… {field} …").format(...) instead, whose Chinese is a sentence of its own (issue 25)."""
+    from pathlib import Path
+
+    assert _tr_of_built_strings('tr(f"row {i}")\ntr("a " + f"{b}")\ntr("row {i}").format(i=1)\n') == [1, 2]
+    root = Path(__file__).resolve().parents[1] / "ppolab"
+    bad = {str(p.relative_to(root)): lines for p in sorted(root.rglob("*.py"))
+           if (lines := _tr_of_built_strings(p.read_text(encoding="utf-8")))}
+    assert not bad, f"tr() of an f-string (use a whole template): {bad}"

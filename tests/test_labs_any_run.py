@@ -138,3 +138,30 @@ def test_lab_pair_puts_the_run_in_its_configurations_place(monkeypatch):
     assert lab_pair(("grpo_tiny", "ppo_gae_tiny")) == ("grpo_tiny", "ppo_fire_tiny")
     monkeypatch.setenv("PPOLAB_RUN", "grpo_tool_tiny")
     assert lab_pair(("grpo_tiny", "ppo_gae_tiny")) == ("grpo_tool_tiny", "ppo_gae_tiny")
+
+
+@pytest.fixture(scope="session")
+def realistic_run(tmp_path_factory) -> str:
+    """The realistic-shape run of ``bench/realistic_shape.py`` (151,936-token vocabulary, 64 rows × 256 tokens, 2
+    ranks): ``PPOLAB_REALISTIC_RUN=DIR`` reuses one already made, else it is built here (about 10 min on 2 cores)."""
+    given = os.environ.get("PPOLAB_REALISTIC_RUN")
+    if given:
+        if not (Path(given) / "config.json").is_file():
+            pytest.fail(f"PPOLAB_REALISTIC_RUN={given!r} is not a ppolab run dir (no config.json)")
+        return given
+    out = tmp_path_factory.mktemp("realistic")
+    subprocess.run([sys.executable, "bench/realistic_shape.py", "--out", str(out)], cwd=ROOT, check=True,
+                   timeout=3600)
+    return str(next(p.parent for p in out.rglob("config.json") if (p.parent / "steps").is_dir()))
+
+
+@pytest.mark.realistic
+@pytest.mark.parametrize("lab", LABS)
+def test_every_lab_on_the_realistic_shape_run(lab, request):
+    """Issue 23 §5 (c): every lab runs to its end on a real model's shape. Not in .ci/run (building the run and
+    opening 18 labs on it cost about 40 min on 2 cores): select it with ``-m realistic``."""
+    if "realistic" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("every lab on the realistic-shape run (about 40 min): select it with -m realistic")
+    t = time.time()
+    run_lab(lab, request.getfixturevalue("realistic_run"))
+    print(f"{lab} on the realistic-shape run: {time.time() - t:.0f} s")

@@ -33,7 +33,8 @@ def test_first_mini_batch_is_the_first_64_rows():
     assert mini_batch_rows(RUN, 1, 1) == list(range(64, 128))
 
 
-@pytest.mark.parametrize("mode", INVARIANT_MODES)
+@pytest.mark.parametrize("mode", [m if m == "token-mean" else pytest.param(m, marks=pytest.mark.slow)
+                                  for m in INVARIANT_MODES])
 def test_same_update_for_every_micro_batching(mode, token_mean):
     out = token_mean if mode == "token-mean" else replays(mode, FACTOR)
     assert [len(p) for p in out["micro=1"]["micro_batches"]] == [1] * 64

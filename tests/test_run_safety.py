@@ -230,6 +230,7 @@ def _with_reward(f: Path) -> list[str]:
     return [f"custom_reward_function.path={f}", "custom_reward_function.name=my_score"]
 
 
+@pytest.mark.slow
 def test_a_reward_that_changes_extra_info_changes_nothing_else(tmp_path):
     seen = tmp_path / "seen.jsonl"
     f = _reward_file(tmp_path, f"    with open({str(seen)!r}, 'a') as out:\n"
@@ -242,8 +243,10 @@ def test_a_reward_that_changes_extra_info_changes_nothing_else(tmp_path):
 
 
 @pytest.mark.parametrize("body, shown", [("    sys.exit(0)", "sys.exit(0)"),
-                                         ("    raise KeyboardInterrupt", "KeyboardInterrupt itself"),
-                                         ("    raise SystemExit('done')", "sys.exit('done')")])
+                                         pytest.param("    raise KeyboardInterrupt", "KeyboardInterrupt itself",
+                                                      marks=pytest.mark.slow),
+                                         pytest.param("    raise SystemExit('done')", "sys.exit('done')",
+                                                      marks=pytest.mark.slow)])
 def test_a_reward_that_exits_is_a_reward_error_never_a_clean_exit(tmp_path, capsys, body, shown):
     f = _reward_file(tmp_path, body)
     with pytest.raises(RewardError) as e:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import string
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -118,6 +119,67 @@ def zh_texts() -> Iterator[tuple[str, str, str | None]]:
         yield f"i18n_zh.json {en[:50]!r}", zh, en
 
 
+# -- whole-sentence templates (i18n_zh.json keys with {field} placeholders) ----------------------------------
+
+_FORMATTER = string.Formatter()
+
+
+def placeholders(template: str) -> set[tuple[str, str, str]]:
+    """{(field, conversion, spec)} of a str.format template; plotly's %{field} is not one (plotly fills it)."""
+    out = set()
+    for literal, field, spec, conv in _FORMATTER.parse(template):
+        if field is not None and not literal.endswith("%"):
+            out.add((field, conv or "", spec or ""))
+    return out
+
+
+def _samples(spec: str) -> tuple:
+    """Sample values to fill a field whose format spec is `spec`, the likeliest first."""
+    kind = spec[-1:] if spec else ""
+    if kind in ("d", "n", "x", "X", "o", "b", "c"):
+        return (3,)
+    if kind in ("e", "E", "f", "F", "g", "G", "%"):
+        return (0.0476,)
+    if kind == "s":
+        return ("mini-batch",)
+    return (3, 0.0476, "mini-batch")
+
+
+def render(template: str) -> str:
+    """`template` filled with sample values derived from each field's spec (raises if none fits)."""
+    values: dict[str, object] = {}
+    for field, _, spec in sorted(placeholders(template)):
+        name = re.split(r"[.\[]", field)[0]
+        for v in _samples(spec):
+            try:
+                format(v, spec)
+            except (ValueError, TypeError):
+                continue
+            values[name] = v
+            break
+        else:
+            raise ValueError(f"no sample value fits {{{field}:{spec}}}")
+    return _plotly_kept(template).format(**values).replace("\0", "%{").replace("\1", "}")
+
+
+def _plotly_kept(template: str) -> str:
+    """`template` with plotly's %{…} fields protected from str.format."""
+    return re.sub(r"%\{([^{}]*)\}", lambda m: "\0" + m.group(1).replace("{", "").replace("}", "") + "\1", template)
+
+
+def template_problems(en: str, zh: str) -> list[str]:
+    """What is wrong with a zh template of the English template `en`: another placeholder set, a failure to
+    render, or punctuation problems in the rendered Chinese (checked against the rendered English, so a fragment
+    may still open what its English opens)."""
+    if placeholders(en) != placeholders(zh):
+        return [f"placeholders differ: en {sorted(placeholders(en))}, zh {sorted(placeholders(zh))}"]
+    try:
+        en_text, zh_text = render(en), render(zh)
+    except (ValueError, KeyError, IndexError) as e:
+        return [f"does not render: {e!r}"]
+    return punct_problems(zh_text, en=en_text)
+
+
 # -- the checkers themselves --------------------------------------------------------------------------------
 
 _SAMPLE_GLOSSARY = """
@@ -189,3 +251,105 @@ def test_meaning_fixes_stay_fixed(cid: str, bad: str) -> None:
             assert bad not in cells[cid]["zh"]
             return
     pytest.fail(f"cell {cid} not found")
+
+
+def test_template_checker_catches_planted_problems() -> None:
+    en = "{label}: pg_clipfrac = {f:.4f} ({n}/{m} tokens)"
+    assert template_problems(en, "{label}：pg_clipfrac = {f:.4f}（{n}/{m} 个 token）") == []
+    assert template_problems(en, "{label}：pg_clipfrac = {f:.4f} ({n}/{m} 个 token）")  # mixed brackets
+    assert template_problems(en, "{label}：pg_clipfrac = {f:.4f}（{n}/{m} 个 token")  # unmatched
+    assert template_problems(en, "{label}:pg_clipfrac 为 {f:.4f}（{n}/{m} 个 token）") == []  # ':' not between CJK
+    assert template_problems(en, "{label}：pg_clipfrac = {f:.3f}（{n}/{m} 个 token）")  # another spec
+    assert template_problems(en, "{label}：pg_clipfrac = {f:.4f}（{n} 个 token）")  # a field lost
+    assert template_problems("row {i}", "第 {i} 行") == []
+    assert template_problems("{n:d} rows", "{n:d}  行") == []  # digits, not CJK, before the spaces
+    assert template_problems("row {i}, position {j}", "第 {i} 行 , 位置 {j}")  # half-width comma between CJK
+    assert render("row %{y}: {n:.2f}") == "row %{y}: 0.05"  # plotly's field stays for plotly
+
+
+def test_templates_render_whole_in_chinese() -> None:
+    table = json.loads(I18N.read_text(encoding="utf-8"))
+    templates = {en: zh for en, zh in table.items() if placeholders(en) or placeholders(zh)}
+    assert len(templates) >= 40  # the widgets' readouts are templates (issue 25), not f-strings
+    bad = [f"{en[:70]!r}: {p}" for en, zh in templates.items() for p in template_problems(en, zh)]
+    assert not bad, f"{len(bad)} template problems:\n" + "\n".join(bad[:60])
+
+
+# -- no English prose inside LaTeX \text{} ----------------------------------------------------------------------
+
+_TEXT = re.compile(r"\\text\{([^{}]*)\}")
+_EN_WORD = re.compile(r"(?<![\w\\-])[A-Za-z][A-Za-z-]+(?![\w(])")  # a hyphenated name is one word
+
+
+def latex_prose_problems(text: str) -> list[str]:
+    r"""`\text{…}` spans of a zh text that hold English prose: two or more English words, or one word with a space
+    around it that runs on into the formula (``\text{global }\Sigma``). A span with Chinese in it is Chinese prose
+    (its English words are the glossary's terms, checked above); a single word is a symbol's name
+    (``\text{score}_t``, ``\text{clip}``), a hyphenated one a mode's (``\text{seq-mean-token-mean: }``), and
+    identifiers (``\text{ppo\_kl}``) are code."""
+    out = []
+    for m in _TEXT.finditer(text):
+        body = m.group(1).replace(r"\_", "_")
+        if re.search(_CJK, body):
+            continue
+        words = [w for w in _EN_WORD.findall(body) if "_" not in w]
+        spaced = len(words) == 1 and body != body.strip() and not re.search(r"[:;,=]", body)
+        if len(words) >= 2 or spaced:
+            out.append(m.group(0))
+    return out
+
+
+def test_latex_prose_checker() -> None:
+    assert latex_prose_problems(r"$\text{for every response token } t$") == [r"\text{for every response token }"]
+    assert latex_prose_problems(r"$\text{global }\Sigma$ 与 $\text{local mini}$") == [r"\text{global }",
+                                                                                      r"\text{local mini}"]
+    assert latex_prose_problems(r"$\text{score}_t$、$\text{ppo\_kl}$、$\text{对每个 response token } t$") == []
+    assert latex_prose_problems(r"$\text{seq-mean-token-mean: } L$") == []  # a loss_agg_mode's name
+
+
+def test_no_english_prose_inside_latex_text() -> None:
+    bad = [f"{where}: {p}" for where, text, _ in zh_texts() for p in latex_prose_problems(text)]
+    assert not bad, f"{len(bad)} English \\text{{…}} spans:\n" + "\n".join(bad[:40])
+
+
+# -- prose names each control as the Chinese UI labels it -------------------------------------------------------
+
+WIDGETS = ROOT / "ppolab" / "widgets"
+
+
+def control_labels() -> dict[str, str]:
+    """{English label: Chinese label} of every widget control whose label the UI translates (``description=tr(…)``
+    in ppolab/widgets, and the optimizer-step slider's default)."""
+    table = json.loads(I18N.read_text(encoding="utf-8"))
+    found = set()
+    for path in WIDGETS.glob("*.py"):
+        found |= set(re.findall(r'description=tr\("([^"]+)"\)', path.read_text(encoding="utf-8")))
+    found.add("opt step")
+    return {en: table[en] for en in sorted(found) if table.get(en, en) != en}
+
+
+def control_name_problems(text: str, labels: dict[str, str]) -> list[str]:
+    """English control labels that zh prose names as a control — in bold, in quotes, or followed by 滑块 / 按钮 /
+    开关 / 下拉框 — where the Chinese UI shows its Chinese label."""
+    body = prose(text)
+    out = []
+    for en, zh in labels.items():
+        e = re.escape(en)
+        if re.search(rf"\*\*{e}\*\*|“{e}”|(?<![\w-]){e}\s*(滑块|按钮|开关|下拉框|复选框)", body):
+            out.append(f"{en!r} (the UI says {zh!r})")
+    return out
+
+
+def test_control_name_checker() -> None:
+    labels = {"mistake on": "错误开启", "opt step": "optimizer step"}
+    assert control_name_problems("点 **mistake on**，再移动 opt step 滑块", labels) == [
+        "'mistake on' (the UI says '错误开启')", "'opt step' (the UI says 'optimizer step')"]
+    assert control_name_problems("点 **错误开启**，再移动 optimizer step 滑块；`opt step` 是代码", labels) == []
+
+
+def test_prose_names_controls_as_the_ui_does() -> None:
+    labels = control_labels()
+    assert {"mistake on", "replay every micro-batching", "stretch"} <= set(labels)
+    bad = [f"{where}: {p}" for where, text, en in zh_texts() if en is None
+           for p in control_name_problems(text, labels)]
+    assert not bad, "\n".join(bad[:40])

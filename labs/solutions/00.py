@@ -31,10 +31,46 @@ def _logged_clipfrac_of_step_1(run=None):
     return float(resolve_run(run).metrics.loc[1, "actor/pg_clipfrac"])
 
 
+def loss_calls(run=None, micro=True, critic_top_level=False):
+    """(ppo_loss calls, value_loss calls) on rank 0 in the run's first recorded step."""
+    from ppolab.numbers.critic_engine import critic_micro_batches
+
+    r = resolve_run(run)
+    step = r.steps[0]
+    c, dp = r.config, int(r.step(step).info.get("dp_size", 1) or 1)
+    actor, crit, n = c["actor_rollout_ref"]["actor"], c["critic"], c["actor_rollout_ref"]["rollout"]["n"]
+    plan = plan_batches(c["data"]["train_batch_size"], n, actor["ppo_mini_batch_size"], dp,
+                        actor["ppo_micro_batch_size_per_gpu"], actor["ppo_epochs"],
+                        pad_to=padding_multiple(dp, actor["ppo_mini_batch_size"] * n,
+                                                *([crit["ppo_mini_batch_size"] * n] if crit.get("enable") else [])))
+    if not micro:
+        actor_calls = plan.optimizer_steps
+    elif plan.micro_batches_per_mini is not None:
+        actor_calls = plan.optimizer_steps * plan.micro_batches_per_mini
+    else:  # use_dynamic_bsz: cut each of rank 0's mini-batches by the token budget (one rank here)
+        from ppolab.batching import mini_batch_indices
+        from ppolab.engine import Batch, micro_batches
+
+        t = r.step(step).tensors
+        rank0 = Batch({k: t[k] for k in ("prompt_mask", "response_mask")}).select(list(range(plan.rows_per_rank)))
+        minis = mini_batch_indices(plan.rows_per_rank, plan.local_mini_batch, plan.ppo_epochs, actor["shuffle"],
+                                   actor["data_loader_seed"])
+        actor_calls = sum(len(micro_batches(rank0.select(m), None, actor["ppo_max_token_len_per_gpu"]))
+                          for epoch in minis for m in epoch)
+    if "critic_vpreds" not in r.step(step).tensors:
+        return actor_calls, 0
+    updates = r.step(step).tensors["critic_vpreds"].shape[0]
+    if critic_top_level:  # the mistake: the critic cut by its top-level ppo_micro_batch_size_per_gpu
+        local = crit["ppo_mini_batch_size"] * n // dp
+        return actor_calls, updates * -(-local // crit["ppo_micro_batch_size_per_gpu"])
+    return actor_calls, sum(len(critic_micro_batches(r, u, 0, step=step)) for u in range(updates))
+
+
 SOLUTIONS = {
     "00.1": first_clipfrac,
     "00.2": optimizer_steps,
     "00.3": val_accuracy_change,
+    "00.4": loss_calls,
 }
 
 #: Plausible wrong answers: each must be told "not yet".
@@ -47,4 +83,7 @@ WRONG = {
     "00.3": [lambda run=None: -val_accuracy_change(run),
              lambda run=None: float(resolve_run(run).metrics["val/accuracy"].dropna().iloc[-1]),
              lambda run=None: 100 * val_accuracy_change(run)],
+    # optimizer steps instead of micro-batches; the actor's count for both; all ranks' calls (× 2 ranks, or 2·n)
+    "00.4": [lambda run=None: loss_calls(run, micro=False), lambda run=None: (loss_calls(run)[0],) * 2,
+             lambda run=None: tuple(2 * x for x in loss_calls(run))],
 }

@@ -44,3 +44,36 @@ def _e3(run=None) -> float:
 
     s = resolve_run(run).summary  # written by the trainer at the end of the run
     return s["val_after"]["val/accuracy"] - s["val_before"]["val/accuracy"]
+
+
+def reading_order_case(run=None) -> dict:
+    """Exercise 00.4's step: the run's first recorded step."""
+    from ppolab.record import resolve_run
+
+    return {"step": resolve_run(run).steps[0]}
+
+
+@exercise("00.4", "Predict, then verify — places 3, 6 and 7–10 of the reading order, nested (§17): `_update_actor` "
+                  "hands the batch to `train_mini_batch`, which calls `train_batch` once per mini-batch and epoch "
+                  "(one optimizer step each); `train_batch` cuts its mini-batch with `prepare_micro_batches` and "
+                  "runs the loss once per micro-batch — `ppo_loss` for the actor, `value_loss` for the critic. At "
+                  "recorded step {step} of RUN, on data-parallel rank 0, how many times did `ppo_loss` run, and how "
+                  "many times `value_loss` (0 without a critic)? Answer (ppo_loss calls, value_loss calls).",
+          hints=("Count optimizer steps first (ppo_epochs × mini-batches), then micro-batches per mini-batch on one "
+                 "rank. The critic has its own epochs and mini-batch size, and V1 cuts its micro-batches by the "
+                 "token budget critic.ppo_infer_max_token_len_per_gpu, not by its top-level micro-batch fields "
+                 "(§11.6).",
+                 "Actor: plan_batches(...) with the run's config gives optimizer_steps × micro_batches_per_mini. "
+                 "Critic: Σ over its updates u of len(ppolab.numbers.critic_engine.critic_micro_batches(run, u, 0, "
+                 "step={step}))."),
+          context=("run",), case=reading_order_case)
+def _e4(run=None) -> tuple[int, int]:
+    from ppolab.numbers.capstone import update_plan
+    from ppolab.record import resolve_run
+
+    r = resolve_run(run)
+    step = reading_order_case(r)["step"]
+    # update_plan is what Worker.update did: plan[optimizer step][rank] → that rank's micro-batches
+    actor = sum(len(p[0]) for p in update_plan(r, step, "actor"))
+    critic = sum(len(p[0]) for p in update_plan(r, step, "critic")) if "critic_vpreds" in r.step(step).tensors else 0
+    return actor, critic

@@ -46,28 +46,47 @@ def _e2() -> tuple[str, str]:
 
 def skipped_stages(on, off) -> list[tuple[str, str]]:
     """(PPOTrainer method, the batch key it writes) of every stage that config ``on`` runs and ``off`` skips, read
-    from ppolab's trainer source (``ppolab/trainer.py``, not imported: no model library is loaded): the trainer's
-    switches (``self.use_ref, … = cfg.use_reference_policy, …``), the stages ``PPOTrainer.step`` runs under each
-    (``if self.use_ref: … self.compute_ref_log_prob(batch)``), and the keys each writes (``batch["…"] = …``)."""
-    import re
+    from ppolab's trainer source with ``ast`` (``ppolab/trainer.py`` is parsed, not imported: no model library is
+    loaded): the trainer's switches (``self.use_ref, … = cfg.use_reference_policy, …`` in ``__init__``), the stages
+    ``PPOTrainer.step`` runs under each (``if self.use_ref: … self.compute_ref_log_prob(batch)``), and the keys each
+    writes (``batch["…"] = …``). Layout and formatting do not matter; a ``step`` without any switch-guarded stage
+    is an error, not an empty answer."""
+    import ast
     from pathlib import Path
 
     import ppolab
 
-    src = (Path(ppolab.__file__).parent / "trainer.py").read_text(encoding="utf-8")
-    lhs, rhs = re.search(r"((?:self\.\w+,\s*)*self\.\w+)\s*=\s*((?:cfg\.\w+,\s*)*cfg\.\w+)\n", src).groups()
-    switches = dict(zip(re.findall(r"self\.(\w+)", lhs), re.findall(r"cfg\.(\w+)", rhs)))
-    step = src[src.index("    def step("):]
-    step = step[: step.index("\n    def ", 1)]
-    gated = re.findall(r"if self\.(\w+):\s*\n\s*with timer\(timing, \"\w+\"\):\s*\n\s*(?:[^\n=]+=\s*)?self\.(\w+)\(",
-                       step)
-    out = []
-    for flag, method in gated:
-        attr = switches.get(flag)
-        if attr and getattr(on, attr) and not getattr(off, attr):
-            body = src[src.index(f"    def {method}("):]
-            body = body[: body.index("\n    def ", 1)]
-            out += [(method, key) for key in re.findall(r'batch\["(\w+)"\]\s*=', body)]
+    tree = ast.parse((Path(ppolab.__file__).parent / "trainer.py").read_text(encoding="utf-8"))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "PPOTrainer")
+    methods = {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef)}
+
+    def attr_of(node: ast.AST, owner: str) -> str | None:
+        ok = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == owner
+        return node.attr if ok else None
+
+    switches: dict[str, str] = {}  # self.use_ref → use_reference_policy (an attribute of the resolved config)
+    for node in ast.walk(methods["__init__"]):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            lhs, rhs = node.targets[0], node.value
+            pairs = zip(lhs.elts, rhs.elts) if isinstance(lhs, ast.Tuple) and isinstance(rhs, ast.Tuple) else \
+                [(lhs, rhs)]
+            for t, v in pairs:
+                if attr_of(t, "self") and attr_of(v, "cfg"):
+                    switches[attr_of(t, "self")] = attr_of(v, "cfg")
+    out, gates = [], 0
+    for node in ast.walk(methods["step"]):
+        flag = attr_of(node.test, "self") if isinstance(node, ast.If) else None
+        gates += flag in switches
+        if flag not in switches or not (getattr(on, switches[flag]) and not getattr(off, switches[flag])):
+            continue
+        called = [attr_of(c.func, "self") for c in ast.walk(node) if isinstance(c, ast.Call)]
+        for method in (m for m in called if m in methods):
+            keys = [t.slice.value for a in ast.walk(methods[method]) if isinstance(a, ast.Assign)
+                    for t in a.targets if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name)
+                    and t.value.id == "batch" and isinstance(t.slice, ast.Constant)]
+            out += [(method, key) for key in keys]
+    if not gates:
+        raise RuntimeError("ppolab/trainer.py: no optional stage found behind a switch (PPOTrainer.__init__ / step)")
     return out
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+from ppolab.i18n import Sign, sign_text, tr  # noqa: F401 (sign_text re-exported)
 from ppolab.record import resolve_run
 
 
@@ -105,7 +106,8 @@ def _frame(run):
 
 def warning_signs(run=None, thresholds: dict | None = None) -> list[str]:
     """Chapter §15's warning signs, checked on a run's metrics (a Run, a run name/path, or a metrics DataFrame
-    indexed by step). Returns one human-readable line per sign found (empty list: nothing alarming).
+    indexed by step). Returns one human-readable English line per sign found (empty list: nothing alarming);
+    each is a :class:`Sign`, which :func:`sign_text` shows in the notebook's language.
 
     "Late" means the second half of the training steps. Checks: non-finite losses; actor/pg_clipfrac persistently
     high; |actor/ppo_kl| large; actor/pg_clipfrac_lower high; actor/entropy collapse; actor/grad_norm and
@@ -127,7 +129,8 @@ def warning_signs(run=None, thresholds: dict | None = None) -> list[str]:
         return out
     from ppolab.rewards import reward_warning_signs
 
-    out += reward_warning_signs(m)  # critic/score non-finite (NaN/inf, logged as null) or the same for every response
+    # critic/score non-finite (NaN/inf, logged as null) or the same for every response
+    out += reward_warning_signs(m)
 
     def col(name):
         return m[name].dropna() if name in m else None
@@ -141,66 +144,74 @@ def warning_signs(run=None, thresholds: dict | None = None) -> list[str]:
         s = m[name].astype(float)
         bad = s[~s.apply(math.isfinite)]  # NaN (logged as null) or ±inf
         if len(bad):
-            out.append(f"{name} is not finite (NaN/inf) at {len(bad)} step(s), first at step {bad.index[0]}")
+            out.append(Sign("{name} is not finite (NaN/inf) at {n} step(s), first at step {first}",
+                            name=name, n=len(bad), first=bad.index[0]))
     s = col("actor/pg_clipfrac")
     if s is not None and len(s) and late(s).median() > th["pg_clipfrac_high"]:
-        out.append(f"actor/pg_clipfrac persistently high (late median {late(s).median():.3f} > "
-                   f"{th['pg_clipfrac_high']}): updates too large — lower lr, ppo_epochs or raise the mini-batch")
+        out.append(Sign("actor/pg_clipfrac persistently high (late median {median:.3f} > {limit}): updates too "
+                        "large — lower lr, ppo_epochs or raise the mini-batch",
+                        median=late(s).median(), limit=th["pg_clipfrac_high"]))
     if s is not None and len(s) >= 2 and late(s).max() <= th["pg_clipfrac_zero"]:
-        out.append(f"actor/pg_clipfrac stays at 0 (late max {late(s).max():.3g}): the policy barely moves between "
-                   "π_old and the update — expected only with one mini-batch and one epoch (fully on-policy)")
+        out.append(Sign("actor/pg_clipfrac stays at 0 (late max {max:.3g}): the policy barely moves between π_old "
+                        "and the update — expected only with one mini-batch and one epoch (fully on-policy)",
+                        max=late(s).max()))
     s = col("actor/ppo_kl")
     if s is not None and len(s) and s.abs().max() > th["ppo_kl_large"]:
-        out.append(f"actor/ppo_kl large (max |ppo_kl| {s.abs().max():.4f} at step {s.abs().idxmax()} > "
-                   f"{th['ppo_kl_large']}): the update moved far from π_old")
+        out.append(Sign("actor/ppo_kl large (max |ppo_kl| {max:.4f} at step {step} > {limit}): the update moved far "
+                        "from π_old", max=s.abs().max(), step=s.abs().idxmax(), limit=th["ppo_kl_large"]))
     s = col("actor/pg_clipfrac_lower")
     if s is not None and len(s) and late(s).mean() > th["pg_clipfrac_lower_high"]:
-        out.append(f"actor/pg_clipfrac_lower high (late mean {late(s).mean():.3f}): extreme ratios on "
-                   "negative advantages")
+        out.append(Sign("actor/pg_clipfrac_lower high (late mean {mean:.3f}): extreme ratios on negative advantages",
+                        mean=late(s).mean()))
     s = col("actor/entropy")
     if s is not None and len(s) >= 4:
         early = s.iloc[: max(1, len(s) // 10)].mean()
         end = s.iloc[-max(1, len(s) // 10):].mean()
         if early > 0 and end < th["entropy_collapse_ratio"] * early:
-            out.append(f"actor/entropy collapsed ({early:.3f} → {end:.3f}, below {th['entropy_collapse_ratio']:.0%} "
-                       "of its start): exploration is gone")
+            out.append(Sign("actor/entropy collapsed ({early:.3f} → {end:.3f}, below {ratio:.0%} of its start): "
+                            "exploration is gone", early=early, end=end, ratio=th["entropy_collapse_ratio"]))
     for name in ("actor/grad_norm", "critic/grad_norm"):
         s = col(name)
         if s is not None and len(s) >= 4:
             med = s.median()
             spikes = s[s > th["grad_norm_spike"] * med] if med > 0 else s.iloc[:0]
             if len(spikes):
-                out.append(f"{name} spikes: {len(spikes)} step(s) above {th['grad_norm_spike']:g}× the median "
-                           f"{med:.3g} (first at step {spikes.index[0]}, {spikes.iloc[0]:.3g})")
+                out.append(Sign("{name} spikes: {n} step(s) above {factor:g}× the median {median:.3g} (first at step "
+                                "{first}, {value:.3g})", name=name, n=len(spikes), factor=th["grad_norm_spike"],
+                                median=med, first=spikes.index[0], value=spikes.iloc[0]))
     s = col("response_length/clip_ratio")
     if s is not None and len(s) and late(s).mean() > th["clip_ratio_high"]:
-        out.append(f"response_length/clip_ratio high (late mean {late(s).mean():.2f}): many responses are truncated "
-                   "at max_response_length")
+        out.append(Sign("response_length/clip_ratio high (late mean {mean:.2f}): many responses are truncated at "
+                        "max_response_length", mean=late(s).mean()))
     s = col("critic/vf_clipfrac")
     if s is not None and len(s) and late(s).median() > th["vf_clipfrac_high"]:
-        out.append(f"critic/vf_clipfrac high (late median {late(s).median():.3f}): critic steps too large")
+        out.append(Sign("critic/vf_clipfrac high (late median {median:.3f}): critic steps too large",
+                        median=late(s).median()))
     if col("actor/kl_loss") is not None and col("actor/kl_coef") is not None and col("actor/pg_loss") is not None:
         kl_term = late((m["actor/kl_coef"] * m["actor/kl_loss"]).dropna()).median()
         pg = late(m["actor/pg_loss"].dropna()).abs().median()
         if len(m["actor/kl_loss"].dropna()) >= 2 and kl_term > th["kl_term_dominates"] * pg:
-            out.append(f"KL term dominates: late median kl_coef·kl_loss {kl_term:.3g} > {th['kl_term_dominates']:g}×"
-                       f"|pg_loss| {pg:.3g} — the reference KL, not the advantage, drives the update")
+            out.append(Sign("KL term dominates: late median kl_coef·kl_loss {kl:.3g} > {factor:g}×|pg_loss| {pg:.3g} "
+                            "— the reference KL, not the advantage, drives the update",
+                            kl=kl_term, factor=th["kl_term_dominates"], pg=pg))
     s = col("critic/vf_loss")
     if (s is not None and len(s) >= 2 and col("critic/returns/max") is not None
             and col("critic/returns/min") is not None):
         span = late((m["critic/returns/max"] - m["critic/returns/min"]).dropna()).mean()
         scale = 0.5 * span ** 2 if span > 0 else 1.0
         if late(s).median() > th["vf_loss_large"] * scale:
-            out.append(f"critic/vf_loss persistently large (late median {late(s).median():.3g} > "
-                       f"{th['vf_loss_large']:g}×½·(returns span {span:.3g})²): critic and return scale do not match")
+            out.append(Sign("critic/vf_loss persistently large (late median {median:.3g} > {factor:g}×½·(returns "
+                            "span {span:.3g})²): critic and return scale do not match",
+                            median=late(s).median(), factor=th["vf_loss_large"], span=span))
     s = col("training/rollout_probs_diff_mean")
     if s is not None and len(s) and s.max() > th["rollout_probs_diff_high"]:
-        out.append(f"training/rollout_probs_diff_mean high (max {s.max():.3g} at step {s.idxmax()} > "
-                   f"{th['rollout_probs_diff_high']:g}): the rollout engine samples from another policy than the "
-                   "trainer's — stale weights or an adapter that did not reach the engine, or low precision; fix "
-                   "the weight sync, or correct with algorithm.rollout_correction.rollout_is")
+        out.append(Sign("training/rollout_probs_diff_mean high (max {max:.3g} at step {step} > {limit:g}): the "
+                        "rollout engine samples from another policy than the trainer's — stale weights or an adapter "
+                        "that did not reach the engine, or low precision; fix the weight sync, or correct with "
+                        "algorithm.rollout_correction.rollout_is",
+                        max=s.max(), step=s.idxmax(), limit=th["rollout_probs_diff_high"]))
     s = col("critic/vf_explained_var")
     if s is not None and len(s) >= 2 and late(s).mean() < 0:
-        out.append(f"critic/vf_explained_var negative late in training (late mean {late(s).mean():.3f}): the critic "
-                   "explains less than a constant")
+        out.append(Sign("critic/vf_explained_var negative late in training (late mean {mean:.3f}): the critic "
+                        "explains less than a constant", mean=late(s).mean()))
     return out

@@ -155,7 +155,7 @@ _FIELDS = {"step": "recorded step", "opt_step": "optimizer step", "update": "cri
 
 def case_line(found: dict) -> str:
     """The case a finder chose, in one line: ``case in this run: recorded step 24, optimizer step 8``."""
-    from ppolab.i18n import tr
+    from ppolab.i18n import get_language, tr
 
     parts = [f"{tr(_FIELDS[k])} {v}" for k, v in found.items() if k in _FIELDS]
-    return tr("case in this run:") + " " + ", ".join(parts)
+    return tr("case in this run: {parts}").format(parts=("，" if get_language() == "zh" else ", ").join(parts))

@@ -122,7 +122,8 @@ def batch_calculator(run=None, step=None, max_token_len: int | None = None, **si
             plan, error = None, str(e)
         box.plan, box.error = plan, error
         if plan is None:
-            table.value = tr(f"<b style='color:#b00'>invalid: {html.escape(error)}</b>")
+            # the error is ppolab.batching's own English; tr translates the parts it knows
+            table.value = tr("<b style='color:#b00'>invalid: {error}</b>").format(error=html.escape(tr(error)))
             with figs["timeline"].batch_update():
                 figs["timeline"].data[0].update(x=[], y=[], text=[])
                 figs["timeline"].layout.title = tr("invalid configuration")
@@ -131,14 +132,16 @@ def batch_calculator(run=None, step=None, max_token_len: int | None = None, **si
         shown = min(plan.optimizer_steps, MAX_TIMELINE_STEPS)
         per_epoch = plan.optimizer_steps_per_epoch
         xs = [f"e{i // per_epoch + 1}·m{i % per_epoch + 1}" for i in range(shown)]
-        text = [tr(f"{plan.micro_batches_per_mini} waves × {plan.micro_batch_wave} rows") for _ in range(shown)]
+        text = [tr("{n} waves × {rows} rows").format(n=plan.micro_batches_per_mini, rows=plan.micro_batch_wave)] * shown
         with figs["timeline"].batch_update():
             figs["timeline"].data[0].update(x=xs, y=[plan.global_mini_batch] * shown, text=text,
                                             marker={"color": [i // per_epoch for i in range(shown)],
                                                     "colorscale": "Viridis"})
-            figs["timeline"].layout.title = (tr(f"{plan.optimizer_steps} optimizer steps = {per_epoch} per epoch × "
-                                             f"{plan.ppo_epochs} epochs" + (f" (first {shown} shown)"
-                                                                            if shown < plan.optimizer_steps else "")))
+            title = (tr("{n} optimizer steps = {per_epoch} per epoch × {epochs} epochs (first {shown} shown)")
+                     if shown < plan.optimizer_steps else
+                     tr("{n} optimizer steps = {per_epoch} per epoch × {epochs} epochs"))
+            figs["timeline"].layout.title = title.format(n=plan.optimizer_steps, per_epoch=per_epoch,
+                                                         epochs=plan.ppo_epochs, shown=shown)
 
     @on_move
     def refresh_dynamic(*_):

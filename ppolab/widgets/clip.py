@@ -77,17 +77,15 @@ def _clipped_table(b: dict, terms: dict, clipped: torch.Tensor, limit: int = 12)
     """An HTML table of (up to ``limit``) clipped tokens: row, position, ratio, advantage."""
     idx = torch.nonzero(clipped).tolist()
     if not idx:
-        return "<br><i>no token is clipped at these settings</i>"
+        return tr("<br><i>no token is clipped at these settings</i>")
     rows = "".join(
         f"<tr><td>{int(b['rows'][i])}</td><td>{j}</td><td>{terms['ratio'][i, j].item():.4f}</td>"
         f"<td>{b['advantages'][i, j].item():+.4f}</td></tr>"
         for i, j in idx[:limit]
     )
-    more = f"<br><i>… and {len(idx) - limit} more</i>" if len(idx) > limit else ""
-    return (
-        "<br><table><tr><th>row</th><th>position</th><th>ratio</th><th>advantage</th></tr>"
-        f"{rows}</table>{more}"
-    )
+    more = tr("<br><i>… and {n} more</i>").format(n=len(idx) - limit) if len(idx) > limit else ""
+    head = "".join(f"<th>{tr(h)}</th>" for h in ("row", "position", "ratio", "advantage"))
+    return f"<br><table><tr>{head}</tr>{rows}</table>{more}"
 
 
 def _eps_sliders(eps_low: float, eps_high: float) -> dict[str, W.FloatSlider]:
@@ -217,13 +215,12 @@ def clip_explorer(
             rows=b["rows"],
         )
         ratio, adv = terms["ratio"], b["advantages"]
+        label = _opt_step_label(rec, k)
+        point = tr("row {row}, position {pos}, ∂loss/∂log_prob = {g:.3g}")
 
         def hover(sel):
             idx = torch.nonzero(sel)
-            return [
-                tr(f"row {int(b['rows'][i])}, position {int(j)}, ∂loss/∂log_prob = {grad[i, j].item():.3g}")
-                for i, j in idx.tolist()
-            ]
+            return [point.format(row=int(b["rows"][i]), pos=int(j), g=grad[i, j].item()) for i, j in idx.tolist()]
 
         free, bound = drawn(m & ~clipped), drawn(clipped)  # a bounded sample of points; the numbers use all
         with f_batch.batch_update():
@@ -232,24 +229,25 @@ def clip_explorer(
             f_batch.data[1].x, f_batch.data[1].y = ratio[bound].tolist(), adv[bound].tolist()
             f_batch.data[1].hovertext = hover(bound)
             f_batch.layout.shapes = [_vline(lo), _vline(hi)]
-            f_batch.layout.title.text = (
-                tr(f"{_opt_step_label(rec, k)}: pg_clipfrac = {state['pg_clipfrac']:.4f} "
-                f"({state['n_clipped']}/{state['n_tokens']} tokens)") + drawn_note(m, free | bound)
-            )
-        readout.value = (
-            tr(f"<b>{_opt_step_label(rec, k)}</b>, {len(b['rows'])} rows"
-            + (f" ({state['n_padding_rows']} of them synthetic padding rows, no tokens)"
-               if state["n_padding_rows"] else "")
-            + f", {state['n_tokens']} real tokens<br>"
-            f"actor/pg_clipfrac = <b>{state['pg_clipfrac']:.6f}</b> (compute_policy_loss_vanilla), "
-            f"actor/ppo_kl = {state['ppo_kl']:.3g}<br>"
-            f"tokens with zero gradient ∂loss/∂log_prob: {state['n_zero_grad']} — "
-            f"{state['n_zero_adv']} because A = 0 (in GRPO: a group whose rewards were all equal), "
-            f"{state['n_zero_grad_clipped']} because the clip took the ratio out of the loss"
-            + (f" ({state['n_dual_clipped']} of them by the dual clip: A &lt; 0 and ratio &gt; clip_ratio_c = "
-               f"{cfg.clip_ratio_c:g}, lab 05)" if state["n_dual_clipped"] else "")
-            + _clipped_table(b, terms, clipped))
-        )
+            f_batch.layout.title.text = tr("{label}: pg_clipfrac = {f:.4f} ({n}/{m} tokens)").format(
+                label=label, f=state["pg_clipfrac"], n=state["n_clipped"], m=state["n_tokens"]
+            ) + drawn_note(m, free | bound)
+        # one whole template per line (and per variant of a line), so the Chinese has its own word order
+        head = (tr("<b>{label}</b>, {rows} rows ({pad} of them synthetic padding rows, no tokens), "
+                   "{tokens} real tokens") if state["n_padding_rows"] else
+                tr("<b>{label}</b>, {rows} rows, {tokens} real tokens"))
+        zero = (tr("tokens with zero gradient ∂loss/∂log_prob: {zero} — {adv} because A = 0 (in GRPO: a group whose "
+                   "rewards were all equal), {clip} because the clip took the ratio out of the loss ({dual} of them by "
+                   "the dual clip: A &lt; 0 and ratio &gt; clip_ratio_c = {c:g}, lab 05)") if state["n_dual_clipped"]
+                else tr("tokens with zero gradient ∂loss/∂log_prob: {zero} — {adv} because A = 0 (in GRPO: a group "
+                        "whose rewards were all equal), {clip} because the clip took the ratio out of the loss"))
+        readout.value = "<br>".join([
+            head.format(label=label, rows=len(b["rows"]), pad=state["n_padding_rows"], tokens=state["n_tokens"]),
+            tr("actor/pg_clipfrac = <b>{f:.6f}</b> (compute_policy_loss_vanilla), actor/ppo_kl = {kl:.3g}").format(
+                f=state["pg_clipfrac"], kl=state["ppo_kl"]),
+            zero.format(zero=state["n_zero_grad"], adv=state["n_zero_adv"], clip=state["n_zero_grad_clipped"],
+                        dual=state["n_dual_clipped"], c=cfg.clip_ratio_c),
+        ]) + _clipped_table(b, terms, clipped)
 
     for c in controls.values():
         c.observe(update, names="value")
@@ -379,19 +377,19 @@ def dual_clip_explorer(
                 terms["ratio"][shown_dual].tolist(),
                 terms["pg_losses"][shown_dual].tolist(),
             )
-            f_batch.layout.title.text = (
-                tr(f"{_opt_step_label(rec, k)}"
-                + (", recorded update" if s == 1 else f", stretch {s:g} (what-if, synthetic)")
-                + f": pg_clipfrac_lower = {state['pg_clipfrac_lower']:.4f}") + drawn_note(neg, keep | shown_dual)
-            )
-        readout.value = (
-            tr(("<b>recorded update</b> (stretch 1): " if s == 1 else
-             f"<b>what-if (synthetic)</b>: the recorded update replayed {s:g}× as far; ")
-            + f"{state['n_negative']} of {state['n_tokens']} real tokens have A &lt; 0; the dual clip bites on "
-            f"{state['n_dual_clipped']} (ratio &gt; c = {c:g}).<br>actor/pg_clipfrac_lower = "
-            f"<b>{state['pg_clipfrac_lower']:.6f}</b>, actor/pg_clipfrac = {state['pg_clipfrac']:.6f} "
-            f"(compute_policy_loss_vanilla)")
-        )
+            title = (tr("{label}, recorded update: pg_clipfrac_lower = {f:.4f}") if s == 1 else
+                     tr("{label}, stretch {s:g} (what-if, synthetic): pg_clipfrac_lower = {f:.4f}"))
+            f_batch.layout.title.text = title.format(
+                label=_opt_step_label(rec, k), s=s, f=state["pg_clipfrac_lower"]) + drawn_note(neg, keep | shown_dual)
+        head = (tr("<b>recorded update</b> (stretch 1): {neg} of {tokens} real tokens have A &lt; 0; the dual clip "
+                   "bites on {dual} (ratio &gt; c = {c:g}).") if s == 1 else
+                tr("<b>what-if (synthetic)</b>: the recorded update replayed {s:g}× as far; {neg} of {tokens} real "
+                   "tokens have A &lt; 0; the dual clip bites on {dual} (ratio &gt; c = {c:g})."))
+        readout.value = "<br>".join([
+            head.format(s=s, neg=state["n_negative"], tokens=state["n_tokens"], dual=state["n_dual_clipped"], c=c),
+            tr("actor/pg_clipfrac_lower = <b>{lower:.6f}</b>, actor/pg_clipfrac = {f:.6f} "
+               "(compute_policy_loss_vanilla)").format(lower=state["pg_clipfrac_lower"], f=state["pg_clipfrac"]),
+        ])
 
     for ctl in controls.values():
         ctl.observe(update, names="value")

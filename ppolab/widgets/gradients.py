@@ -20,6 +20,7 @@ that branch (:data:`BRANCHES`); the recorded scatter shows which token the real 
 
 from __future__ import annotations
 
+import html
 import math
 from typing import Any
 
@@ -176,7 +177,8 @@ def _all_modes_figure(curves: dict[str, dict], grid: torch.Tensor) -> go.FigureW
         for j, (label, ws) in enumerate(curves[mode].items()):
             for sign in ("pos", "neg"):
                 fig.add_scatter(x=x, y=ws[sign].tolist(), mode="lines", row=row, col=col, showlegend=False,
-                                name=tr(f"{mode}: {label}, A {'> 0' if sign == 'pos' else '< 0'}"),
+                                name=(tr("{mode}: {label}, A > 0") if sign == "pos" else
+                                      tr("{mode}: {label}, A < 0")).format(mode=mode, label=tr(label)),
                                 line=dict(color=_COLORS[sign], width=1.5, dash=None if j == 0 else "dot"))
     fig.update_layout(height=620, margin=dict(t=70, l=40, r=10, b=40),
                       title=tr("gradient weight w = −∂L/∂log π_θ (per unit share) vs ratio r: A = +1 blue, A = −1 red, "
@@ -294,7 +296,7 @@ def gradient_gallery(
                     trace = f_mode.data[t0 + j]
                     if j < len(labels):
                         trace.x, trace.y = grid_x, as_array(cs[labels[j]][sign])
-                        trace.name = tr(f"{labels[j]} (A = ±1)")
+                        trace.name = tr("{label} (A = ±1)").format(label=tr(labels[j]))
                     else:
                         trace.x, trace.y, trace.name = [], [], ""
                     trace.showlegend = side == 0 and j < len(labels)
@@ -304,15 +306,20 @@ def gradient_gallery(
             f_mode.layout.shapes = [
                 {**_vline(1 - e), "xref": f"x{'' if c == 1 else c}"} for c in (1, 2) for e in (eps_lo, -eps_hi)
             ]
-            f_mode.layout.title.text = (tr(f"loss_mode={m}: gradient weight vs ratio — {_opt_step_label(rec, k)}, "
-                                        f"{int(rw['w'].numel())} tokens with A ≠ 0") + view["note"])
+            f_mode.layout.title.text = tr("loss_mode={m}: gradient weight vs ratio — {label}, {n} tokens with "
+                                          "A ≠ 0").format(m=m, label=_opt_step_label(rec, k),
+                                                          n=int(rw["w"].numel())) + view["note"]
         n_zero = int((rw["w"] == 0).sum())
         state.update(mode=m, opt_step=k, old_prob=p, n_tokens=int(rw["w"].numel()), n_zero=n_zero,
                      n_off_curve=int(rw["off_curve"].sum()), recorded=rw, curves=cs)
-        note.value = (tr(f"<b>{m}</b> (verl <code>core_algos.py::compute_policy_loss_{m}</code>): {NOTES[m]}<br>"
-                      f"Recorded: {state['n_tokens']} tokens, {n_zero} with w = 0, {state['n_off_curve']} off the "
-                      f"curve. Config: ε_low = {eps_lo:g}, ε_high = {eps_hi:g}, clip_ratio_c = {base.clip_ratio_c:g}"
-                      + (f", π_old = {p:g}" if m in PROB_MODES else "")))
+        recorded_line = (tr("Recorded: {n} tokens, {zero} with w = 0, {off} off the curve. Config: ε_low = {lo:g}, "
+                            "ε_high = {hi:g}, clip_ratio_c = {c:g}, π_old = {p:g}") if m in PROB_MODES else
+                         tr("Recorded: {n} tokens, {zero} with w = 0, {off} off the curve. Config: ε_low = {lo:g}, "
+                            "ε_high = {hi:g}, clip_ratio_c = {c:g}"))
+        # the note is text, not markup: its "A<0: r<1−ε_low" must not open a tag
+        note.value = (tr("<b>{m}</b> (verl <code>core_algos.py::compute_policy_loss_{m}</code>): {note}").format(
+            m=m, note=html.escape(tr(NOTES[m]), quote=False)) + "<br>" + recorded_line.format(
+            n=state["n_tokens"], zero=n_zero, off=state["n_off_curve"], lo=eps_lo, hi=eps_hi, c=base.clip_ratio_c, p=p))
 
     from ppolab.algos.policy_loss import clip_bounds
 

@@ -118,7 +118,8 @@ def invariance_explorer(run=None, step: int = 1, *, loss_agg_mode: str | None = 
         g_max = max(float(g.abs().max()) for g in reference["grads"])
         tol = TOL * max(1.0, g_max)
         current = outs[chosen]
-        xs = [str(x) if x != DYNAMIC else tr(f"dynamic ({controls['max_token_len'].value} tok)") for x in labels]
+        xs = [str(x) if x != DYNAMIC else tr("dynamic ({n} tok)").format(n=controls["max_token_len"].value)
+              for x in labels]
         colors = ["#7f7f7f" if x not in gaps else "#d62728" if gaps[x] > tol else "#2ca02c" for x in labels]
         line = [("#000" if x == chosen else c) for x, c in zip(labels, colors)]
         with figs["gap"].batch_update():
@@ -129,18 +130,21 @@ def invariance_explorer(run=None, step: int = 1, *, loss_agg_mode: str | None = 
                                                "line": {"color": line,
                                                         "width": [3 if x == chosen else 0 for x in labels]}})
             figs["gap"].data[1].update(x=[xs[0], xs[-1]], y=[tol, tol])
-            figs["gap"].layout.title = (tr(f"{mode}, loss_scale_factor={factor}: gradient gap to one micro-batch of "
-                                        f"{len(rows)} rows (max |g_ref| = {g_max:.3g})"))
+            figs["gap"].layout.title = tr("{mode}, loss_scale_factor={factor}: gradient gap to one micro-batch of "
+                                          "{rows} rows (max |g_ref| = {g:.3g})").format(mode=mode, factor=factor,
+                                                                                       rows=len(rows), g=g_max)
         parts = current["micro_batches"]
         with figs["micro_batches"].batch_update():
             xs_mb = list(range(len(parts)))
             figs["micro_batches"].data[0].update(
                 x=xs_mb, y=[sum(current["seq_lens"][i] for i in p) for p in parts],
-                text=[f"T={w}" for w in current["widths"]], hovertext=[tr(f"padded response width T = {w}")
-                                                                        for w in current["widths"]])
+                text=[f"T={w}" for w in current["widths"]],
+                hovertext=[tr("padded response width T = {w}").format(w=w) for w in current["widths"]])
             figs["micro_batches"].data[1].update(x=xs_mb, y=[len(p) for p in parts])
-            how = f"dynamic, budget {controls['max_token_len'].value} tokens" if dyn else f"{chosen} rows each"
-            figs["micro_batches"].layout.title = tr(f"{len(parts)} micro-batches ({how}); T = padded response width")
+            how = (tr("{n} micro-batches (dynamic, budget {budget} tokens); T = padded response width") if dyn else
+                   tr("{n} micro-batches ({size} rows each); T = padded response width"))
+            figs["micro_batches"].layout.title = how.format(n=len(parts), budget=controls["max_token_len"].value,
+                                                            size=chosen)
         gap = gaps[chosen]
         invariant = gap <= tol
         m = current["metrics"]
@@ -149,10 +153,10 @@ def invariance_explorer(run=None, step: int = 1, *, loss_agg_mode: str | None = 
                      "loss": m["actor/loss"], "reference_loss": reference["metrics"]["actor/loss"]}
         verdict = ("<b style='color:#2ca02c'>same gradient</b>" if invariant
                    else "<b style='color:#d62728'>different gradient: invariance broken</b>")
-        status.value = (tr(f"{verdict} — max |g − g_ref| = {gap:.3e} (tolerance {tol:.1e}); actor/loss "
-                        f"{m['actor/loss']:.6f} vs {reference['metrics']['actor/loss']:.6f}; "
-                        f"{len(parts)} micro-batches, widths T = {html.escape(str(sorted(set(current['widths']))))}")
-                        + bounded)
+        status.value = tr("{verdict} — max |g − g_ref| = {gap:.3e} (tolerance {tol:.1e}); actor/loss {loss:.6f} vs "
+                          "{ref:.6f}; {n} micro-batches, widths T = {widths}").format(
+            verdict=tr(verdict), gap=gap, tol=tol, loss=m["actor/loss"], ref=reference["metrics"]["actor/loss"],
+            n=len(parts), widths=html.escape(str(sorted(set(current["widths"]))))) + bounded
 
     every = W.Button(description=tr("replay every micro-batching"), tooltip=tr(
         "a control move replays only the chosen micro-batching (and the reference); this fills the other bars"))

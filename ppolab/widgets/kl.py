@@ -248,18 +248,18 @@ def kl_explorer(
         with f_pairs.batch_update():  # a histogram of every token: numpy arrays go as one binary buffer each
             f_pairs.data[0].x = as_array(loss_tokens)
             f_pairs.data[1].x = as_array(reward_tokens)
-            f_pairs.layout.title.text = (
-                tr(f"{name} on the recorded pairs, step {rec.step}, {_opt_step_label(rec, k)}")
-            )
-        readout.value = (
-            tr(f"<b>loss-side</b> (use_kl_loss: kl_penalty(log_prob, ref_log_prob) at "
-            f"{_opt_step_label(rec, k)}, "
-            f"token-mean over its global mini-batch, ÷ Σ loss_mask) = <b>{loss_side:.6g}</b><br>"
-            f"<b>reward-side</b> (use_kl_in_reward: kl_penalty(old_log_probs, ref_log_prob), batch mean of "
-            f"per-sequence means, as apply_kl_penalty) = <b>{reward_side:.6g}</b><br>"
-            f"this run: use_kl_loss={actor.use_kl_loss} ({actor.kl_loss_type}), "
-            f"use_kl_in_reward={algo.use_kl_in_reward} ({algo.kl_penalty})")
-        )
+            f_pairs.layout.title.text = tr("{name} on the recorded pairs, step {step}, {label}").format(
+                name=name, step=rec.step, label=_opt_step_label(rec, k))
+        readout.value = "<br>".join([
+            tr("<b>loss-side</b> (use_kl_loss: kl_penalty(log_prob, ref_log_prob) at {label}, token-mean over its "
+               "global mini-batch, ÷ Σ loss_mask) = <b>{kl:.6g}</b>").format(label=_opt_step_label(rec, k),
+                                                                             kl=loss_side),
+            tr("<b>reward-side</b> (use_kl_in_reward: kl_penalty(old_log_probs, ref_log_prob), batch mean of "
+               "per-sequence means, as apply_kl_penalty) = <b>{kl:.6g}</b>").format(kl=reward_side),
+            tr("this run: use_kl_loss={loss} ({loss_type}), use_kl_in_reward={reward} ({reward_type})").format(
+                loss=actor.use_kl_loss, loss_type=actor.kl_loss_type, reward=algo.use_kl_in_reward,
+                reward_type=algo.kl_penalty),
+        ])
 
     @on_move
     def update_ctrl(*_):
@@ -274,10 +274,8 @@ def kl_explorer(
             f_ctrl.data[0].x, f_ctrl.data[0].y = steps, betas
             f_ctrl.data[1].x, f_ctrl.data[1].y = steps, s
             f_ctrl.layout.shapes = [dict(_hline(controls["target_kl"].value, "red", "dash"), yref="y2")]
-            f_ctrl.layout.title.text = (
-                tr(f"AdaptiveKLController replayed on {controls['series'].value} "
-                f"(n_steps = {n_seq} sequences per update; red: target_kl)")
-            )
+            f_ctrl.layout.title.text = tr("AdaptiveKLController replayed on {series} (n_steps = {n} sequences per "
+                                          "update; red: target_kl)").format(series=controls["series"].value, n=n_seq)
 
     controls["kl_type"].observe(update_curves, names="value")
     controls["d_range"].observe(update_curves, names="value")
@@ -333,7 +331,7 @@ def exact_kl_explorer(run: Run | str | None = None, step: int | None = None, tem
     f_sweep.add_scatter(x=grid, y=[s["kl"] for s in sweep], mode="lines", name=tr("KL(π_θ‖π_ref)"))
     for name in ("k1", "k3"):
         f_sweep.add_scatter(x=grid, y=[s["rows"][name]["pi_theta"]["var"] for s in sweep], mode="lines",
-                            name=tr(f"Var[{name}]"))
+                            name=f"Var[{name}]")
     f_sweep.add_scatter(x=[], y=[], mode="markers", marker=dict(size=10, color="black"), name="T_θ")
     readout = W.HTML()
     state: dict[str, Any] = {}
@@ -347,13 +345,17 @@ def exact_kl_explorer(run: Run | str | None = None, step: int | None = None, tem
                 f_means.data[i].y = [tab["rows"][n][sampler]["mean"] for n in CANONICAL]
                 f_spread.data[i].y = [tab["rows"][n][sampler]["std"] for n in CANONICAL]
             f_means.layout.shapes = [_hline(tab["kl"], "black", "dash"), _hline(-tab["reverse_kl"], "red", "dot")]
-            f_means.layout.title.text = tr(f"T_θ = {tab['temperature']}: black dashed KL(π_θ‖π_ref) = "
-                                           f"{tab['kl']:.4g}, red dotted −KL(π_ref‖π_θ) = {-tab['reverse_kl']:.4g}")
+            f_means.layout.title.text = tr("T_θ = {t}: black dashed KL(π_θ‖π_ref) = {kl:.4g}, red dotted "
+                                           "−KL(π_ref‖π_θ) = {minus_reverse:.4g}").format(
+                t=tab["temperature"], kl=tab["kl"], minus_reverse=-tab["reverse_kl"])
             f_sweep.data[-1].x, f_sweep.data[-1].y = [tab["temperature"]], [tab["kl"]]
-        readout.value = (tr(f"{tab['n_positions']} response positions; π_ref = base model at T = "
-                         f"{tab['ref_temperature']}, π_θ = base model at T_θ = {tab['temperature']}"))
+        fields = dict(n=tab["n_positions"], t_ref=tab["ref_temperature"], t=tab["temperature"])
         if src["sampled"]:  # a real vocabulary: a bounded, fixed sample keeps every move's cost flat
-            readout.value += " — " + tr(SAMPLED_NOTE).format(n=src["n_valid"])
+            readout.value = tr("{n} response positions; π_ref = base model at T = {t_ref}, π_θ = base model at "
+                               "T_θ = {t} — {note}").format(**fields, note=tr(SAMPLED_NOTE).format(n=src["n_valid"]))
+        else:
+            readout.value = tr("{n} response positions; π_ref = base model at T = {t_ref}, π_θ = base model at "
+                               "T_θ = {t}").format(**fields)
 
     controls["temperature"].observe(update, names="value")
     update()

@@ -30,12 +30,13 @@ def live_training(config=None, overrides=None, metrics: tuple[str, ...] = LIVE_M
     fig = go.FigureWidget(make_subplots(rows=1, cols=len(metrics), subplot_titles=metrics))
     for i, name in enumerate(metrics):
         fig.add_scatter(x=[], y=[], mode="lines+markers", name=name, row=1, col=i + 1)
-    fig.update_layout(height=300, showlegend=False, title=tr(f"{cfg.trainer.experiment_name}: waiting for start()"))
+    fig.update_layout(height=300, showlegend=False, title=tr("{name}: waiting for start()").format(
+        name=cfg.trainer.experiment_name))
     status = W.HTML(tr("not started"))
     button = W.Button(description=tr("start training"), button_style="primary", icon="play")
     history: list[dict] = []
 
-    limit = cfg.trainer.total_training_steps or f"{cfg.trainer.total_epochs} epochs"
+    limit = cfg.trainer.total_training_steps or tr("{n} epochs").format(n=cfg.trainer.total_epochs)
 
     def step_cb(step, m, record):
         history.append({"step": step, **m})
@@ -44,8 +45,9 @@ def live_training(config=None, overrides=None, metrics: tuple[str, ...] = LIVE_M
                 if name in m and m[name] is not None:
                     trace.x = (*trace.x, step)
                     trace.y = (*trace.y, float(m[name]))
-            fig.layout.title = tr(f"{cfg.trainer.experiment_name}: step {step}/{limit}")
-        status.value = tr(f"step {step}/{limit}")
+            fig.layout.title = tr("{name}: step {step}/{limit}").format(name=cfg.trainer.experiment_name, step=step,
+                                                                        limit=limit)
+        status.value = f"step {step}/{limit}"  # the chapter writes "step" in Chinese too
         if on_step is not None:
             on_step(step, m, record)
 
@@ -53,12 +55,12 @@ def live_training(config=None, overrides=None, metrics: tuple[str, ...] = LIVE_M
         import ppolab.train as train_module
 
         button.disabled = True
-        status.value = "training…"
+        status.value = tr("training…")
         try:
             box.run = train_module.train(cfg, on_step=step_cb, progress=progress)
         finally:
             button.disabled = False
-        status.value = tr(f"done: {len(history)} steps → <code>{box.run.path}</code>")
+        status.value = tr("done: {n} steps → <code>{path}</code>").format(n=len(history), path=box.run.path)
         return box.run
 
     button.on_click(start)

@@ -165,21 +165,22 @@ def loss_assembly(
         with f_terms.batch_update():
             f_terms.data[0].y = [pg, ent, kl, float(loss)]
             f_terms.data[0].text = [f"{v:.4g}" for v in (pg, ent, kl, float(loss))]
-            f_terms.layout.title.text = (
-                tr(f"{_opt_step_label(rec, controls['opt_step'].value)}, "
-                f"loss_mode={cfg.policy_loss.loss_mode}, {cfg.loss_agg_mode}")
-            )
+            f_terms.layout.title.text = tr("{label}, loss_mode={mode}, {agg}").format(
+                label=_opt_step_label(rec, controls["opt_step"].value), mode=cfg.policy_loss.loss_mode,
+                agg=cfg.loss_agg_mode)
         with f_modes.batch_update():
             f_modes.data[0].y = [mode_losses[mm] for mm in modes]
             f_modes.data[0].marker.color = [
                 "red" if mm == cfg.policy_loss.loss_mode else "steelblue" for mm in modes
             ]
+        not_shown = tr("<br><i>{mode} not shown (needs more config): {error}</i>")
         readout.value = (
-            tr(f"advantages from <code>adv_estimator={adv_est}</code>, loss from "
-            f"<code>policy_loss.loss_mode={cfg.policy_loss.loss_mode}</code><br>"
+            tr("advantages from <code>adv_estimator={adv}</code>, loss from <code>policy_loss.loss_mode={mode}</code>")
+            .format(adv=adv_est, mode=cfg.policy_loss.loss_mode) + "<br>"
             + "<br>".join(f"{k_} = {v_:.6g}" for k_, v_ in metrics.items())
             + f"<br><b>loss = {float(loss):.6g}</b>"
-            + "".join(f"<br><i>{mm} not shown (needs more config): {msg}</i>" for mm, msg in skipped.items()))
+            # the error is the exception's own English; tr translates the parts it knows
+            + "".join(not_shown.format(mode=mm, error=tr(msg)) for mm, msg in skipped.items())
         )
 
     for ctl in controls.values():

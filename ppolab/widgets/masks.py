@@ -74,7 +74,8 @@ def mask_viewer(run=None, step=None, rows: list[int] | None = None, tokenizer=No
         sel = list(controls["rows"].value) or [controls["row"].value]
         with figs["tokens"].batch_update():
             figs["tokens"].data[0].update(z=cats[sel].tolist(), text=[words(i) for i in sel],
-                                          y=[tr(f"row {i}" + (" (pad)" if cats[i, 0] == 3 else "")) for i in sel],
+                                          y=[(tr("row {i} (pad)") if cats[i, 0] == 3 else tr("row {i}")).format(i=i)
+                                             for i in sel],
                                           x=list(range(P + R)))
             figs["tokens"].layout.height = 120 + 40 * len(sel)
         table = shift_table(rec, tok, controls["row"].value)

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 
 from ppolab.i18n import tr
 from ppolab.widgets.common import resolve_run, on_move
-from ppolab.numbers.metrics import METRIC_MEANINGS, THRESHOLDS, meaning, warning_signs  # noqa: F401
+from ppolab.numbers.metrics import METRIC_MEANINGS, THRESHOLDS, meaning, sign_text, warning_signs  # noqa: F401
 
 if TYPE_CHECKING:
     import torch
@@ -34,7 +34,7 @@ def metrics_dashboard(run=None, metric: str | None = None) -> W.VBox:
     text = W.HTML()
     warnings = warning_signs(m)
     warn_html = W.HTML(tr("<b>warning signs (chapter §15):</b> ") + (
-        tr("none found") if not warnings else "<ul>" + "".join(f"<li>{tr(w)}</li>" for w in warnings) + "</ul>"))
+        tr("none found") if not warnings else "<ul>" + "".join(f"<li>{sign_text(w)}</li>" for w in warnings) + "</ul>"))
 
     @on_move
     def refresh(*_):
@@ -44,7 +44,7 @@ def metrics_dashboard(run=None, metric: str | None = None) -> W.VBox:
             figs["metric"].data[0].update(x=s.index.tolist(), y=s.tolist(), name=name)
             figs["metric"].layout.title = name
             figs["metric"].layout.yaxis.title = name
-        text.value = f"<code>{name}</code>: {tr(meaning(name))}"
+        text.value = tr("<code>{name}</code>: {meaning}").format(name=name, meaning=tr(meaning(name)))
 
     controls["metric"].observe(refresh, names="value")
     box = W.VBox([controls["metric"], text, figs["metric"], warn_html])
@@ -114,24 +114,26 @@ def distribution_figure(run=None, steps=None) -> go.FigureWidget:
     if len(values) <= 5:
         for v in values:
             shares = [float((dist[s]["score"].sub(v).abs() < 1e-6).float().mean()) for s in xs]
-            fig.add_bar(x=xs, y=shares, name=tr(f"score = {v:g}"), legendgroup="score", row=1, col=1)
+            fig.add_bar(x=xs, y=shares, name=tr("score = {v:g}").format(v=v), legendgroup="score", row=1, col=1)
         fig.update_layout(barmode="stack")
         fig.update_yaxes(title_text=tr("share of trajectories"), row=1, col=1)
     else:
         for s in xs:
-            fig.add_box(x=[s] * len(dist[s]["score"]), y=dist[s]["score"].tolist(), name=tr(f"score {s}"),
+            fig.add_box(x=[s] * len(dist[s]["score"]), y=dist[s]["score"].tolist(), name=tr("score {s}").format(s=s),
                         boxmean=True, showlegend=False, marker_color="#1f77b4", row=1, col=1)
     for row, key, color in ((2, "advantage", "#d62728"), (3, "response_length", "#2ca02c")):
         for s in xs:
-            fig.add_box(x=[s] * len(dist[s][key]), y=dist[s][key].tolist(), name=tr(f"{key} {s}"), boxmean=True,
-                        showlegend=False, marker_color=color, row=row, col=1)
+            fig.add_box(x=[s] * len(dist[s][key]), y=dist[s][key].tolist(), name=tr("{key} {s}").format(key=key, s=s),
+                        boxmean=True, showlegend=False, marker_color=color, row=row, col=1)
     for row, key in ((1, "score"), (2, "advantage"), (3, "response_length")):
         name = DISTRIBUTIONS[key]
         if name in m.columns and row > 1:  # the stacked shares of row 1 are on another scale
             curve = m[name].dropna()
-            fig.add_scatter(x=curve.index.tolist(), y=curve.tolist(), mode="lines", name=tr(f"logged {name}"),
+            fig.add_scatter(x=curve.index.tolist(), y=curve.tolist(), mode="lines",
+                            name=tr("logged {name}").format(name=name),
                             line={"color": "black", "width": 1}, row=row, col=1)
     fig.update_xaxes(title_text=tr("training step"), row=3, col=1)
-    fig.update_layout(height=760, title=tr(f"{r.path.name}: distributions per recorded step (chapter §15)"),
+    fig.update_layout(height=760,
+                      title=tr("{run}: distributions per recorded step (chapter §15)").format(run=r.path.name),
                       legend={"orientation": "h", "y": -0.08})
     return go.FigureWidget(fig)

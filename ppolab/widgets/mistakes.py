@@ -403,14 +403,14 @@ def _m9_clip_only(run=None, step=None, opt_step=None) -> Effect:
 
 
 MISTAKES: dict[str, Mistake] = {m.key: m for m in [
-    Mistake("grpo_loss", 1, "adv_estimator=grpo does not make the loss GRPO", "§5.1, §16.1",
+    Mistake("grpo_loss", 1, "adv_estimator=grpo does not make the loss GRPO", "§5.1",
             "algorithm.adv_estimator vs actor.policy_loss.loss_mode",
             "loss the run really used (loss_mode from the config: vanilla PPO clip)",
             "the loss you assumed grpo selects (you would have to set policy_loss.loss_mode=gspo)",
             "The estimator only decides how advantages are computed. The loss that consumes them is looked up by "
             "policy_loss.loss_mode, whose default is the vanilla clipped PPO loss, whatever the estimator.",
             _m1_grpo_loss),
-    Mistake("ppo_kl_is_not_ref_kl", 2, "actor/ppo_kl is not the reference KL", "§7.5, §16.2",
+    Mistake("ppo_kl_is_not_ref_kl", 2, "actor/ppo_kl is not the reference KL", "§7.5",
             "which pair of policies the KL compares",
             "reference KL: current π_θ vs π_ref (what use_kl_loss penalises)",
             "actor/ppo_kl: current π_θ vs π_old (one PPO update's drift)",
@@ -418,7 +418,7 @@ MISTAKES: dict[str, Mistake] = {m.key: m for m in [
             "the trainer before the update); it resets every step. Distance to the frozen reference π_ref grows "
             "over training and is a different number.",
             _m2_ppo_kl),
-    Mistake("kl_twice", 3, "Both KL paths on means the KL constraint counts twice", "§7.4, §16.3",
+    Mistake("kl_twice", 3, "Both KL paths on means the KL constraint counts twice", "§7.4",
             "algorithm.use_kl_in_reward (with actor.use_kl_loss=true)",
             "loss-side KL only", "loss-side KL + reward-side KL",
             "The reward-side KL shapes the rewards before the advantage; the loss-side KL adds a term to every "
@@ -426,7 +426,7 @@ MISTAKES: dict[str, Mistake] = {m.key: m for m in [
             "turns both on deliberately: there 'mistake on' is the run as recorded, its rewards shaped by the "
             "adaptive β. On a run without the reward-side KL that half is a what-if at kl_ctrl.kl_coef.)",
             _m3_kl_twice),
-    Mistake("micro_is_not_the_batch", 4, "A micro-batch is not the training batch", "§11.3, §13, §16.4",
+    Mistake("micro_is_not_the_batch", 4, "A micro-batch is not the training batch", "§11.3, §13",
             "normalise each micro-batch by the global mini-batch (global_batch_info) or by itself",
             "global normalisation: micro losses add up to the mini-batch loss",
             "each micro-batch treated as the batch: accumulated loss ≈ n_micro × too large",
@@ -435,21 +435,21 @@ MISTAKES: dict[str, Mistake] = {m.key: m for m in [
             "divides every micro-batch by batch_num_tokens = Σ loss_mask of the global mini-batch, which still "
             "counts the tokens rejection sampling removed from response_mask.",
             _m4_micro_batch),
-    Mistake("forget_rollout_n", 5, "Forgetting that the mini-batch is multiplied by rollout.n", "§11.2, §16.5",
+    Mistake("forget_rollout_n", 5, "Forgetting that the mini-batch is multiplied by rollout.n", "§11.2",
             "ppo_mini_batch_size × rollout.n",
             "trainer arithmetic: mini-batch = ppo_mini_batch_size × n trajectories",
             "forgot × n: mini-batch = ppo_mini_batch_size trajectories",
             "ppo_mini_batch_size counts prompts; the trainer multiplies it by rollout.n. Forgetting it makes memory "
             "estimates n× too small and the optimizer-step count n× too large.",
             _m5_forget_n),
-    Mistake("epochs_are_updates", 6, "ppo_epochs are real updates, not repeated forwards", "§12.2, §16.6",
+    Mistake("epochs_are_updates", 6, "ppo_epochs are real updates, not repeated forwards", "§12.2",
             "log_prob of a later optimizer step: recomputed by the updated policy, or the old one again",
             "log-probs recomputed by the updated policy (recorded)",
             "as if nothing were updated: log_prob = old_log_probs",
             "Every mini-batch of every epoch takes an optimizer step, and the next forward sees the updated "
             "weights. That is why the ratio leaves 1 and the clip starts to bite in later optimizer steps.",
             _m6_epochs),
-    Mistake("agg_mode_weights", 7, "loss_agg_mode weights lengths differently", "§10, §16.7",
+    Mistake("agg_mode_weights", 7, "loss_agg_mode weights lengths differently", "§10",
             "actor.loss_agg_mode", "token-mean (every token weighs the same)",
             "seq-mean-token-mean (every trajectory weighs the same)",
             "token-mean gives a long trajectory more weight than a short one; seq-mean-token-mean gives each "
@@ -457,7 +457,7 @@ MISTAKES: dict[str, Mistake] = {m.key: m for m in [
             "training the seq-mean modes divide by global_batch_size = ppo_mini_batch_size × n, which counts "
             "synthetic padding rows: the real trajectories' weights then sum to less than 1.",
             _m7_agg_mode),
-    Mistake("tool_obs_as_action", 8, "Tool observations are not model actions", "§9, §16.8",
+    Mistake("tool_obs_as_action", 8, "Tool observations are not model actions", "§9",
             "response_mask on the observation tokens (0 or 1)",
             "observation tokens masked out (response_mask = 0)", "observation tokens left in the mask",
             "Tool output sits in the response so the model can attend to it, but the model did not choose those "
@@ -466,7 +466,7 @@ MISTAKES: dict[str, Mistake] = {m.key: m for m in [
             "(response_attention_mask 1, response_mask 0); on a run without tool turns the first two response "
             "tokens play the observation (what-if, synthetic).",
             _m8_tool_obs),
-    Mistake("clip_without_advantage", 9, "Tuning the clip ratio without checking the advantages", "§4, §16.9",
+    Mistake("clip_without_advantage", 9, "Tuning the clip ratio without checking the advantages", "§4",
             "actor.clip_ratio (halved)", "clip_ratio as configured", "clip_ratio halved (the knob tuned)",
             "The clip ratio changes how many tokens are clipped, but a trajectory whose advantage is zero "
             "(a group whose samples all scored the same, or a reward drowned by the KL penalty) gets no "
@@ -502,7 +502,8 @@ def _detail(key: str, v: Any) -> str:
 def _explain(m: Mistake, e: Effect, on: bool) -> str:
     d = "".join(f"<li><code>{k}</code>: {_detail(k, v)}</li>" for k, v in e.details.items())
     # whole templates are the i18n keys, so no single word such as "on" becomes a key of its own
-    head = tr("<b>{n}. {title}</b> (chapter {section})<br>switch: <code>{switch}</code><br>")
+    head = tr("<b>{n}. {title}</b> (chapter §16, mistake {n} of nine; {section})<br>"
+              "switch: <code>{switch}</code><br>")
     now = tr("<b>now showing — mistake ON:</b> {state}<br>" if on else "<b>now showing — mistake OFF:</b> {state}<br>")
     values = tr("{quantity}: off = <b>{off:.6g}</b>, on = <b>{on:.6g}</b><br>")
     return (head.format(n=m.number, title=tr(m.title), section=m.section, switch=tr(m.switch))

@@ -142,20 +142,18 @@ def ratio_explorer(
                 "ratio"
             ].item()
             state["old_over_rollout"] = old_vs_rollout
-            rollout_line = (
-                f"<br><span style='color:grey'>for comparison, π_old/π_rollout on this token = "
-                f"{_fmt(old_vs_rollout)} (rollout_log_probs = {_fmt(ro.item())}); the PPO ratio does not "
-                f"correct this gap — only rollout_is would</span>"
-            )
+            rollout_line = tr(
+                "<br><span style='color:grey'>for comparison, π_old/π_rollout on this token = {r} "
+                "(rollout_log_probs = {lp}); the PPO ratio does not correct this gap — only rollout_is would</span>"
+            ).format(r=_fmt(old_vs_rollout), lp=_fmt(ro.item()))
         in_batch = not math.isnan(lp)
         with f_row.batch_update():
             f_row.data[0].y = as_array(ratios[k, i])
             f_row.data[0].marker.color = [
                 "red" if p == j else ("steelblue" if v else "lightgrey") for p, v in enumerate(valid[i])
             ]
-            f_row.layout.title.text = tr(f"row {i}, {labels[k]}" + (
-                "" if in_batch else " — row not in this mini-batch"
-            ))
+            f_row.layout.title.text = (tr("row {i}, {label}") if in_batch else
+                                       tr("row {i}, {label} — row not in this mini-batch")).format(i=i, label=labels[k])
         with f_clamp.batch_update():
             f_clamp.data[1].x = [lp - o if in_batch else 0.0]
             f_clamp.data[1].y = [ratio if in_batch else 1.0]
@@ -163,14 +161,16 @@ def ratio_explorer(
             f_drift.data[-1].y = ratios[:, i, j].tolist()
         text = t["responses"][i, j].item()
         resp = rec.texts.get("responses", [""] * n_rows)[i] if rec.texts else ""
-        masked = "" if mask[i, j] > 0 else " <b>(masked position: not in the loss)</b>"
+        head = (tr("<b>row {i}</b> response {resp}, position {j} (token id {token})") if mask[i, j] > 0 else
+                tr("<b>row {i}</b> response {resp}, position {j} (token id {token}) "
+                   "<b>(masked position: not in the loss)</b>"))
         readout.value = (
-            tr(f"<b>row {i}</b> response {resp!r}, position {j} (token id {text}){masked}<br>"
-            f"old_log_prob = {_fmt(o)}, log_prob ({labels[k]}) = {_fmt(lp)}<br>"
-            f"log_prob − old = {_fmt(lp - o)} → clamp(±{LOG_RATIO_CLAMP:g}) = {_fmt(clamped)} → "
+            head.format(i=i, resp=repr(resp), j=j, token=text) + "<br>"
+            + tr("old_log_prob = {old}, log_prob ({label}) = {lp}").format(old=_fmt(o), label=labels[k], lp=_fmt(lp))
+            + f"<br>log_prob − old = {_fmt(lp - o)} → clamp(±{LOG_RATIO_CLAMP:g}) = {_fmt(clamped)} → "
             f"ratio = {_fmt(ratio)}"
-            + ("" if in_batch else "<br><i>this row was not in that optimizer step's mini-batch (NaN)</i>")
-            + rollout_line)
+            + ("" if in_batch else tr("<br><i>this row was not in that optimizer step's mini-batch (NaN)</i>"))
+            + rollout_line
         )
 
     for c in controls.values():

@@ -110,8 +110,9 @@ def value_clip_explorer(run=None, step=None, update: int | None = None, cliprang
         with figs["summary"].batch_update():
             figs["summary"].data[0].update(y=[float(vf_loss), float(vf_clipfrac)],
                                            text=[f"{float(vf_loss):.4f}", f"{float(vf_clipfrac):.3f}"])
-            figs["summary"].layout.title = (tr(f"compute_value_loss, ε_v = {eps:.2f}, {mode}, update {u}: "
-                                            f"vf_loss {float(vf_loss):.4f}, vf_clipfrac {float(vf_clipfrac):.3f}"))
+            figs["summary"].layout.title = tr("compute_value_loss, ε_v = {eps:.2f}, {mode}, update {u}: vf_loss "
+                                              "{loss:.4f}, vf_clipfrac {frac:.3f}").format(
+                eps=eps, mode=mode, u=u, loss=float(vf_loss), frac=float(vf_clipfrac))
         with figs["sweep"].batch_update():
             figs["sweep"].data[0].update(x=grid, y=[float(a) for a, _ in sweep])
             figs["sweep"].data[1].update(x=grid, y=[float(b) for _, b in sweep])

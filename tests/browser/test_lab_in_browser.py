@@ -324,6 +324,11 @@ def test_lab_runs_and_slider_redraws_plot(lab_server, chromium_path, rel, slider
                         page.wait_for_timeout(300)
                         break
             page.screenshot(path=str(screenshot))
+            if "/zh/" in rel:  # the clip explorer's readout, drawn from its whole Chinese templates (issue 25)
+                shown = page.locator("body").inner_text()
+                assert re.search(r"：\d+ 行(（[^）]*）)?，共 \d+ 个真实 token", shown), "no whole-template zh readout"
+                assert re.search(r"actor/pg_clipfrac = [\d.]+（compute_policy_loss_vanilla），actor/ppo_kl", shown), (
+                    "the readout's brackets are not the Chinese template's")
             if slider_label is not None:
                 assert tried, f"no visible slider labelled {slider_label!r}; sliders found: {labels}"
             assert moved, f"could not move any slider: {tried}"
