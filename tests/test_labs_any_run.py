@@ -143,7 +143,7 @@ def test_lab_pair_puts_the_run_in_its_configurations_place(monkeypatch):
 @pytest.fixture(scope="session")
 def realistic_run(tmp_path_factory) -> str:
     """The realistic-shape run of ``bench/realistic_shape.py`` (151,936-token vocabulary, 64 rows × 256 tokens, 2
-    ranks): ``PPOLAB_REALISTIC_RUN=DIR`` reuses one already made, else it is built here (about 10 min on 2 cores)."""
+    ranks): ``PPOLAB_REALISTIC_RUN=DIR`` reuses one already made, else it is built here (6 min on 2 cores)."""
     given = os.environ.get("PPOLAB_REALISTIC_RUN")
     if given:
         if not (Path(given) / "config.json").is_file():
@@ -158,10 +158,10 @@ def realistic_run(tmp_path_factory) -> str:
 @pytest.mark.realistic
 @pytest.mark.parametrize("lab", LABS)
 def test_every_lab_on_the_realistic_shape_run(lab, request):
-    """Issue 23 §5 (c): every lab runs to its end on a real model's shape. Not in .ci/run (building the run and
-    opening 18 labs on it cost about 40 min on 2 cores): select it with ``-m realistic``."""
+    """Issue 23 §5 (c): every lab runs to its end on a real model's shape. Kept out of the README command by its
+    marker (building the run took 6 min on 2 cores, the 18 labs 6.6 min); ``.ci/run`` selects it."""
     if "realistic" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("every lab on the realistic-shape run (about 40 min): select it with -m realistic")
+        pytest.skip("every lab on the realistic-shape run (about 13 min): select it with -m realistic")
     t = time.time()
     run_lab(lab, request.getfixturevalue("realistic_run"))
     print(f"{lab} on the realistic-shape run: {time.time() - t:.0f} s")

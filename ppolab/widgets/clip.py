@@ -32,6 +32,7 @@ from ppolab.widgets.common import (
     _vline,
     _vrect,
     actor_config,
+    as_array,
     optimizer_step_batch,
     real_rows,
     resolve_run,
@@ -158,10 +159,10 @@ def clip_explorer(
         pos, neg = _surrogate(_RATIO_AXIS, 1.0, low, high), _surrogate(_RATIO_AXIS, -1.0, low, high)
         lo, hi = 1 - low, 1 + high
         with f_sur.batch_update():
-            f_sur.data[0].y = (-pos["pg_losses_clip"]).tolist()
-            f_sur.data[1].y = (-pos["pg_losses1"]).tolist()
-            f_sur.data[2].y = (-neg["pg_losses_clip"]).tolist()
-            f_sur.data[3].y = (-neg["pg_losses1"]).tolist()
+            f_sur.data[0].y = as_array(-pos["pg_losses_clip"])
+            f_sur.data[1].y = as_array(-pos["pg_losses1"])
+            f_sur.data[2].y = as_array(-neg["pg_losses_clip"])
+            f_sur.data[3].y = as_array(-neg["pg_losses1"])
             f_sur.layout.shapes = [
                 _vrect(0.0, lo),
                 _vrect(hi, float(_RATIO_AXIS[-1])),
@@ -219,14 +220,15 @@ def clip_explorer(
         point = tr("row {row}, position {pos}, ∂loss/∂log_prob = {g:.3g}")
 
         def hover(sel):
-            idx = torch.nonzero(sel)
-            return [point.format(row=int(b["rows"][i]), pos=int(j), g=grad[i, j].item()) for i, j in idx.tolist()]
+            idx = torch.nonzero(sel)  # row-major, the order of ratio[sel]
+            rows, pos, g = b["rows"][idx[:, 0]].tolist(), idx[:, 1].tolist(), grad[sel].tolist()
+            return [point.format(row=i, pos=j, g=x) for i, j, x in zip(rows, pos, g)]
 
         free, bound = drawn(m & ~clipped), drawn(clipped)  # a bounded sample of points; the numbers use all
-        with f_batch.batch_update():
-            f_batch.data[0].x, f_batch.data[0].y = ratio[free].tolist(), adv[free].tolist()
+        with f_batch.batch_update():  # numpy buffers: plotly validates a list of floats one by one
+            f_batch.data[0].x, f_batch.data[0].y = as_array(ratio[free]), as_array(adv[free])
             f_batch.data[0].hovertext = hover(free)
-            f_batch.data[1].x, f_batch.data[1].y = ratio[bound].tolist(), adv[bound].tolist()
+            f_batch.data[1].x, f_batch.data[1].y = as_array(ratio[bound]), as_array(adv[bound])
             f_batch.data[1].hovertext = hover(bound)
             f_batch.layout.shapes = [_vline(lo), _vline(hi)]
             f_batch.layout.title.text = tr("{label}: pg_clipfrac = {f:.4f} ({n}/{m} tokens)").format(
