@@ -32,6 +32,8 @@ ALLOWED = {
     "advantage", "advantages", "ratio", "log-ratio", "entropy", "mask", "loss", "optimizer", "step", "value",
     "temperature", "estimator", "controller", "adaptive", "reward-side", "loss-side", "tool", "observation",
     "policy", "policy-gradient", "rejection", "trainer", "fraction", "bonus",
+    "reference",  # "reference KL" (the chapter: 14 times, 参考 KL never)
+    "agent",  # "tool agent" (the chapter's §14.2 keeps agent in English)
     "run",  # ppolab's recorded training run ("该 run", labs/GLOSSARY.md)
 }
 

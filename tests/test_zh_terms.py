@@ -39,6 +39,7 @@ _TAG = re.compile(r"<[^>\n]+>")
 _HALF_BETWEEN = re.compile(rf"(?<={_CJK})[ \t]*([,:;()])[ \t]*(?={_CJK})")
 _SPACE_BETWEEN = re.compile(rf"(?<={_CJK})[ \t]+(?={_CJK})")
 _ASCII_QUOTED = re.compile(rf'"[^"\n]*{_CJK}[^"\n]*"')
+_DASH = re.compile(r"(?<!—)—(?!—)|[ \t]——|——[ \t]")  # the Chinese dash is ——, two em dashes, no spaces
 
 
 def prose(text: str) -> str:
@@ -92,6 +93,9 @@ def punct_problems(text: str, en: str | None = None) -> list[str]:
         out.append(f"space between Chinese characters: …{body[max(0, m.start() - 8):m.end() + 8]}…")
     for m in _ASCII_QUOTED.finditer(body):
         out.append(f"ASCII quotes around Chinese text: {m.group(0)[:40]}")
+    tight = _TAG.sub("", _CODE.sub("X", text))  # code as one letter, without the spaces prose() puts around it
+    for m in _DASH.finditer(tight):
+        out.append(f"dash (use —— without spaces): …{tight[max(0, m.start() - 8):m.end() + 8]}…")
     if "「" in body or "」" in body:
         out.append("「」 quotes (use “…”)")
     full, half = _bracket_counts(body)
@@ -216,6 +220,8 @@ def test_punct_checker_catches_planted_problems() -> None:
     assert punct_problems("关闭 对开启 而 两个 汉字")
     assert punct_problems('这叫"漂移"')
     assert punct_problems("这叫「漂移」")
+    assert punct_problems("练习 12.2 — 在纸上算") and punct_problems("练习 12.2 —— 在纸上算")
+    assert punct_problems("练习 12.2——在纸上算；`a — b` 与 $x — y$ 不算") == []
     assert punct_problems("pg_clipfrac = 0.0333（4/120 个 token），首次在第 12 步。") == []
     assert punct_problems("负 advantage 的“漂移”，`a, b` 与 $f(x$ 不算。") == []
     # fragments concatenated by code may open what their English opens, no more

@@ -550,7 +550,8 @@ def mistakes_explorer(run: Run | str | None = None, step: int | None = None, mis
                                              tr("on: {label}").format(label=tr(m.on_label))[:60]], y=[e.off, e.on],
                                           marker={"color": ["#1f77b4" if not is_on else "#c7c7c7",
                                                             "#d62728" if is_on else "#f4b6b6"]})
-            figs["effect"].layout.title = f"{m.number}. {tr(m.title)} — {tr(e.quantity)}"
+            figs["effect"].layout.title = tr("{n}. {title} — {quantity}").format(n=m.number, title=tr(m.title),
+                                                                                 quantity=tr(e.quantity))
             figs["effect"].layout.yaxis.title = tr(e.quantity)
         with figs["detail"].batch_update():
             if e.pair is not None:
