@@ -116,14 +116,12 @@ def _e5(run=None) -> tuple[int, int]:
     from ppolab.engine import micro_batches
     from ppolab.numbers.critic_engine import critic_micro_batches
 
-    mb, c = critic_mini_batch(run)
     case = critic_budget_case(run)
     # CriticWorker.engine_batching: no fixed size, the one budget ppo_infer_max_token_len_per_gpu, with the count
     # agreed over the data-parallel ranks (all-reduce MAX, then the fit loop on every rank) as the engine does
-    engine = critic_micro_batches(run if run is not None else "ppo_fire_tiny", update=0, rank=0, step=1,
-                                  max_token_len=case["budget"])
+    engine = critic_micro_batches(run, update=0, rank=0, step=1, max_token_len=case["budget"])
     # what the top-level field asks for (the actor's rule, Worker.train_batching): a fixed size
-    top = micro_batches(mb, case["micro"], None)
+    top = micro_batches(critic_mini_batch(run)[0], case["micro"], None)
     return len(engine), len(top)
 
 

@@ -150,11 +150,11 @@ def batch_calculator(run=None, step=None, max_token_len: int | None = None, **si
         box.micro_batches = parts
         # one bar trace for every segment (each drawn from ``base``, the tokens below it in its micro-batch), so a
         # move updates two traces in place instead of rebuilding one trace per stack depth
-        xs, ys, base, text = [], [], [], []
+        xs, ys, base, text, row = [], [], [], [], tr("row {i}")
         for j, p in enumerate(parts):
             below = 0
             for i in p:
-                xs.append(j), ys.append(lens[i]), base.append(below), text.append(tr("row {i}").format(i=i))
+                xs.append(j), ys.append(lens[i]), base.append(below), text.append(row.format(i=i))
                 below += lens[i]
         with figs["dynamic"].batch_update():
             figs["dynamic"].data[0].update(x=xs, y=ys, base=base, text=text)
