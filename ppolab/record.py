@@ -36,6 +36,9 @@ STEP_FILE = "step_{:06d}"
 TOKENIZER_DIR = "tokenizer"
 #: What makes a directory a run directory: training into one of these without resuming would mix two runs.
 #: (A ``config.json`` alone, metrics of step 0 only or a summary of 0 steps is a start stopped before step 1.)
+#: Recorded tensors that are histories of the update (optimizer step, N, R), not part of the step's batch: π_θ's
+#: log-probs and entropy and the critic's vpreds at every optimizer step (``ppolab.worker.UpdateHistory``).
+HISTORIES = ("actor_log_probs", "actor_entropy", "critic_vpreds")
 RUN_ENTRIES = ("metrics.jsonl", "summary.json", "steps", "checkpoints")
 #: The files every checkpoint folder holds (``optim_critic`` too when the run has a critic).
 CHECKPOINT_FILES = ("trainable.safetensors", "optim_actor.safetensors", "rng_rank0.safetensors")
@@ -416,6 +419,11 @@ class StepRecord:
 
     def __getitem__(self, key: str) -> torch.Tensor:
         return self.tensors[key]
+
+    def batch_tensors(self) -> dict[str, torch.Tensor]:
+        """The step's batch after the nine stages: every recorded tensor but the update histories
+        (:data:`HISTORIES`)."""
+        return {k: v for k, v in self.tensors.items() if k not in HISTORIES}
 
     @property
     def texts(self) -> dict[str, list[str]]:

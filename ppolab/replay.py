@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from typing import Any
 
 import torch
@@ -36,10 +37,11 @@ from ppolab.worker import ActorWorker, build_models
 KEEP = object()
 #: The gradient-clip threshold used in a replay: large enough never to clip.
 NO_CLIP = 1e30
-#: Recorded tensors that are histories of the update, not inputs to it.
-_HISTORIES = ("actor_log_probs", "critic_vpreds")
 
 _MODELS: dict[str, Any] = {}
+#: One replay at a time: a replay steps the run's shared models and puts their weights back, and an explorer's
+#: background precompute may replay while a lab cell asks for another.
+REPLAY_LOCK = threading.RLock()
 
 
 def run_models(run: Run | str | os.PathLike | None = None):
@@ -114,18 +116,63 @@ def replay_actor_update(run: Run | str | os.PathLike | None = None, step: int = 
         raise ValueError(f"only the recorded step 1, mini-batch 0 started from weights a fresh trainer holds (the "
                          f"seeded initial adapter); step={step}, mini_batch={mini_batch} started from weights the run "
                          f"did not record. Pass strict=False to replay it from the initial weights anyway.")
-    rec = r.step(step)
-    rows = replay_rows(r, step, mini_batch)
-    tensors = {k: v for k, v in rec.tensors.items() if k not in _HISTORIES}
-    tensors["is_pad"] = tensors["is_pad"].bool()
-    batch = Batch(tensors).select(rows)
-    batch["row_id"] = torch.arange(len(rows))  # local positions: the history is indexed by them
+    rows, batch = _replay_batch(r, step, mini_batch)
+    batch = Batch(dict(batch.tensors))  # the worker adds nothing, but the cached batch stays untouched
+    cfg = r.ppo_config()
+    a, n = _replay_config(r, len(rows), micro_batch_size, use_dynamic_bsz, max_token_len, loss_agg_mode,
+                          loss_scale_factor)
+    micro = None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu
+    parts = micro_batches(batch, micro, a.ppo_max_token_len_per_gpu)  # the worker's own call, same result
+    settings = {"micro_batch_size": micro, "use_dynamic_bsz": a.use_dynamic_bsz,
+                "max_token_len": a.ppo_max_token_len_per_gpu, "loss_agg_mode": a.loss_agg_mode,
+                "loss_scale_factor": a.loss_scale_factor}
+    with REPLAY_LOCK:
+        models = run_models(r)
+        params = models.actor_parameters()
+        before = [p.detach().clone() for p in params]
+        worker = ActorWorker(a, models, temperature=cfg.actor_rollout_ref.rollout.temperature, rollout_n=n,
+                             optimizer=torch.optim.SGD(params, lr=1.0))
+        try:
+            metrics, history = worker.update(batch)
+            grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+            update = [p.detach() - b for p, b in zip(params, before)]
+        finally:
+            with torch.no_grad():
+                for p, b in zip(params, before):
+                    p.copy_(b)
+                    p.grad = None
+    r_lens = batch["response_mask"].sum(-1).long()
+    return {"grads": grads, "update": update, "metrics": metrics, "micro_batches": parts, "rows": rows,
+            "mini_batch_rows": len(mini_batch_rows(r, step, mini_batch)),
+            "log_probs": history["actor_log_probs"][0], "seq_lens": batch.seq_lens(), "response_lens": r_lens.tolist(),
+            "widths": [max(int(r_lens[p].max()), 1) for p in parts], "exact": exact, "settings": settings}
 
+
+_BATCHES: dict[tuple, tuple[list[int], Batch]] = {}
+
+
+def _replay_batch(r: Run, step: int, mini_batch: int) -> tuple[list[int], Batch]:
+    """The replayed rows and their batch (``row_id`` = local positions: the history is indexed by them), read
+    once per run, step and mini-batch."""
+    key = (str(r.path.resolve()), step, mini_batch)
+    if key not in _BATCHES:
+        rows = replay_rows(r, step, mini_batch)
+        tensors = r.step(step).batch_tensors()
+        tensors["is_pad"] = tensors["is_pad"].bool()
+        batch = Batch(tensors).select(rows)
+        batch["row_id"] = torch.arange(len(rows))
+        _BATCHES[key] = rows, batch
+    return _BATCHES[key]
+
+
+def _replay_config(r: Run, n_rows: int, micro_batch_size, use_dynamic_bsz, max_token_len, loss_agg_mode,
+                   loss_scale_factor):
+    """(the replay's actor config: a changed copy of the recorded one, rollout.n)."""
     cfg = r.ppo_config()
     a, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
-    if len(rows) % n:
-        raise ValueError(f"a mini-batch of {len(rows)} rows is not a multiple of rollout.n={n}")
-    changes: dict[str, Any] = {"ppo_epochs": 1, "shuffle": False, "ppo_mini_batch_size": len(rows) // n,
+    if n_rows % n:
+        raise ValueError(f"a mini-batch of {n_rows} rows is not a multiple of rollout.n={n}")
+    changes: dict[str, Any] = {"ppo_epochs": 1, "shuffle": False, "ppo_mini_batch_size": n_rows // n,
                                "use_dynamic_bsz": bool(use_dynamic_bsz),
                                "optim": dataclasses.replace(a.optim, clip_grad=NO_CLIP)}  # one step, never clipped
     if micro_batch_size is not None:
@@ -136,31 +183,19 @@ def replay_actor_update(run: Run | str | os.PathLike | None = None, step: int = 
         changes["loss_agg_mode"] = loss_agg_mode
     if loss_scale_factor is not KEEP:
         changes["loss_scale_factor"] = loss_scale_factor
-    a = dataclasses.replace(a, **changes)
-    micro = None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu
-    parts = micro_batches(batch, micro, a.ppo_max_token_len_per_gpu)  # the worker's own call, same result
-    settings = {"micro_batch_size": micro, "use_dynamic_bsz": a.use_dynamic_bsz,
-                "max_token_len": a.ppo_max_token_len_per_gpu, "loss_agg_mode": a.loss_agg_mode,
-                "loss_scale_factor": a.loss_scale_factor}
-    models = run_models(r)
-    params = models.actor_parameters()
-    before = [p.detach().clone() for p in params]
-    worker = ActorWorker(a, models, temperature=cfg.actor_rollout_ref.rollout.temperature, rollout_n=n,
-                         optimizer=torch.optim.SGD(params, lr=1.0))
-    try:
-        metrics, history = worker.update(batch)
-        grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
-        update = [p.detach() - b for p, b in zip(params, before)]
-    finally:
-        with torch.no_grad():
-            for p, b in zip(params, before):
-                p.copy_(b)
-                p.grad = None
-    r_lens = batch["response_mask"].sum(-1).long()
-    return {"grads": grads, "update": update, "metrics": metrics, "micro_batches": parts, "rows": rows,
-            "mini_batch_rows": len(mini_batch_rows(r, step, mini_batch)),
-            "log_probs": history[0], "seq_lens": batch.seq_lens(), "response_lens": r_lens.tolist(),
-            "widths": [max(int(r_lens[p].max()), 1) for p in parts], "exact": exact, "settings": settings}
+    return dataclasses.replace(a, **changes), n
+
+
+def replay_partition(run: Run | str | os.PathLike | None = None, step: int = 1, *,
+                     micro_batch_size: int | None = None, use_dynamic_bsz: bool = False,
+                     max_token_len: int | None = None, mini_batch: int = 0) -> list[list[int]]:
+    """The micro-batches (positions in the replayed rows, execution order) :func:`replay_actor_update` runs with
+    these settings — computed by the worker's own ``micro_batches`` without running the update."""
+    r = resolve_run(run)
+    rows, batch = _replay_batch(r, step, mini_batch)
+    a, _ = _replay_config(r, len(rows), micro_batch_size, use_dynamic_bsz, max_token_len, None, KEEP)
+    return micro_batches(batch, None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu,
+                         a.ppo_max_token_len_per_gpu)
 
 
 def max_abs_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:

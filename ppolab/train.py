@@ -96,9 +96,9 @@ def load_checkpoint(trainer, directory: Path) -> None:
 
 # ====================================================================== recording
 def step_record(trainer, batch, histories: dict, metrics: dict) -> tuple[dict, dict]:
-    """(tensors, info) of a recorded step: the batch after all nine stages plus the actor's log-probs and
-    the critic's vpreds at every optimizer step (``actor_log_probs`` / ``critic_vpreds``, (updates, N, R),
-    NaN for rows outside that mini-batch)."""
+    """(tensors, info) of a recorded step: the batch after all nine stages plus the actor's log-probs and entropy
+    and the critic's vpreds at every optimizer step (``record.HISTORIES``, (updates, N, R), NaN for rows outside
+    that mini-batch)."""
     tensors = {k: batch[k] for k in RECORDED_TENSORS if k in batch}
     tensors = {k: (v.to(torch.uint8) if v.dtype == torch.bool else v) for k, v in tensors.items()}
     tensors.update(histories)

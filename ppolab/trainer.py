@@ -276,21 +276,22 @@ class PPOTrainer:
         return tensors, rows
 
     # ================================================================== stages 8–9: updates
-    def update_critic(self, batch: Batch) -> tuple[dict[str, float], torch.Tensor]:
+    def update_critic(self, batch: Batch) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
         """Clipped value loss over critic mini-batches (critic.ppo_mini_batch_size × n rows) and epochs, each cut
         into micro-batches by the engine's token budget (``CriticWorker.engine_batching``). Also returns the vpreds
-        each optimizer step saw, (steps, N, R) with NaN elsewhere."""
+        each optimizer step saw (``critic_vpreds``: (steps, N, R) with NaN elsewhere)."""
         return self.critic.update(self.local(batch))
 
-    def update_actor(self, batch: Batch) -> tuple[dict[str, float], torch.Tensor]:
+    def update_actor(self, batch: Batch) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
         """PPO loss over actor mini-batches (ppo_mini_batch_size × n rows) and epochs; one optimizer step per
-        mini-batch. Also returns the log-probs each optimizer step saw, (steps, N, R) with NaN elsewhere."""
+        mini-batch. Also returns the log-probs (``actor_log_probs``) and, where the loss computes it, the entropy
+        (``actor_entropy``) each optimizer step saw: (steps, N, R) with NaN elsewhere."""
         return self.actor.update(self.local(batch))
 
     # ================================================================== one step
     def step(self) -> tuple[dict[str, float], Batch, dict[str, torch.Tensor]]:
         """One training step through the nine stages; returns (metrics, final batch, histories), histories
-        holding ``actor_log_probs`` and ``critic_vpreds`` per optimizer step (``ppolab.worker.UpdateHistory``)."""
+        holding ``ppolab.record.HISTORIES`` per optimizer step (``ppolab.worker.UpdateHistory``)."""
         self.global_step += 1
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {"training/global_step": self.global_step, "training/epoch": self.data_epoch}
@@ -317,12 +318,14 @@ class PPOTrainer:
             histories: dict[str, torch.Tensor] = {}
             if self.use_critic:
                 with timer(timing, "update_critic"):
-                    m, histories["critic_vpreds"] = self.update_critic(batch)
+                    m, h = self.update_critic(batch)
                     metrics.update(m)
+                    histories.update(h)
             if self.config.trainer.critic_warmup <= self.global_step:
                 with timer(timing, "update_actor"):
-                    m, histories["actor_log_probs"] = self.update_actor(batch)
+                    m, h = self.update_actor(batch)
                     metrics.update(m)
+                    histories.update(h)
             self.rollout.sync_weights()
         if self.kl_ctrl_in_reward is None and self.config.actor_rollout_ref.actor.use_kl_loss:
             metrics["actor/kl_coef"] = self.config.actor_rollout_ref.actor.kl_loss_coef

@@ -65,7 +65,7 @@ class InferBatching:
 
 class UpdateHistory:
     """What the model computed for each row at every optimizer step of an update — the actor's log-probs
-    (the ratio drifting from 1 across mini-batches and epochs) or the critic's vpreds — as (steps, N, R),
+    (the ratio drifting from 1 across mini-batches and epochs) and entropy, or the critic's vpreds — as (steps, N, R),
     NaN for rows outside that step's mini-batch. Recorded for the labs; the update never reads it."""
 
     def __init__(self, shape: torch.Size):
@@ -115,9 +115,9 @@ class Worker:
     def parameters(self) -> list[torch.nn.Parameter]:
         raise NotImplementedError
 
-    def loss(self, mb: Batch, info: GlobalBatchInfo) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
-        """One micro-batch (on the device, padding cut to its own longest row): (loss, metrics, per-token output
-        for the history)."""
+    def loss(self, mb: Batch, info: GlobalBatchInfo) -> tuple[torch.Tensor, dict[str, float], dict[str, torch.Tensor]]:
+        """One micro-batch (on the device, padding cut to its own longest row): (loss, metrics, per-token outputs
+        for the histories, keyed by their recorded names: ``ppolab.record.HISTORIES``)."""
         raise NotImplementedError
 
     def train_batching(self) -> InferBatching:
@@ -174,15 +174,17 @@ class Worker:
                                global_batch_size=self.config.ppo_mini_batch_size * self.rollout_n,
                                loss_scale_factor=self.config.loss_scale_factor)
 
-    def update(self, batch: Batch) -> tuple[dict[str, float], torch.Tensor]:
+    def update(self, batch: Batch) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
         """``ppo_epochs`` passes over this rank's rows in mini-batches of ``ppo_mini_batch_size × n / dp`` rows,
         one optimizer step each; then one scheduler step. Returns (metrics averaged over optimizer steps and
-        ranks, history (steps, N, R) of what each optimizer step computed, merged over ranks)."""
+        ranks, histories: recorded name → (steps, N, R) of what each optimizer step computed, merged over ranks
+        — ``actor_log_probs`` and ``actor_entropy``, or ``critic_vpreds``)."""
         c, params = self.config, self.parameters()
         local_rows = c.ppo_mini_batch_size * self.rollout_n // self.dist.world_size
         batching = self.train_batching()
         # Indexed by the balanced batch's row_id: every rank's chunk has the same size, so the step has len × dp rows.
-        history = UpdateHistory(torch.Size((len(batch) * self.dist.world_size, batch["responses"].shape[1])))
+        shape = torch.Size((len(batch) * self.dist.world_size, batch["responses"].shape[1]))
+        histories: dict[str, UpdateHistory] = {}  # recorded name → its history, made at the first micro-batch
         steps = []
         for minis in mini_batch_indices(len(batch), local_rows, c.ppo_epochs, c.shuffle,
                                         c.data_loader_seed + self.dist.rank):
@@ -193,8 +195,9 @@ class Worker:
                 micro_metrics, total_loss = [], 0.0
                 for micro_rows in self.micro_batches(mini, batching):
                     mb = to_device(mini.select(micro_rows), self.device)
-                    loss, metrics, output = self.loss(mb, info)
-                    history.see(mb["row_id"], output)
+                    loss, metrics, outputs = self.loss(mb, info)
+                    for name, value in outputs.items():
+                        histories.setdefault(name, UpdateHistory(shape)).see(mb["row_id"], value)
                     loss.backward()
                     total_loss += float(loss.detach())
                     micro_metrics.append(metrics)
@@ -203,11 +206,13 @@ class Worker:
                 metrics.update({f"{self.prefix}/grad_norm": grad_norm, f"{self.prefix}/loss": total_loss,
                                 f"{self.prefix}/lr": self.optimizer.param_groups[0]["lr"]})
                 steps.append(metrics)
-                history.flush()
+                for history in histories.values():
+                    history.flush()
         if self.scheduler is not None:
             self.scheduler.step()
         steps = distributed.mean_metrics_over_ranks(steps, self.dist)
-        return reduce_metrics(steps), distributed.merge_histories(history.stacked(), self.dist)
+        return reduce_metrics(steps), {name: distributed.merge_histories(h.stacked(), self.dist)
+                                       for name, h in histories.items()}
 
     def optimizer_step(self, params: list[torch.nn.Parameter]) -> float:
         """Average gradients over ranks (what DDP/FSDP do), clip the global norm, step — or, as verl does, skip the
@@ -244,7 +249,7 @@ class ActorWorker(Worker):
     def parameters(self) -> list[torch.nn.Parameter]:
         return self.models.actor_parameters()
 
-    def loss(self, mb: Batch, info: GlobalBatchInfo) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+    def loss(self, mb: Batch, info: GlobalBatchInfo) -> tuple[torch.Tensor, dict[str, float], dict[str, torch.Tensor]]:
         c = self.config
         ids, mask, r_len = trimmed_inputs(mb)
         with self.model() as model:
@@ -255,7 +260,11 @@ class ActorWorker(Worker):
             c, old_log_prob=cut("old_log_probs"), log_prob=out.log_probs, advantages=cut("advantages"),
             response_mask=cut("response_mask"), entropy=out.entropy, ref_log_prob=cut("ref_log_prob"),
             rollout_is_weights=cut("rollout_is_weights"), global_batch_info=info)
-        return loss, metrics, out.log_probs
+        # π_θ's entropy is recorded too: actor/entropy_loss is its aggregate, which a lab rebuilds (chapter §6)
+        outputs = {"actor_log_probs": out.log_probs}
+        if out.entropy is not None:
+            outputs["actor_entropy"] = out.entropy
+        return loss, metrics, outputs
 
 
 class CriticWorker(Worker):
@@ -280,7 +289,7 @@ class CriticWorker(Worker):
     def train_batching(self) -> InferBatching:
         return self.engine_batching()
 
-    def loss(self, mb: Batch, info: GlobalBatchInfo) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+    def loss(self, mb: Batch, info: GlobalBatchInfo) -> tuple[torch.Tensor, dict[str, float], dict[str, torch.Tensor]]:
         c = self.config
         ids, mask, r_len = trimmed_inputs(mb)
         with self.model() as model:
@@ -288,7 +297,7 @@ class CriticWorker(Worker):
                                       self.models.value_head).values
         loss, metrics = algos.value_loss(vpreds, mb["returns"][:, :r_len], mb["values"][:, :r_len],
                                          mb["response_mask"][:, :r_len], c.cliprange_value, c.loss_agg_mode, info)
-        return loss, metrics, vpreds
+        return loss, metrics, {"critic_vpreds": vpreds}
 
 
 class ReferenceWorker(Worker):

@@ -39,7 +39,7 @@ def test_the_solution_imports_no_ppolab_algos():
 def test_the_default_step_is_where_the_mechanisms_fire():
     s = capstone.capstone_step("ppo_fire_tiny")
     log = capstone.logged("ppo_fire_tiny", s)
-    assert s == 15 and log["actor/pg_clipfrac_lower"] > 0 and log["rollout_corr/rollout_rs_masked_fraction"] > 0
+    assert s == 18 and log["actor/pg_clipfrac_lower"] > 0 and log["rollout_corr/rollout_rs_masked_fraction"] > 0
     t = __import__("ppolab").load_run(SHIPPED_RUNS["ppo_fire_tiny"]).step(s).tensors
     assert t["is_pad"].bool().sum() == 4 and capstone.dp_size("ppo_fire_tiny", s) == 2
     case = capstone.actor_case("ppo_fire_tiny")
@@ -55,6 +55,23 @@ def test_the_algos_rebuild_of_every_optimizer_step_reduces_to_the_logged_metrics
     log = capstone.logged(name, s)
     for key in steps[0]:
         assert math.isclose(np.mean([m[key] for m in steps]), log[key], rel_tol=1e-5, abs_tol=1e-8), key
+    a = __import__("ppolab").load_run(SHIPPED_RUNS[name]).ppo_config().actor_rollout_ref.actor
+    if name in ("ppo_fire_tiny", "grpo_temp_tiny"):  # recorded with π_θ's entropy: entropy_loss is rebuilt too
+        assert a.entropy_coeff != 0 and "actor/entropy_loss" in steps[0]
+
+
+def test_the_update_entropy_is_recorded_exactly_when_the_loss_computes_it():
+    for name, path in SHIPPED_RUNS.items():
+        r = __import__("ppolab").load_run(path)
+        a = r.ppo_config().actor_rollout_ref.actor
+        t = r.step(r.steps[0]).tensors
+        if "actor_entropy" in t:
+            assert a.entropy_coeff != 0 or a.calculate_entropy, name
+            assert t["actor_entropy"].shape == t["actor_log_probs"].shape, name
+            # NaN exactly where the log-probs are (rows outside that optimizer step's mini-batch)
+            assert torch.equal(t["actor_entropy"].isnan(), t["actor_log_probs"].isnan()), name
+        elif name in ("ppo_fire_tiny", "grpo_temp_tiny"):
+            raise AssertionError(f"{name} computes π_θ's entropy in its loss but did not record actor_entropy")
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED_RUNS))

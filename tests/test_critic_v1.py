@@ -136,8 +136,8 @@ def test_the_budget_cuts_the_critic_update_and_the_update_stays(stages_1_to_7, m
             spy = CriticForwards(monkeypatch)
             # SGD, not Adam: Adam's first step is ~sign(g), which would magnify float noise on tiny gradients.
             worker = with_budget(t, budget, optimizer=torch.optim.SGD(params, lr=1.0))
-            metrics, history = worker.update(batch)
-            out[budget] = metrics, history, [p.detach().clone() for p in params], spy.rows("update")
+            metrics, histories = worker.update(batch)
+            out[budget] = metrics, histories["critic_vpreds"], [p.detach().clone() for p in params], spy.rows("update")
             monkeypatch.undo()
     finally:
         with torch.no_grad():

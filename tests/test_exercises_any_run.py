@@ -129,8 +129,8 @@ def test_a_lacking_run_gets_one_line_and_a_shipped_run_that_has_it():
 
 def test_prompts_name_the_case_chosen_in_the_run():
     # the lab's own run keeps the lab's case; another run gets one found in it, and the prompt says which
-    assert "recorded step 24, optimizer step 8" in exercises.prompt("04.2")
-    assert "recorded step 24, optimizer step 8" in exercises.prompt("04.2", run="ppo_fire_tiny")
+    assert "recorded step 3, optimizer step 4" in exercises.prompt("04.2")
+    assert "recorded step 3, optimizer step 4" in exercises.prompt("04.2", run="ppo_fire_tiny")
     other = exercises.case("04.2", run="grpo_tiny")
     assert other["step"] in ppolab.load_run(SHIPPED_RUNS["grpo_tiny"]).steps and other["opt_step"] >= 1
     assert f"recorded step {other['step']}, optimizer step {other['opt_step']}" in exercises.prompt("04.2",

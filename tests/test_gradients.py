@@ -24,6 +24,11 @@ R = torch.tensor([0.3, 0.6, 0.84, 0.86, 0.95, 1.0, 1.05, 1.09, 1.11, 1.5, 1.99, 
 CFG = ActorConfig(clip_ratio_low=0.15, clip_ratio_high=0.1, clip_ratio_c=2.0)
 
 
+#: The recorded step and optimizer step of ppo_fire_tiny where the clip and the dual clip both bind (lab 05's
+#: write-the-metric case, DUAL_STEP / DUAL_CODE of ppolab.exercises.lab05).
+STEP, OPT = 18, 12
+
+
 @pytest.fixture(scope="module")
 def fire():
     run = resolve_run("ppo_fire_tiny")
@@ -120,8 +125,8 @@ def test_invalid_inputs_raise():
 @pytest.mark.parametrize("mode", sorted(POLICY_LOSS_REGISTRY))
 def test_recorded_weights_are_finite_and_token_modes_sit_on_their_curve(fire, mode):
     run, base = fire
-    rec = step_tensors(run, 15)
-    b = optimizer_step_batch(rec, 15)
+    rec = step_tensors(run, STEP)
+    b = optimizer_step_batch(rec, OPT)
     rw = recorded_weights(mode, b, base, rec.tensors["rollout_log_probs"][b["rows"]].double())
     assert rw["w"].numel() > 50 and torch.isfinite(rw["w"]).all() and torch.isfinite(rw["x"]).all()
     if mode not in ("geo_mean", "clip_cov", "kl_cov"):
@@ -131,7 +136,7 @@ def test_recorded_weights_are_finite_and_token_modes_sit_on_their_curve(fire, mo
 
 def test_recorded_vanilla_by_hand(fire):
     run, base = fire
-    b = optimizer_step_batch(step_tensors(run, 15), 15)
+    b = optimizer_step_batch(step_tensors(run, STEP), OPT)
     rw = recorded_weights("vanilla", b, base)
     r, a, w = rw["x"], rw["a"], rw["w"]
     zero = ((a > 0) & (r > 1.07)) | ((a < 0) & ((r < 0.93) | (r > base.clip_ratio_c)))
@@ -141,7 +146,7 @@ def test_recorded_vanilla_by_hand(fire):
 
 def test_recorded_covariance_picks(fire):
     run, base = fire
-    b = optimizer_step_batch(step_tensors(run, 15), 10)
+    b = optimizer_step_batch(step_tensors(run, STEP), OPT)
     cov = recorded_weights("clip_cov", b, base, seed=0)
     assert int(cov["off_curve"].sum()) == 1  # k = max(1, int(2e-4·N)) = 1 drawn token, zeroed
     assert (cov["w"][cov["off_curve"]] == 0).all() and (cov["reference"][cov["off_curve"]] != 0).all()
@@ -155,7 +160,7 @@ def test_recorded_covariance_picks(fire):
 
 def test_recorded_geo_mean_weights_share_one_ratio_per_sequence(fire):
     run, base = fire
-    b = optimizer_step_batch(step_tensors(run, 15), 15)
+    b = optimizer_step_batch(step_tensors(run, STEP), OPT)
     rw = recorded_weights("geo_mean", b, base)
     pushed = rw["w"] != 0
     assert pushed.any() and (~pushed).any()

@@ -35,6 +35,10 @@ ALLOWED = {
     "reference",  # "reference KL" (the chapter: 14 times, 参考 KL never)
     "agent",  # "tool agent" (the chapter's §14.2 keeps agent in English)
     "run",  # ppolab's recorded training run ("该 run", labs/GLOSSARY.md)
+    # more terms the chapter keeps in English (labs/GLOSSARY.md): engine 30, forward 17, budget 4, shaping 3,
+    # padded 2 ("padded horizon"), wave 2, DP 4 ("DP rank"), surrogate 2, tensor 1; and the labs' own words
+    # "attend" (the chapter: 参与 attention) and "adapter" (LoRA adapter)
+    "engine", "forward", "budget", "shaping", "padded", "wave", "DP", "surrogate", "tensor", "attend", "adapter",
 }
 
 

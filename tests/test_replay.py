@@ -86,7 +86,8 @@ def test_explorer_figures_are_replay_outputs(token_mean):
     from ppolab.widgets import invariance, invariance_explorer
 
     invariance._CACHE.clear()  # other tests' replays must not pre-fill the bars the lazy refresh leaves empty
-    w = invariance_explorer(RUN)
+    w = invariance_explorer(RUN, prefetch=False)
+    assert w.prefetch is None  # a shipped run replays on demand (~0.25 s a replay)
     gap, micro = w.figures["gap"], w.figures["micro_batches"]
     assert list(gap.data[0].x[:7]) == ["1", "2", "4", "8", "16", "32", "64"]
     expected = max_abs_diff(token_mean["micro=1"]["grads"], token_mean["micro=mini"]["grads"])
@@ -111,6 +112,9 @@ def test_explorer_figures_are_replay_outputs(token_mean):
         assert w.state["n_micro"] == 64 // size
     w.controls["scale"].value = "fixed"
     assert w.state["invariant"]
+    assert FACTOR in w.controls["scale_value"].options and 1.0 in w.controls["scale_value"].options
+    w.controls["scale_value"].value = 1.0  # any fixed factor keeps sum-norm invariant
+    assert w.state["invariant"]
     with pytest.raises(ValueError, match="step 1"):
         invariance_explorer(RUN, step=5)
 
@@ -129,3 +133,50 @@ def test_replay_builds_a_worker_not_a_trainer():
     before = RUN.ppo_config()
     replay_actor_update(RUN, micro_batch_size=2, loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=None)
     assert RUN.ppo_config() == before
+
+
+def test_a_replay_is_keyed_by_what_the_worker_runs(token_mean):
+    """Two settings that run the same update share one replay: a factor under a mode that does not read it, and
+    two token budgets that pack the rows the same way. The replays themselves show the key is right."""
+    from ppolab.numbers.invariance import distinct_budgets, replay_key
+    from ppolab.replay import replay_partition
+
+    key = lambda **kw: replay_key(RUN, **kw)  # noqa: E731
+    assert key(loss_agg_mode="token-mean", loss_scale_factor=1.0, micro_batch_size=8) == \
+        key(loss_agg_mode="token-mean", loss_scale_factor=None, micro_batch_size=8)
+    assert key(loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=1.0, micro_batch_size=8) != \
+        key(loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=None, micro_batch_size=8)
+    other = replay_actor_update(RUN, micro_batch_size=64, loss_agg_mode="token-mean", loss_scale_factor=None)
+    assert max_abs_diff(other["grads"], token_mean["micro=mini"]["grads"]) == 0.0  # FACTOR vs None: the same
+    parts = replay_partition(RUN, use_dynamic_bsz=True, max_token_len=BUDGET)
+    assert parts == token_mean["dynamic"]["micro_batches"]  # the partition a replay runs, without running it
+    same = next(b for b in range(BUDGET + 1, BUDGET + 40)
+                if replay_partition(RUN, use_dynamic_bsz=True, max_token_len=b) == parts)
+    assert key(loss_agg_mode="token-mean", loss_scale_factor=None, max_token_len=same) == \
+        key(loss_agg_mode="token-mean", loss_scale_factor=None, max_token_len=BUDGET)
+    again = replay_actor_update(RUN, use_dynamic_bsz=True, max_token_len=same, loss_agg_mode="token-mean")
+    assert max_abs_diff(again["grads"], token_mean["dynamic"]["grads"]) == 0.0
+    budgets = distinct_budgets(RUN, 1, range(BUDGET, BUDGET + 40))
+    assert budgets[0] == BUDGET and same not in budgets
+    assert len({tuple(map(tuple, replay_partition(RUN, use_dynamic_bsz=True, max_token_len=b)))
+                for b in budgets}) == len(budgets)
+
+
+def test_a_background_prefetch_and_a_cell_take_turns(token_mean):
+    """The explorer's background precompute and a lab cell replay on the same shared models: one at a time
+    (``REPLAY_LOCK``), so what the cell gets is exactly a replay of its own, and the thread stops when told."""
+    from ppolab.numbers import invariance
+    from ppolab.widgets import invariance_explorer
+
+    invariance._CACHE.clear()
+    w = invariance_explorer(RUN, prefetch=True)
+    assert w.prefetch is not None and w.prefetch.is_alive()
+    out = invariance.cached_replay(RUN, loss_agg_mode="seq-mean-token-mean", loss_scale_factor=None,
+                                   micro_batch_size=4)
+    w.stop_prefetch.set()
+    w.prefetch.join(timeout=120)
+    assert not w.prefetch.is_alive()
+    fresh = replay_actor_update(RUN, micro_batch_size=4, loss_agg_mode="seq-mean-token-mean")
+    assert max_abs_diff(out["grads"], fresh["grads"]) == 0.0
+    assert max_abs_diff(replay_actor_update(RUN, micro_batch_size=64, loss_agg_mode="token-mean")["grads"],
+                        token_mean["micro=mini"]["grads"]) == 0.0  # the weights were put back every time

@@ -65,8 +65,8 @@ def test_one_update_gives_the_same_lora_weights_for_any_micro_batching(grpo, mod
             # SGD, not Adam: Adam's first step is ~sign(g), which would magnify float noise on tiny gradients.
             worker = ActorWorker(cfg, t.models, temperature=t.actor.temperature, rollout_n=t.actor.rollout_n,
                                  optimizer=torch.optim.SGD(params, lr=1.0))
-            metrics, history = worker.update(batch)
-            assert history.shape[0] == 1  # one mini-batch, one epoch: one optimizer step
+            metrics, histories = worker.update(batch)
+            assert histories["actor_log_probs"].shape[0] == 1  # one mini-batch, one epoch: one optimizer step
             results[name] = [p.detach().clone() for p in params]
     finally:
         with torch.no_grad():
@@ -96,13 +96,13 @@ def test_first_ratio_is_one_and_comes_from_the_recomputed_old_log_probs(grpo):
     assert (batch["old_log_probs"] - batch["rollout_log_probs"])[mask].abs().max() > 0.5
     state = [p.detach().clone() for p in t.models.actor_parameters()]
     opt_state = copy.deepcopy(t.actor.optimizer.state_dict())
-    metrics, history = t.update_actor(batch)
+    metrics, histories = t.update_actor(batch)
     with torch.no_grad():
         for p, s in zip(t.models.actor_parameters(), state):
             p.copy_(s)
     t.actor.optimizer.load_state_dict(opt_state)
     # The log-probs the first (and only) optimizer step saw equal old_log_probs: ratio exp(0) = 1.
-    first = history[0]
+    first = histories["actor_log_probs"][0]
     torch.testing.assert_close(first[mask], batch["old_log_probs"][mask], atol=1e-5, rtol=0)
     assert metrics["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-6)
     assert metrics["actor/pg_clipfrac"] == 0.0
@@ -174,8 +174,9 @@ def test_every_trainable_tensor_of_actor_and_critic_gets_updated():
     for role, params, update in (("critic", t.models.critic_parameters(), t.update_critic),
                                  ("actor", t.models.actor_parameters(), t.update_actor)):
         before = [p.detach().clone() for p in params]
-        _, history = update(batch)
-        assert history.shape == (4 if role == "actor" else 1, *batch["responses"].shape) or history.shape[0] >= 1
+        _, histories = update(batch)
+        history = histories["actor_log_probs" if role == "actor" else "critic_vpreds"]
+        assert history.shape[0] >= 1 and history.shape[1:] == batch["responses"].shape
         frozen = [i for i, (p, b) in enumerate(zip(params, before)) if torch.equal(p, b)]
         assert not frozen, f"{role}: {len(frozen)} of {len(params)} trainable tensors never changed"
 

@@ -206,7 +206,8 @@ def is_weights(r, t):
 
 
 def actor_micro(t, k, idx, a, n_tokens, n_seqs, dp, weights=None, mistake=None):
-    """One micro-batch of optimizer step k: (pg_loss, kl_loss share, pg_clipfrac, pg_clipfrac_lower, ppo_kl)."""
+    """One micro-batch of optimizer step k: (pg_loss, kl_loss and entropy_loss shares, pg_clipfrac,
+    pg_clipfrac_lower, ppo_kl)."""
     mask = _pre_mask(t)[idx] if mistake == "loss_mask_in_loss" else t["response_mask"][idx].float()
     old = t["old_log_probs"][idx]
     lp = torch.where(mask > 0, torch.nan_to_num(t["actor_log_probs"][k][idx], nan=0.0), old)
@@ -232,10 +233,15 @@ def actor_micro(t, k, idx, a, n_tokens, n_seqs, dp, weights=None, mistake=None):
         kl = kl_estimate(lp, t["ref_log_prob"][idx], a.kl_loss_type)
         out["actor/kl_loss"] = float(aggregate(kl, mask, a.loss_agg_mode, tokens, n_seqs, scale,
                                                a.loss_scale_factor))
+    if "actor_entropy" in t:  # π_θ's entropy at optimizer step k — not stage 4's, which is π_old's
+        h = t["entropy"][idx] if mistake == "stage4_entropy" else t["actor_entropy"][k][idx]
+        out["actor/entropy_loss"] = float(aggregate(torch.nan_to_num(h, nan=0.0) * mask, mask, a.loss_agg_mode,
+                                                    tokens, n_seqs, scale, a.loss_scale_factor))
     return out
 
 
-LOSSES = ("actor/pg_loss", "actor/kl_loss", "critic/vf_loss")  # summed over micro-batches; the rest averaged
+# summed over micro-batches (each a share of the global value); the rest averaged
+LOSSES = ("actor/pg_loss", "actor/kl_loss", "actor/entropy_loss", "critic/vf_loss")
 
 
 def reduce_micro(micro, mistake=None):
@@ -325,10 +331,8 @@ def part_17_6(run=None, mistake=None):
 def part_17_7(run=None, mistake=None):
     r, s, t, real = _setup(run)
     a = r.ppo_config().actor_rollout_ref.actor
-    log = capstone.logged(r, s)
-    actor = part_17_5(r)
-    # the entropy of π_θ at update time is not recorded: its aggregated value is the logged actor/entropy_loss
-    entropy = log.get("actor/entropy" if mistake == "stage4_entropy" else "actor/entropy_loss", 0.0)
+    actor = part_17_5(r, mistake="stage4_entropy" if mistake == "stage4_entropy" else None)
+    entropy = actor.get("actor/entropy_loss", 0.0)  # 17.5's own aggregate of actor_entropy
     sign = 1 if mistake == "entropy_added" else -1
     loss = actor["actor/pg_loss"] + sign * a.entropy_coeff * entropy
     if a.use_kl_loss:
@@ -357,7 +361,8 @@ WRONG = {
     "17.3": [_wrong(part_17_3, m) for m in ("no_whitening", "mask_before_rejection", "returns_after_whitening")],
     "17.4": [_wrong(part_17_4, m) for m in ("no_dp_size", "no_dual_clip", "local_tokens", "response_mask_tokens")],
     "17.5": [_wrong(part_17_5, m) for m in ("no_dp_size", "legacy", "no_dual_clip", "sum_over_ranks",
-                                            "last_step_only", "sum_over_steps", "response_mask_tokens")],
+                                            "last_step_only", "sum_over_steps", "response_mask_tokens",
+                                            "stage4_entropy")],
     "17.6": [_wrong(part_17_6, m) for m in ("no_dp_size", "no_value_clip", "no_half")],
     "17.7": [_wrong(part_17_7, m) for m in ("stage4_entropy", "entropy_added", "no_kl_coef")],
 }

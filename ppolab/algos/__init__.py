@@ -32,7 +32,7 @@ from ppolab.algos.advantages_vectorized import (
     group_mean_std,
 )
 from ppolab.algos.losses import SUM_METRICS, ppo_loss, value_loss
-from ppolab.algos.aggregation import GlobalBatchInfo, agg_loss, batch_info_kwargs
+from ppolab.algos.aggregation import SCALED_MODES, GlobalBatchInfo, agg_loss, batch_info_kwargs
 from ppolab.algos.correction import (
     ROLLOUT_IS_LEVELS,
     ROLLOUT_RS_OPTIONS,

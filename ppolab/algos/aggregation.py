@@ -43,6 +43,10 @@ class GlobalBatchInfo:
         return asdict(self)
 
 
+#: The loss_agg_modes that read ``loss_scale_factor`` (verl `core_algos.agg_loss`): every other mode ignores it.
+SCALED_MODES = ("seq-mean-token-sum-norm",)
+
+
 def batch_info_kwargs(config: Any, global_batch_info: GlobalBatchInfo | None) -> dict[str, Any]:
     """``agg_loss`` keywords of a loss call: the explicit ``global_batch_info`` when given (what ppolab's engine
     passes), else a ``config.global_batch_info`` dict (verl's channel; set by hand in tests), else none (local)."""

@@ -24,8 +24,8 @@ def bypass_stages(run=None):
     cfg = replace(raw, algorithm=replace(raw.algorithm, rollout_correction=replace(
         raw.algorithm.rollout_correction, bypass_mode=True)))
     produced_later = ("old_log_probs", "entropy", "rollout_is_weights", "token_level_rewards", "advantages",
-                      "returns", "actor_log_probs", "critic_vpreds")
-    batch = Batch({k: v.clone() for k, v in rec.tensors.items() if k not in produced_later})
+                      "returns")
+    batch = Batch({k: v.clone() for k, v in rec.batch_tensors().items() if k not in produced_later})
     if "loss_mask" in rec.tensors:   # response_mask as stage 7 found it: rejection sampling rewrote it there
         batch["response_mask"] = rec.tensors["loss_mask"].clone()
     trainer = SimpleNamespace(config=cfg, kl_ctrl_in_reward=_reward_kl_controller(r, rec.step),

@@ -7,29 +7,31 @@ import torch
 
 from ppolab import algos
 from ppolab.exercises import exercise
-from ppolab.numbers.cases import clip_case
+from ppolab.numbers.cases import clip_case, clip_window_case
 
 #: The lab's run: PPO + GAE trained at clip_ratio 0.07, where the clip binds on a few % of the tokens.
 RUN = "ppo_fire_tiny"
-#: The recorded step and optimizer steps the lab's explorer and exercises use (an epoch-2 pass over the first
-#: mini-batch of step 24, and an epoch-3 pass over its third: another mini-batch, so 04.3 is not 04.2 again).
-STEP, OPT_PREDICT, OPT_CODE = 24, 8, 14
+#: The recorded steps and optimizer steps the lab's explorer and exercises use on ppo_fire_tiny: 04.2 an epoch-2
+#: pass over step 3's first mini-batch (where ε = 0.05 clips twice the tokens ε = 0.07 does), 04.3 an epoch-3 pass
+#: over step 24's third mini-batch (another step and mini-batch, so 04.3 is not 04.2 again).
+PREDICT, CODE = (3, 4), (24, 14)
 
 
 def predict_case(run=None) -> dict:
-    """Exercise 04.2's (step, optimizer step): the explorer's, where the clip binds in this run."""
-    return clip_case(run, (STEP, OPT_PREDICT), default=RUN)
+    """Exercise 04.2's (step, optimizer step): the explorer's, where the clip binds in this run and ε = 0.05 clips
+    other tokens than the run's ε (else the run's own pg_clipfrac would pass)."""
+    return clip_window_case(run, PREDICT, 0.05, 0.05, default=RUN)
 
 
 def code_case(run=None) -> dict:
-    """Exercise 04.3's (step, optimizer step): ``OPT_CODE``'s where the clip binds there, else the pair where it binds
+    """Exercise 04.3's (step, optimizer step): ``CODE``'s where the clip binds there, else the pair where it binds
     most — in either case one whose pg_clipfrac at the run's ε differs from exercise 04.2's truth (resubmitting the
     previous answer must not pass), searched in order of clipped tokens when the first choice collides."""
     from ppolab.numbers import resolve_run
     from ppolab.numbers.cases import _clip_terms, _opt_pairs
 
     r = resolve_run(run, default=RUN)
-    c = clip_case(r, (STEP, OPT_CODE), default=RUN)
+    c = clip_case(r, CODE, default=RUN)
     avoid = _e2(r)
 
     def clipfrac(s: int, k: int) -> float:

@@ -8,19 +8,23 @@ import torch
 
 from ppolab import algos
 from ppolab.exercises import exercise
-from ppolab.numbers.cases import clip_case, dual_clip_case
+from ppolab.numbers.cases import clip_window_case, dual_clip_case
 
 #: The lab's run: trained with clip_ratio 0.07 and clip_ratio_c 1.2.
 RUN = "ppo_fire_tiny"
 #: (step, optimizer step) of the asymmetric-window exercise; the recorded step where the dual clip binds, the
 #: optimizer step its explorer opens on, and the optimizer step of the write-the-metric exercise.
-ASYM = (24, 12)
-DUAL_STEP, DUAL_OPEN, DUAL_CODE = 15, 7, 11
+ASYM = (6, 8)
+DUAL_STEP, DUAL_OPEN, DUAL_CODE = 18, 4, 12
 
 
 def asym_case(run=None) -> dict:
-    """Exercise 05.3's (step, optimizer step): the lab's where the clip binds there, else where it binds most."""
-    return clip_case(run, ASYM, default=RUN)
+    """Exercise 05.3's (step, optimizer step): the lab's where clip-higher (ε_high = 0.2) releases tokens there, else
+    where it releases the most (else the two counts would be equal and a repeated count would pass)."""
+    from ppolab.numbers import actor_config, resolve_run
+
+    eps = actor_config(resolve_run(run, default=RUN)).clip_ratio
+    return clip_window_case(run, ASYM, eps, 0.2, default=RUN)
 
 
 def dual_case(run=None) -> dict:

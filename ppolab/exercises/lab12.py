@@ -87,7 +87,7 @@ def critic_mini_batch(run=None):
     dp = int(rec.info.get("dp_size", 1) or 1)
     per = int(rec.tensors["responses"].shape[0]) // dp
     rows = mini_batch_indices(per, c.ppo_mini_batch_size * n // dp, c.ppo_epochs, c.shuffle, c.data_loader_seed)[0][0]
-    batch = Batch({k: v for k, v in rec.tensors.items() if k not in ("actor_log_probs", "critic_vpreds")})
+    batch = Batch(rec.batch_tensors())
     return batch.select(rows), c
 
 

@@ -132,7 +132,7 @@ def tool_micro_batches(run=None, step: int = 1, mini_batch: int = 0):
     r = resolve_run(run, default=TOOL_RUN)
     a = r.ppo_config().actor_rollout_ref.actor
     rec = r.step(step)
-    batch = Batch({k: v for k, v in rec.tensors.items() if k not in ("actor_log_probs", "critic_vpreds")})
+    batch = Batch(rec.batch_tensors())
     mb = batch.select(mini_batch_rows(r, step, mini_batch))
     budget = a.ppo_max_token_len_per_gpu
     return micro_batches(mb, None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu, budget), mb, \

@@ -77,14 +77,14 @@ def _e3(run=None) -> dict:
                   "micro-batches (capstone.update_plan) compute ratio, clip, dual clip and the k3 KL, token-mean over "
                   "the global Σ loss_mask × dp_size, and answer the dict of this optimizer step's actor/pg_loss, "
                   "actor/pg_clipfrac, actor/pg_clipfrac_lower, actor/ppo_kl (and actor/kl_loss when the run has a KL "
-                  "loss).",
+                  "loss, actor/entropy_loss when it recorded π_θ's entropy, actor_entropy).",
           hints=("Losses: each micro-batch divides its masked sum by the token count of the whole global mini-batch "
                  "(all ranks, loss_mask) and multiplies by dp_size; a rank sums its micro-batches. Fractions: a plain "
                  "mean over micro-batches. Then the mean over ranks.",
                  "r = exp(clamp(lp − old, ±20)); L = max(−A·r, −A·clip(r, 1−ε, 1+ε)), and where A < 0 min(L, −A·c); "
                  "pg_clipfrac = mean[(−A·clip(r)) > (−A·r)]; pg_clipfrac_lower = mean[L_clip > −A·c and A < 0]; "
-                 "ppo_kl = mean(old − lp); kl_loss = agg(k3(lp, ref)) (verl `core_algos.py::"
-                 "compute_policy_loss_vanilla`, `losses.py::ppo_loss`)."),
+                 "ppo_kl = mean(old − lp); kl_loss = agg(k3(lp, ref)); entropy_loss = agg(actor_entropy[k]) (verl "
+                 "`core_algos.py::compute_policy_loss_vanilla`, `losses.py::ppo_loss`)."),
           context=("run",), case=opt_case, default_run=RUN, **TOL)
 def _e4(run=None) -> dict:
     c = capstone.actor_case(run)
@@ -94,13 +94,14 @@ def _e4(run=None) -> dict:
 
 @exercise("17.5", "Recorded step {step}: every optimizer step of the actor, reduced as the trainer logs them. Answer "
                   "the dict of the step's logged actor/pg_loss, actor/pg_clipfrac, actor/pg_clipfrac_lower, "
-                  "actor/ppo_kl (and actor/kl_loss when the run has a KL loss).",
+                  "actor/ppo_kl (and actor/kl_loss when the run has a KL loss, actor/entropy_loss when it recorded "
+                  "actor_entropy).",
           hints=("Each optimizer step gives one value per metric (17.4); the logged value of the training step "
                  "reduces those over all mini-batches and epochs.",
                  "reduce_metrics: np.mean over the optimizer steps (np.max / np.min only for keys naming max / min) "
                  "— after the sum over micro-batches (losses) or mean (fractions) and the mean over ranks (verl "
                  "`metric_utils.py::reduce_metrics`)."),
-          context=("run",), case=step_case, default_run=RUN, **TOL)
+          context=("run",), needs=("update_entropy",), case=step_case, default_run=RUN, **TOL)
 def _e5(run=None) -> dict:
     return _truth("17.5", run)
 
@@ -120,12 +121,13 @@ def _e6(run=None) -> dict:
 
 
 @exercise("17.7", "Recorded step {step}: the step's total losses. Answer {'actor/loss': …} (and 'critic/loss' when "
-                  "the run has a critic) from your numbers of 17.5 and 17.6 — the entropy of π_θ at update time is not "
-                  "recorded, so take its aggregate from the logged actor/entropy_loss.",
+                  "the run has a critic) from your own numbers of 17.5 and 17.6 — no logged value on the way.",
           hints=("actor/loss is the sum of the micro-batch losses, each pg − entropy bonus + KL loss, reduced like "
-                 "pg_loss; every reduction on the way is linear. Which of the two logged entropies is π_θ's?",
-                 "actor/loss = pg_loss − entropy_coeff·entropy_loss + kl_loss_coef·kl_loss (actor/entropy is "
-                 "π_old's, from stage 4); critic/loss = vf_loss (verl `losses.py::ppo_loss`)."),
-          context=("run",), case=step_case, default_run=RUN, **TOL)
+                 "pg_loss; every reduction on the way is linear. Which entropy is π_θ's: actor_entropy or the "
+                 "stage-4 entropy behind actor/entropy?",
+                 "actor/loss = pg_loss − entropy_coeff·entropy_loss + kl_loss_coef·kl_loss, with entropy_loss from "
+                 "actor_entropy (17.5; actor/entropy is π_old's, from stage 4); critic/loss = vf_loss (verl "
+                 "`losses.py::ppo_loss`)."),
+          context=("run",), needs=("update_entropy",), case=step_case, default_run=RUN, **TOL)
 def _e7(run=None) -> dict:
     return _truth("17.7", run)

@@ -32,8 +32,10 @@ PART_METRICS: dict[str, tuple[str, ...]] = {
     "17.2": ("rollout_corr/rollout_rs_masked_fraction", "rollout_corr/rollout_rs_seq_masked_fraction"),
     "17.3": ("critic/advantages/mean", "critic/advantages/max", "critic/advantages/min",
              "critic/returns/mean", "critic/returns/max", "critic/returns/min"),
-    "17.4": ("actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/kl_loss"),
-    "17.5": ("actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/kl_loss"),
+    "17.4": ("actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/kl_loss",
+             "actor/entropy_loss"),
+    "17.5": ("actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/kl_loss",
+             "actor/entropy_loss"),
     "17.6": ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean"),
     "17.7": ("actor/loss", "critic/loss"),
 }
@@ -62,6 +64,8 @@ HINTS: dict[str, str] = {
     "actor/pg_clipfrac_lower": "the dual clip bites where A < 0 and max(−A·r, −A·clip(r)) > −A·c",
     "actor/ppo_kl": "masked mean of old − new log-prob per micro-batch, then a plain mean",
     "actor/kl_loss": "k3 (low_var_kl) of π_θ vs π_ref, aggregated like pg_loss",
+    "actor/entropy_loss": "π_θ's entropy at this optimizer step (actor_entropy[k], not the stage-4 entropy), "
+                          "aggregated like pg_loss: summed over micro-batches",
     "critic/vf_loss": "½·max of the two squared errors, token-mean over the global Σ loss_mask × dp_size, summed "
                       "over micro-batches",
     "critic/vf_clipfrac": "share of tokens where the clipped error is strictly larger, a plain mean over "
@@ -90,6 +94,8 @@ _ZH: dict[str, str] = {
     "actor/pg_clipfrac_lower": "dual clip 在 A < 0 且 max(−A·r, −A·clip(r)) > −A·c 处生效",
     "actor/ppo_kl": "每个 micro-batch 上 old − new log-prob 的 masked mean，再取简单平均",
     "actor/kl_loss": "π_θ 对 π_ref 的 k3（low_var_kl），聚合方式同 pg_loss",
+    "actor/entropy_loss": "π_θ 在这个 optimizer step 的 entropy（actor_entropy[k]，不是第 4 阶段的 entropy），"
+                          "聚合方式同 pg_loss：在 micro-batch 上求和",
     "critic/vf_loss": "两个平方误差取 max 的一半，token-mean 除以全局 Σ loss_mask × dp_size，在 micro-batch 上求和",
     "critic/vf_clipfrac": "clipped 误差严格更大的 token 比例，跨 micro-batch 与 rank 的简单平均",
     "critic/vpred_mean": "每个 micro-batch 上新预测值的 masked mean，再取简单平均",
@@ -138,7 +144,7 @@ def _logged_row(r: Run, step: int) -> dict[str, float]:
 
 def capstone_step(run: Run | str | None = None) -> int:
     """The recorded step the capstone rebuilds: where the dual clip bit most (logged pg_clipfrac_lower), then where
-    the clip bit most (pg_clipfrac); on the shipped ppo_fire_tiny, step 15 (dual clip, clip, rejection, padding
+    the clip bit most (pg_clipfrac); on the shipped ppo_fire_tiny, step 18 (dual clip, clip, rejection, padding
     rows and the adaptive β all fire there)."""
     return int(_step_case(run, default=SHIPPED)["step"])
 
@@ -162,9 +168,15 @@ def logged(run: Run | str | None = None, step: int | None = None) -> dict[str, f
 
 
 def part_truth(part: str, run: Run | str | None = None, step: int | None = None) -> dict[str, float]:
-    """The logged values of ``part``'s metrics (those this run logs)."""
-    row = logged(run, step)
-    return {k: row[k] for k in PART_METRICS[part] if k in row}
+    """The logged values of ``part``'s metrics (those this run logs and its recorded tensors can rebuild: a run
+    recorded before ``actor_entropy`` existed logs actor/entropy_loss but cannot rebuild it)."""
+    r = resolve_run(run, SHIPPED)
+    s = capstone_step(r) if step is None else step
+    row = logged(r, s)
+    keys = [k for k in PART_METRICS[part] if k in row]
+    if "actor_entropy" not in r.step(s).tensors:
+        keys = [k for k in keys if k != "actor/entropy_loss"]
+    return {k: row[k] for k in keys}
 
 
 # ------------------------------------------------------------------ the trainer's bookkeeping
@@ -224,7 +236,8 @@ def dp_size(run: Run | str | None = None, step: int | None = None) -> int:
 def rebuild_actor_step(run: Run | str | None = None, step: int | None = None, opt_step: int = 0) -> dict[str, float]:
     """Optimizer step ``opt_step``'s actor metrics, rebuilt with ``ppolab.algos.ppo_loss`` per rank and micro-batch
     as the worker calls it, summed/averaged over micro-batches (``accumulate_micro_metrics``) and averaged over
-    ranks. ``actor/entropy_loss`` is left out: the entropy of π_θ at update time is not recorded."""
+    ranks; ``actor/entropy_loss`` from the recorded entropy of π_θ at that optimizer step (``actor_entropy``,
+    where the run recorded it)."""
     r = resolve_run(run, SHIPPED)
     s = capstone_step(r) if step is None else step
     rec = r.step(s)
@@ -248,9 +261,11 @@ def rebuild_actor_step(run: Run | str | None = None, step: int | None = None, op
             mask = t["response_mask"][idx].float()
             old = t["old_log_probs"][idx].float()
             lp = torch.where(mask > 0, torch.nan_to_num(t["actor_log_probs"][opt_step][idx], nan=0.0), old)
+            entropy = (torch.nan_to_num(t["actor_entropy"][opt_step][idx].float(), nan=0.0) * mask
+                       if "actor_entropy" in t else None)
             _, metrics = algos.ppo_loss(
                 cfg, old_log_prob=old, log_prob=lp, advantages=t["advantages"][idx].float(), response_mask=mask,
-                entropy=None, ref_log_prob=t["ref_log_prob"][idx].float() if "ref_log_prob" in t else None,
+                entropy=entropy, ref_log_prob=t["ref_log_prob"][idx].float() if "ref_log_prob" in t else None,
                 rollout_is_weights=None if weights is None else weights[idx], global_batch_info=info)
             metrics.pop("actor/kl_coef", None)
             out.append(metrics)

@@ -76,6 +76,26 @@ def clip_case(r: Run, prefer: tuple[int, int] | None = None) -> Case:
     return {"step": found[0], "opt_step": found[1], "eps": actor_config(r).clip_ratio}
 
 
+@_cached
+def clip_window_case(r: Run, prefer: tuple[int, int] | None, eps_low: float, eps_high: float) -> Case:
+    """Like :func:`clip_case`, but where the window [1 − eps_low, 1 + eps_high] also clips another number of real
+    tokens than the run's ε (``prefer`` when it does, else where the two counts differ most) — so an answer that
+    keeps the run's ε is never the truth of a question about the other window."""
+    require(r, "opt_steps")
+
+    def moved(s: int, k: int) -> float:
+        b, terms = _clip_terms(r, s, k)
+        base = float(algos.masked_sum(terms["clipped"], b["response_mask"]))
+        if base == 0:
+            return 0.0
+        other = algos.ppo_clip_terms(b["old_log_probs"], b["log_prob"], b["advantages"], eps_low, eps_high)
+        return abs(float(algos.masked_sum(other["clipped"], b["response_mask"])) - base)
+    found = _pick(prefer, _opt_pairs(r, first_opt=1), moved)
+    if found is None:
+        raise RunLacks(f"a PPO clip that binds and clips other tokens at ε_low = {eps_low}, ε_high = {eps_high}", r)
+    return {"step": found[0], "opt_step": found[1], "eps": actor_config(r).clip_ratio}
+
+
 def _dual_binding(r: Run, step: int) -> list[int]:
     c = actor_config(r).clip_ratio_c
     out = []

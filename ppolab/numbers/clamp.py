@@ -60,7 +60,7 @@ def large_step_replay(run: Run | str | None = None, scales: tuple[float, ...] = 
     rep = replay_actor_update(r, 1)
     rec = r.step(1)
     rows = rep["rows"]
-    t = {k: v for k, v in rec.tensors.items() if k not in ("actor_log_probs", "critic_vpreds")}
+    t = rec.batch_tensors()
     t["is_pad"] = t["is_pad"].bool()
     batch = Batch(t).select(rows)
     cfg = r.ppo_config()

@@ -87,6 +87,11 @@ NEEDS: dict[str, Need] = {
                         and _config(r).algorithm.kl_ctrl.type == "adaptive"),
     "kl_loss": Need("a KL loss (actor_rollout_ref.actor.use_kl_loss=true)",
                     lambda r: bool(_config(r).actor_rollout_ref.actor.use_kl_loss)),
+    "update_entropy": Need("π_θ's entropy at every optimizer step (actor_entropy, which older recordings lack: "
+                           "re-record the run)",
+                           lambda r: "actor_entropy" in _first(r).tensors
+                           or not (_config(r).actor_rollout_ref.actor.entropy_coeff
+                                   or _config(r).actor_rollout_ref.actor.calculate_entropy)),
     "opt_steps": Need("several optimizer steps per training step", lambda r: _opt_steps(r) > 1),
     "epochs": Need("a second PPO epoch (actor.ppo_epochs ≥ 2)",
                    lambda r: _config(r).actor_rollout_ref.actor.ppo_epochs >= 2 and _opt_steps(r) > 1),

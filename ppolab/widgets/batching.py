@@ -50,7 +50,7 @@ def synthetic_padding(train_batch_size: int, rollout_n: int, ppo_mini_batch_size
                         ppo_epochs, pad_to=multiple)
     r = resolve_run(run)
     rec = step_tensors(r, step)
-    recorded = {k: v for k, v in rec.tensors.items() if k not in ("actor_log_probs", "critic_vpreds")}
+    recorded = rec.batch_tensors()
     n_rows = plan.n_trajectories
     batch = Batch(recorded).select([i % len(recorded["is_pad"]) for i in range(n_rows)])
     batch["is_pad"] = torch.zeros(n_rows, dtype=torch.bool)  # every row of the resized batch is a real trajectory

@@ -10,6 +10,7 @@ the micro-batches of the configuration picked with the controls.
 from __future__ import annotations
 
 import html
+import threading
 from typing import Any
 
 import ipywidgets as W
@@ -20,23 +21,29 @@ from ppolab.config import LOSS_AGG_MODES
 from ppolab.replay import max_abs_diff, mini_batch_rows, replay_rows
 from ppolab.widgets.batching import recorded_seq_lens
 from ppolab.widgets.common import resolve_run
-from ppolab.numbers.invariance import _CACHE, DYNAMIC, cached_replay, divisors  # noqa: F401 (re-exported)
+from ppolab.numbers.invariance import (  # noqa: F401 (_CACHE re-exported)
+    _CACHE, DYNAMIC, cached_replay, distinct_budgets, divisors, every_setting)
 
 #: Relative tolerance of the "same gradient" verdict: gap ≤ TOL · max(1, max |g_ref|).
 TOL = 1e-5
 
 
 def invariance_explorer(run=None, step: int = 1, *, loss_agg_mode: str | None = None, scale: str = "fixed",
-                        scale_value: float | None = None) -> W.VBox:
+                        scale_value: float | None = None, prefetch: bool | None = None) -> W.VBox:
     """Replay step ``step`` (must be 1: see :mod:`ppolab.replay`) under every micro-batching.
 
     ``loss_agg_mode``: initial mode (default: the run's); ``scale``: ``"fixed"`` (loss_scale_factor =
-    ``scale_value``, default ``data.max_response_length``) or ``"None"`` (verl's fallback: the micro-batch's padded
-    width). Controls: ``micro_batch_size`` (divisors of the mini-batch), ``dynamic`` (use_dynamic_bsz),
-    ``max_token_len``, ``loss_agg_mode``, ``scale``, ``scale_value``. Figures: ``gap`` (max |g − g_ref| per
-    micro-batching; x labels are the micro-batch sizes and ``"dynamic"``), ``micro_batches`` (tokens and rows of
-    each micro-batch of the chosen configuration). Attributes kept current: ``reference`` and ``current`` (the
-    replay dicts), ``gaps`` (x label → gap), ``state`` (gap, tol, invariant, n_micro, loss).
+    ``scale_value``, default ``data.max_response_length``; the factor control offers it, 1, half and twice
+    ``max_response_length``) or ``"None"`` (verl's fallback: the micro-batch's padded width). ``prefetch``: replay
+    every other setting in a background thread after opening, so that later moves read the cache (default: on a
+    run whose replays are bounded to the first rows — a real vocabulary, where one replay takes about a second on
+    2 cores; the shipped runs' take ~0.25 s and are replayed on demand); ``box.prefetch`` is that thread (or
+    None), ``box.stop_prefetch`` stops it. Controls: ``micro_batch_size`` (divisors of the mini-batch),
+    ``dynamic`` (use_dynamic_bsz), ``max_token_len``, ``loss_agg_mode``, ``scale``, ``scale_value``. Figures:
+    ``gap`` (max |g − g_ref| per micro-batching; x labels are the micro-batch sizes and ``"dynamic"``),
+    ``micro_batches`` (tokens and rows of each micro-batch of the chosen configuration). Attributes kept current:
+    ``reference`` and ``current`` (the replay dicts), ``gaps`` (x label → gap), ``state`` (gap, tol, invariant,
+    n_micro, loss).
     """
     r = resolve_run(run)
     if step != 1:
@@ -56,11 +63,18 @@ def invariance_explorer(run=None, step: int = 1, *, loss_agg_mode: str | None = 
     n_mini = len(mini_batch_rows(r, step, 0))
     bounded = (tr(" — replaying the first {n} of the mini-batch's {m} rows (a large vocabulary: each replay's "
                   "logits stay bounded)").format(n=len(rows), m=n_mini) if len(rows) < n_mini else "")
+    background = prefetch or (prefetch is None and len(rows) < n_mini)
+    if background:
+        bounded += tr("; every other setting is being replayed in the background, so a move waits for at most one "
+                      "replay until that is done")
     sizes = divisors(len(rows))
     rec = r.step(step)
     lens = [recorded_seq_lens(rec)[i] for i in rows]  # the lengths the engine's dynamic packing counts
     budget = max(max(lens), sum(lens) // 16)  # ~1/16 of the mini-batch's tokens per micro-batch
     own = a.ppo_micro_batch_size_per_gpu
+    horizon = float(cfg.data.max_response_length)
+    # any fixed factor keeps sum-norm invariant (§10.5): a few values are enough, and every one can be precomputed
+    factors = sorted({1.0, horizon / 2, horizon, 2 * horizon, factor})
     style = {"description_width": "initial"}
     controls = {
         "micro_batch_size": W.SelectionSlider(options=sizes, value=own if own in sizes else sizes[0],
@@ -74,7 +88,8 @@ def invariance_explorer(run=None, step: int = 1, *, loss_agg_mode: str | None = 
                                     style=style),
         "scale": W.ToggleButtons(options=["fixed", "None"], value=scale, description="loss_scale_factor",
                                  style=style),
-        "scale_value": W.BoundedFloatText(value=factor, min=1e-3, max=1e6, description=tr("fixed factor"), style=style),
+        "scale_value": W.SelectionSlider(options=factors, value=factor, description=tr("fixed factor"), style=style,
+                                         continuous_update=False),
     }
     figs = {
         "gap": go.FigureWidget(layout={"height": 330, "yaxis": {"type": "log", "title": tr("max |g − g_ref|")},
@@ -169,4 +184,17 @@ def invariance_explorer(run=None, step: int = 1, *, loss_agg_mode: str | None = 
         ctl.observe(refresh, names="value")
     controls["replay_all"] = every  # a button: no value, so control sweeps skip it
     refresh(every=True)
+    box.prefetch, box.stop_prefetch = None, threading.Event()
+    if background:
+        slider = controls["max_token_len"]
+
+        def fill() -> None:
+            budgets = distinct_budgets(r, step, range(slider.min, slider.max + 1))
+            for kw in every_setting(r, step, sizes=sizes, budgets=budgets, factors=[*factors, None],
+                                    first=(mode, factor)):
+                if box.stop_prefetch.is_set():
+                    return
+                cached_replay(r, step, **kw)
+        box.prefetch = threading.Thread(target=fill, name="invariance-prefetch", daemon=True)
+        box.prefetch.start()
     return box
