@@ -53,7 +53,7 @@ def large_step_replay(run: Run | str | None = None, scales: tuple[float, ...] = 
     restored afterwards."""
     from ppolab import algos
     from ppolab.engine import Batch
-    from ppolab.replay import replay_actor_update, run_models
+    from ppolab.replay import REPLAY_LOCK, replay_actor_update, run_models
     from ppolab.worker import ActorWorker, InferBatching
 
     r = resolve_run(run)
@@ -64,32 +64,35 @@ def large_step_replay(run: Run | str | None = None, scales: tuple[float, ...] = 
     t["is_pad"] = t["is_pad"].bool()
     batch = Batch(t).select(rows)
     cfg = r.ppo_config()
-    models = run_models(r)
-    params = models.actor_parameters()
-    before = [p.detach().clone() for p in params]
-    worker = ActorWorker(cfg.actor_rollout_ref.actor, models, temperature=cfg.actor_rollout_ref.rollout.temperature,
-                         rollout_n=cfg.actor_rollout_ref.rollout.n, optimizer=torch.optim.SGD(params, lr=1.0))
-    mask = batch["response_mask"].float() * (~batch["is_pad"]).float().unsqueeze(-1)
-    old = batch["old_log_probs"].float()
-    out = []
-    try:
-        for scale in scales:
+    with REPLAY_LOCK:  # these steps move the shared models, as a replay does: never two at once
+        models = run_models(r)
+        params = models.actor_parameters()
+        before = [p.detach().clone() for p in params]
+        a, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+        worker = ActorWorker(a, models, temperature=rollout.temperature, rollout_n=rollout.n,
+                             optimizer=torch.optim.SGD(params, lr=1.0))
+        mask = batch["response_mask"].float() * (~batch["is_pad"]).float().unsqueeze(-1)
+        old = batch["old_log_probs"].float()
+        out = []
+        try:
+            for scale in scales:
+                with torch.no_grad():
+                    for p, b, g in zip(params, before, rep["grads"]):
+                        p.copy_(b - scale * g)
+                lp = worker.infer(batch, InferBatching(len(rows), None))["log_probs"]
+                d = torch.where(mask > 0, lp - old, torch.zeros(()))
+                lp_leaf = lp.detach().double().requires_grad_(True)
+                algos.ppo_clip_terms(old.double(), lp_leaf, batch["advantages"].double(), 0.2, 0.2)["ratio"].mul(
+                    mask).sum().backward()
+                past = (d.abs() > LOG_RATIO_CLAMP) & (mask > 0)
+                out.append({"scale": scale, "max_abs_log_ratio": float(d.abs().max()), "n_tokens": int(mask.sum()),
+                            "n_clamped": int(past.sum()),
+                            "grad_at_clamped_max": (float(lp_leaf.grad[past].abs().max()) if past.any()
+                                                    else float("nan")),
+                            "grad_elsewhere_min": float(lp_leaf.grad[(mask > 0) & ~past].abs().min())})
+        finally:
             with torch.no_grad():
-                for p, b, g in zip(params, before, rep["grads"]):
-                    p.copy_(b - scale * g)
-            lp = worker.infer(batch, InferBatching(len(rows), None))["log_probs"]
-            d = torch.where(mask > 0, lp - old, torch.zeros(()))
-            lp_leaf = lp.detach().double().requires_grad_(True)
-            algos.ppo_clip_terms(old.double(), lp_leaf, batch["advantages"].double(), 0.2, 0.2)["ratio"].mul(
-                mask).sum().backward()
-            past = (d.abs() > LOG_RATIO_CLAMP) & (mask > 0)
-            out.append({"scale": scale, "max_abs_log_ratio": float(d.abs().max()), "n_tokens": int(mask.sum()),
-                        "n_clamped": int(past.sum()),
-                        "grad_at_clamped_max": float(lp_leaf.grad[past].abs().max()) if past.any() else float("nan"),
-                        "grad_elsewhere_min": float(lp_leaf.grad[(mask > 0) & ~past].abs().min())})
-    finally:
-        with torch.no_grad():
-            for p, b in zip(params, before):
-                p.copy_(b)
-                p.grad = None
+                for p, b in zip(params, before):
+                    p.copy_(b)
+                    p.grad = None
     return {"rows": len(rows), "scales": out}
