@@ -117,12 +117,12 @@ def replay_actor_update(run: Run | str | os.PathLike | None = None, step: int = 
                          f"seeded initial adapter); step={step}, mini_batch={mini_batch} started from weights the run "
                          f"did not record. Pass strict=False to replay it from the initial weights anyway.")
     rows, batch = _replay_batch(r, step, mini_batch)
-    batch = Batch(dict(batch.tensors))  # the worker adds nothing, but the cached batch stays untouched
+    batch = Batch(dict(batch.tensors))  # a shallow copy: the batch cached for later replays is never written into
     cfg = r.ppo_config()
     a, n = _replay_config(r, len(rows), micro_batch_size, use_dynamic_bsz, max_token_len, loss_agg_mode,
                           loss_scale_factor)
     micro = None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu
-    parts = micro_batches(batch, micro, a.ppo_max_token_len_per_gpu)  # the worker's own call, same result
+    parts = _partition(batch, a)
     settings = {"micro_batch_size": micro, "use_dynamic_bsz": a.use_dynamic_bsz,
                 "max_token_len": a.ppo_max_token_len_per_gpu, "loss_agg_mode": a.loss_agg_mode,
                 "loss_scale_factor": a.loss_scale_factor}
@@ -194,6 +194,11 @@ def replay_partition(run: Run | str | os.PathLike | None = None, step: int = 1, 
     r = resolve_run(run)
     rows, batch = _replay_batch(r, step, mini_batch)
     a, _ = _replay_config(r, len(rows), micro_batch_size, use_dynamic_bsz, max_token_len, None, KEEP)
+    return _partition(batch, a)
+
+
+def _partition(batch: Batch, a) -> list[list[int]]:
+    """The micro-batches the worker cuts ``batch`` into under the replay's actor config ``a`` (its own call)."""
     return micro_batches(batch, None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu,
                          a.ppo_max_token_len_per_gpu)
 

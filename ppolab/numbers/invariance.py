@@ -87,7 +87,7 @@ def every_setting(run=None, step: int = 1, *, sizes: list[int], budgets: list[in
     if first is not None:
         mode, f = first
         head = (mode, f if mode in SCALED_MODES else None)
-        combos.sort(key=lambda c: (c != head, c[1] != (f if c[0] in SCALED_MODES else None)))
+        combos.sort(key=lambda c: (c != head, c[0] in SCALED_MODES and c[1] != f))  # stable: mode order kept
     out = []
     for mode, f in combos:
         out += [{"loss_agg_mode": mode, "loss_scale_factor": f, "micro_batch_size": s} for s in sizes]

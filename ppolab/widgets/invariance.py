@@ -61,12 +61,12 @@ def invariance_explorer(run=None, step: int = 1, *, loss_agg_mode: str | None = 
         raise ValueError(f"scale_value must be positive, got {scale_value!r}")
     rows = replay_rows(r, step, 0)  # a large run replays the first rows of the mini-batch only (said in the status)
     n_mini = len(mini_batch_rows(r, step, 0))
-    bounded = (tr(" — replaying the first {n} of the mini-batch's {m} rows (a large vocabulary: each replay's "
-                  "logits stay bounded)").format(n=len(rows), m=n_mini) if len(rows) < n_mini else "")
+    note = (tr(" — replaying the first {n} of the mini-batch's {m} rows (a large vocabulary: each replay's "
+               "logits stay bounded)").format(n=len(rows), m=n_mini) if len(rows) < n_mini else "")
     background = prefetch or (prefetch is None and len(rows) < n_mini)
     if background:
-        bounded += tr("; every other setting is being replayed in the background, so a move waits for at most one "
-                      "replay until that is done")
+        note += tr("; every other setting is being replayed in the background, so a move waits for at most one "
+                   "replay until that is done")
     sizes = divisors(len(rows))
     rec = r.step(step)
     lens = [recorded_seq_lens(rec)[i] for i in rows]  # the lengths the engine's dynamic packing counts
@@ -171,7 +171,7 @@ def invariance_explorer(run=None, step: int = 1, *, loss_agg_mode: str | None = 
         status.value = tr("{verdict} — max |g − g_ref| = {gap:.3e} (tolerance {tol:.1e}); actor/loss {loss:.6f} vs "
                           "{ref:.6f}; {n} micro-batches, widths T = {widths}").format(
             verdict=tr(verdict), gap=gap, tol=tol, loss=m["actor/loss"], ref=reference["metrics"]["actor/loss"],
-            n=len(parts), widths=html.escape(str(sorted(set(current["widths"]))))) + bounded
+            n=len(parts), widths=html.escape(str(sorted(set(current["widths"]))))) + note
 
     every = W.Button(description=tr("replay every micro-batching"), tooltip=tr(
         "a control move replays only the chosen micro-batching (and the reference); this fills the other bars"))
