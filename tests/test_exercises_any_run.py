@@ -107,6 +107,31 @@ def test_every_exercise_on_a_fresh_run(fresh_runs, preset):
     exercises.reset()
 
 
+#: Fresh runs of the other presets and of another loss (the anyrun matrix): what a case finder or a solution written
+#: for the presets above could still miss — step 1 as the case (no previous β), rejection after stage 4, a token
+#: budget, tool observations, a sequence-level loss under seq-mean-token-mean.
+OTHER_FRESH = {
+    "ppo_fire_tiny": ("ppo_fire_tiny", []),
+    "grpo_tool_tiny": ("grpo_tool_tiny", []),
+    "grpo_temp_tiny": ("grpo_temp_tiny", []),
+    "gspo_seq_mean": ("grpo_tiny", ["actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
+                                    "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"]),
+}
+
+
+@pytest.mark.anyrun
+@pytest.mark.parametrize("name", sorted(OTHER_FRESH))
+def test_every_exercise_on_a_fresh_run_of_another_preset(name, request, tmp_path):
+    if "anyrun" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("fresh runs of the other presets (about 5 min): select it with -m anyrun")
+    preset, extra = OTHER_FRESH[name]
+    ppolab.train(preset, ["trainer.total_training_steps=3", "trainer.record_freq=1", "data.val_max_samples=8", *extra,
+                          f"trainer.run_dir={tmp_path / name}"], progress=False)
+    outcome = {ex_id: full_protocol(ex_id, str(tmp_path / name)) for ex_id in REG}
+    assert "right" in outcome.values(), outcome
+    exercises.reset()
+
+
 @pytest.mark.anyrun
 @pytest.mark.parametrize("name", sorted(SHIPPED_RUNS))
 def test_every_exercise_on_every_shipped_run(name, request):

@@ -4,8 +4,9 @@ whose mechanism the run lacks prints one line naming the shipped run that has it
 Each lab is executed under nbval in a subprocess with ``PPOLAB_RUN`` set to a run trained here (3 steps, every step
 recorded, the presets' shapes otherwise); the root conftest.py makes every cell lax then (the saved outputs are the
 lab's own run's). The default selection runs labs 04 and 11 under nbval and executes lab 09 (reading its lacks lines)
-on a fresh GRPO run; ``-m anyrun`` runs every lab on a fresh GRPO and a fresh PPO + GAE run (34 lab runs: 1,328 s
-measured on 2 CPU cores shared with other jobs)."""
+on a fresh GRPO run; ``-m anyrun`` runs every lab on a fresh GRPO, a fresh PPO + GAE and a fresh ppo_fire_tiny run
+(2 ranks, rejection, padding rows, dynamic micro-batches: 54 lab runs), and the labs that read masks and micro-batch
+splits on a fresh tool run (observation tokens attended outside response_mask)."""
 from __future__ import annotations
 
 import os
@@ -29,20 +30,27 @@ CHEAP = ("04_clipped_objective", "11_loss_aggregation")
 LACKS = re.compile(r'this run \(.+\) lacks .+; the shipped run \w+ has it — RUN = "\w+"')
 
 
-def _train(base: Path, preset: str) -> str:
-    run_dir = base / preset
-    ppolab.train(preset, [*SHAPE, f"trainer.run_dir={run_dir}"], progress=False)
-    return str(run_dir)
+@pytest.fixture(scope="session")
+def fresh_run(tmp_path_factory):
+    """``fresh_run(preset)``: a run of ``preset`` trained here (:data:`SHAPE`), once per session."""
+    made: dict[str, str] = {}
+
+    def get(preset: str) -> str:
+        if preset not in made:
+            run_dir = tmp_path_factory.mktemp("labs-any-run") / preset
+            ppolab.train(preset, [*SHAPE, f"trainer.run_dir={run_dir}"], progress=False)
+            made[preset] = str(run_dir)
+        return made[preset]
+    return get
 
 
 @pytest.fixture(scope="session")
-def fresh_grpo(tmp_path_factory) -> str:
-    return _train(tmp_path_factory.mktemp("labs-any-run"), "grpo_tiny")
+def fresh_grpo(fresh_run) -> str:
+    return fresh_run("grpo_tiny")
 
 
-@pytest.fixture(scope="session")
-def fresh_ppo(tmp_path_factory) -> str:
-    return _train(tmp_path_factory.mktemp("labs-any-run"), "ppo_gae_tiny")
+#: The labs that rebuild a forward's attention, a stage's mask or a micro-batch split: what a tool run changes.
+MASK_LABS = ("01_one_update_end_to_end", "07_entropy_and_temperature", "10_response_masks", "11_loss_aggregation")
 
 
 def run_lab(lab: str, run: str) -> str:
@@ -82,27 +90,21 @@ def test_a_lab_the_run_lacks_says_so_in_one_line_per_section(fresh_grpo):
     assert any("lacks a critic" in ln and 'RUN = "ppo_fire_tiny"' in ln for ln in lines), lines
 
 
-def _matrix(request) -> None:
+#: The fresh runs every lab runs on (``-m anyrun``), by preset: ppo_fire_tiny's rejection rewrites response_mask
+#: after stage 4 (lengths, entropy and probability gaps are logged over the mask as generated) and it cuts
+#: micro-batches by a token budget; the tool run runs :data:`MASK_LABS` only.
+MATRIX = [(preset, lab) for preset in ("grpo_tiny", "ppo_gae_tiny", "ppo_fire_tiny") for lab in LABS]
+MATRIX += [("grpo_tool_tiny", lab) for lab in MASK_LABS]
+
+
+@pytest.mark.anyrun
+@pytest.mark.parametrize("preset, lab", MATRIX)
+def test_every_lab_on_a_fresh_run(preset, lab, fresh_run, request):
     if "anyrun" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("every lab on two fresh runs (about 20 min): select it with -m anyrun")
-
-
-@pytest.mark.anyrun
-@pytest.mark.parametrize("lab", LABS)
-def test_every_lab_on_a_fresh_grpo_run(lab, request):
-    _matrix(request)
+        pytest.skip("every lab on three fresh runs (about 20 min): select it with -m anyrun")
     t = time.time()
-    run_lab(lab, request.getfixturevalue("fresh_grpo"))
-    print(f"{lab} on a fresh grpo_tiny run: {time.time() - t:.0f} s")
-
-
-@pytest.mark.anyrun
-@pytest.mark.parametrize("lab", LABS)
-def test_every_lab_on_a_fresh_ppo_gae_run(lab, request):
-    _matrix(request)
-    t = time.time()
-    run_lab(lab, request.getfixturevalue("fresh_ppo"))
-    print(f"{lab} on a fresh ppo_gae_tiny run: {time.time() - t:.0f} s")
+    run_lab(lab, fresh_run(preset))
+    print(f"{lab} on a fresh {preset} run: {time.time() - t:.0f} s")
 
 
 def test_has_find_and_the_lacks_line(capsys):

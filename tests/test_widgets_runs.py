@@ -243,3 +243,17 @@ def test_live_training_two_steps():
         assert list(acc.y) == pytest.approx(frame["val/accuracy"].dropna().loc[1:].tolist())
     with pytest.raises(ValueError, match="metrics"):
         live_training(metrics=())
+
+
+def test_step_distributions_have_the_logged_means_on_a_run_with_rejection():
+    """The length distribution counts the mask as generated (loss_mask), as response_length/mean does: rejection
+    zeroes tokens of response_mask after the metrics' masks are read, but does not shorten a response."""
+    from ppolab.widgets.metrics import DISTRIBUTIONS, step_distributions
+
+    r = resolve_run("ppo_fire_tiny")
+    s = r.steps[0]
+    t = r.step(s).tensors
+    assert bool((t["loss_mask"].bool() & ~t["response_mask"].bool()).any())  # the step rejected tokens
+    dist = step_distributions(r, [s])[s]
+    for key, name in DISTRIBUTIONS.items():
+        assert abs(float(dist[key].float().mean()) - r.metrics.loc[s, name]) < 1e-5, key

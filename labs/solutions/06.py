@@ -2,11 +2,11 @@
 would write; it is called with the exercise's context (e.g. ``run``)."""
 import torch
 
-from ppolab.algos import POLICY_LOSS_REGISTRY, ppo_loss
+from ppolab.algos import POLICY_LOSS_REGISTRY, agg_loss, ppo_loss
 from ppolab.config import ActorConfig
 from ppolab.exercises.lab06 import e1_metrics, toy_batch
 from ppolab.numbers.gradients import gradient_weights
-from ppolab.numbers import optimizer_step_batch, resolve_run, step_tensors
+from ppolab.numbers import actor_config, optimizer_step_batch, resolve_run, step_tensors
 
 
 def total_loss(run=None):
@@ -25,8 +25,17 @@ def total_loss_without_kl(run=None):
 
 
 def pg_loss_at_ratio_one(run=None):
-    b = optimizer_step_batch(step_tensors(resolve_run(run), 1), 0)
-    return -(b["advantages"] * b["response_mask"]).sum().item() / b["response_mask"].sum().item()
+    r = resolve_run(run)
+    rec = step_tensors(r, 1)
+    b = optimizer_step_batch(rec, 0)
+    actor, arr = actor_config(r), r.ppo_config().actor_rollout_ref
+    if actor.loss_agg_mode == "token-mean":  # over Σ loss_mask: tokens rejected after sampling still count
+        tokens = rec.tensors.get("loss_mask", rec.tensors["response_mask"])[b["rows"]].sum().item()
+        return -(b["advantages"] * b["response_mask"]).sum().item() / tokens
+    # the seq-mean modes: one mean per row, over the global mini-batch's ppo_mini_batch_size × n rows
+    return float(agg_loss(-b["advantages"], b["response_mask"], actor.loss_agg_mode,
+                          global_batch_size=arr.actor.ppo_mini_batch_size * arr.rollout.n,
+                          loss_scale_factor=actor.loss_scale_factor))
 
 
 def _config(mode):

@@ -32,7 +32,8 @@ def kl_over_pg(run=None, coef=True, reducer="median", half=True):
 
 
 def old_entropy(run=None, mask="response_mask", denominator="loss_mask", per_step=True):
-    from ppolab.numbers import optimizer_step_batch
+    from ppolab.algos import agg_loss
+    from ppolab.numbers import actor_config, optimizer_step_batch
 
     r = resolve_run(run, default="ppo_fire_tiny")
     rec = r.step(r.steps[0])
@@ -40,10 +41,16 @@ def old_entropy(run=None, mask="response_mask", denominator="loss_mask", per_ste
     h, m, d = t["entropy"], t[mask].float(), t[denominator].float()
     if not per_step:  # one token mean over the whole batch
         return float((h * m).sum() / d.sum())
+    actor, arr = actor_config(r), r.ppo_config().actor_rollout_ref
     out = []
     for k in range(t["actor_log_probs"].shape[0]):
         rows = optimizer_step_batch(rec, k)["rows"]
-        out.append(float((h[rows] * m[rows]).sum() / d[rows].sum()))
+        if actor.loss_agg_mode == "token-mean":
+            out.append(float((h[rows] * m[rows]).sum() / d[rows].sum()))
+        else:  # a seq-mean mode: a mean per row over the global mini-batch's ppo_mini_batch_size × n rows
+            out.append(float(agg_loss(h[rows], m[rows], actor.loss_agg_mode,
+                                      global_batch_size=arr.actor.ppo_mini_batch_size * arr.rollout.n,
+                                      loss_scale_factor=actor.loss_scale_factor)))
     return sum(out) / len(out)
 
 

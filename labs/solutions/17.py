@@ -77,8 +77,7 @@ def part_17_1(run=None, mistake=None):
     alg = r.ppo_config().algorithm
     ctrl = alg.kl_ctrl
     beta = ctrl.kl_coef
-    metrics = r.metrics
-    if ctrl.type == "adaptive" and s - 1 in metrics.index and mistake != "initial_beta":
+    if ctrl.type == "adaptive" and s > 1 and mistake != "initial_beta":  # step 0 logs validation only
         prev = capstone.logged(r, s - 1)
         beta = prev["actor/reward_kl_penalty_coeff"]
         if mistake != "beta_from_previous_step":

@@ -302,7 +302,9 @@ def _matches(answer: Any, expected: Any, rel: float, abs: float) -> bool:
             return False
         if math.isnan(expected) or math.isnan(answer):
             return math.isnan(expected) and math.isnan(answer)
-        return math.isclose(answer, expected, rel_tol=rel, abs_tol=abs)
+        # an answer rounded to the decimals a prompt asks for is off by up to abs = half a unit; in floats that
+        # half can land a hair over (round(0.0625, 3) = 0.062 is 0.0005000…004 away): a slack far below any unit
+        return math.isclose(answer, expected, rel_tol=rel, abs_tol=abs + 1e-12 if abs else 0.0)
     if kind == "string":
         if not isinstance(answer, str):
             return False

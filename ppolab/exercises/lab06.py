@@ -86,21 +86,33 @@ def _e2() -> set[str]:
     return out
 
 
+def agg_case(run=None) -> dict:
+    """The run's own loss_agg_mode (exercise 06.3's prompt names it)."""
+    from ppolab.numbers import actor_config, resolve_run
+
+    return {"agg": actor_config(resolve_run(run)).loss_agg_mode}
+
+
 @exercise("06.3", "Predict, then verify: actor/pg_loss of recorded step 1, optimizer step 0 (every ratio is exactly "
-          "1 there), with the run's own config (token-mean). 4 decimals.",
-          hints=("At ratio 1 the vanilla loss is −A per token. GRPO advantages sum to zero inside each group — "
-                 "but token-mean weighs every token, so a longer trajectory counts more.",
-                 "pg_loss = −Σ_{i,t} A_{i,t} m_{i,t} / Σ m over the mini-batch = "
-                 "agg_loss(−advantages, response_mask, 'token-mean') on optimizer_step_batch(run.step(1), 0)."),
-          rel=0.0, abs=1e-4, context=("run",), needs=("step1",))
+          "1 there), with the run's own config (loss_agg_mode = {agg}). 4 decimals.",
+          hints=("At ratio 1 the vanilla loss is −A per token. GRPO advantages sum to zero inside each group — so "
+                 "what is left depends on how {agg} weighs a long trajectory against a short one.",
+                 "pg_loss = agg_loss(−advantages, response_mask, '{agg}') on optimizer_step_batch(run.step(1), 0), "
+                 "normalised by the global mini-batch: token-mean by Σ loss_mask "
+                 "(−Σ_{i,t} A_{i,t} m_{i,t} / Σ loss_mask; rejected tokens still count), the seq-mean modes by "
+                 "ppo_mini_batch_size × n rows (padding rows counted)."),
+          rel=0.0, abs=1e-4, context=("run",), needs=("step1",), case=agg_case)
 def _e3(run=None) -> float:
     from ppolab.numbers import actor_config, optimizer_step_batch, resolve_run, step_tensors
+    from ppolab.numbers.steps import global_batch_info
 
     r = resolve_run(run)
-    b = optimizer_step_batch(step_tensors(r, 1), 0)
+    rec = step_tensors(r, 1)
+    b = optimizer_step_batch(rec, 0)
     return algos.ppo_loss(actor_config(r), old_log_prob=b["old_log_probs"], log_prob=b["log_prob"],
                           advantages=b["advantages"], response_mask=b["response_mask"], entropy=b.get("entropy"),
-                          ref_log_prob=b.get("ref_log_prob"))[1]["actor/pg_loss"]
+                          ref_log_prob=b.get("ref_log_prob"),
+                          global_batch_info=global_batch_info(r, rec, b["rows"]))[1]["actor/pg_loss"]
 
 
 @exercise("06.4", "On the batch lp, adv, mask = toy_batch() at ratio exactly 1 (old_log_prob = lp) with "

@@ -28,8 +28,9 @@ def _truth(part: str, run=None) -> dict[str, float]:
 
 
 @exercise("17.1", "Recorded step {step}: the reward-side KL. Compute β of this step from the previous step's logged "
-                  "β and KL (the adaptive controller; kl_coef for a fixed one), kld = k1(old_log_probs, ref_log_prob) "
-                  "× the mask before rejection, token_level_rewards = scores − β·kld. Answer the dict "
+                  "β and KL (the adaptive controller; kl_coef for a fixed one, and at step 1), "
+                  "kld = k1(old_log_probs, ref_log_prob) × the mask before rejection, token_level_rewards = "
+                  "scores − β·kld. Answer the dict "
                   "{'actor/reward_kl_penalty_coeff': β, 'actor/reward_kl_penalty': the batch KL, "
                   "'critic/rewards/mean': mean over the real rows of Σ_t rewards}.",
           hints=("β is read before this step's update: it is the previous step's β after the controller saw the "
@@ -85,7 +86,7 @@ def _e3(run=None) -> dict:
                  "pg_clipfrac = mean[(−A·clip(r)) > (−A·r)]; pg_clipfrac_lower = mean[L_clip > −A·c and A < 0]; "
                  "ppo_kl = mean(old − lp); kl_loss = agg(k3(lp, ref)); entropy_loss = agg(actor_entropy[k]) (verl "
                  "`core_algos.py::compute_policy_loss_vanilla`, `losses.py::ppo_loss`)."),
-          context=("run",), case=opt_case, default_run=RUN, **TOL)
+          context=("run",), needs=("vanilla_loss",), case=opt_case, default_run=RUN, **TOL)
 def _e4(run=None) -> dict:
     c = capstone.actor_case(run)
     out = capstone.rebuild_actor_step(run, c["step"], c["opt_step"])
@@ -101,7 +102,7 @@ def _e4(run=None) -> dict:
                  "reduce_metrics: np.mean over the optimizer steps (np.max / np.min only for keys naming max / min) "
                  "— after the sum over micro-batches (losses) or mean (fractions) and the mean over ranks (verl "
                  "`metric_utils.py::reduce_metrics`)."),
-          context=("run",), needs=("update_entropy",), case=step_case, default_run=RUN, **TOL)
+          context=("run",), needs=("update_entropy", "vanilla_loss"), case=step_case, default_run=RUN, **TOL)
 def _e5(run=None) -> dict:
     return _truth("17.5", run)
 
@@ -128,6 +129,6 @@ def _e6(run=None) -> dict:
                  "actor/loss = pg_loss − entropy_coeff·entropy_loss + kl_loss_coef·kl_loss, with entropy_loss from "
                  "actor_entropy (17.5; actor/entropy is π_old's, from stage 4); critic/loss = vf_loss (verl "
                  "`losses.py::ppo_loss`)."),
-          context=("run",), needs=("update_entropy",), case=step_case, default_run=RUN, **TOL)
+          context=("run",), needs=("update_entropy", "vanilla_loss"), case=step_case, default_run=RUN, **TOL)
 def _e7(run=None) -> dict:
     return _truth("17.7", run)

@@ -92,6 +92,8 @@ NEEDS: dict[str, Need] = {
                            lambda r: "actor_entropy" in _first(r).tensors
                            or not (_config(r).actor_rollout_ref.actor.entropy_coeff
                                    or _config(r).actor_rollout_ref.actor.calculate_entropy)),
+    "vanilla_loss": Need("the vanilla clipped policy loss the capstone rebuilds (actor.policy_loss.loss_mode=vanilla)",
+                         lambda r: _config(r).actor_rollout_ref.actor.policy_loss.loss_mode == "vanilla"),
     "opt_steps": Need("several optimizer steps per training step", lambda r: _opt_steps(r) > 1),
     "epochs": Need("a second PPO epoch (actor.ppo_epochs ≥ 2)",
                    lambda r: _config(r).actor_rollout_ref.actor.ppo_epochs >= 2 and _opt_steps(r) > 1),

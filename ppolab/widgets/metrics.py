@@ -66,7 +66,9 @@ def step_distributions(run=None, steps=None) -> dict[int, dict[str, torch.Tensor
     * ``score`` — one value per trajectory, Σ_t token_level_scores (``critic/score/*``);
     * ``advantage`` — one value per valid response token, as ``critic/advantages/*`` is computed (for GRPO every
       token of a trajectory carries the trajectory's scalar advantage);
-    * ``response_length`` — response_mask sums per trajectory (``response_length/*``; tool observations excluded);
+    * ``response_length`` — loss_mask sums per trajectory, the mask as generated (``response_length/*``, as
+      :func:`ppolab.metrics.data_metrics` counts it: rejection does not shorten a response; tool observations
+      excluded);
     * ``advantage_per_trajectory`` — the masked token mean of the advantage per trajectory (NaN without tokens).
 
     ``steps``: recorded steps (default: all). Returns ``{step: {name: 1-D tensor}}``.
@@ -89,7 +91,7 @@ def step_distributions(run=None, steps=None) -> dict[int, dict[str, torch.Tensor
         n_tok = mask.sum(-1)
         out[s] = {"score": t["token_level_scores"][real].float().sum(-1),
                   "advantage": adv[mask.bool()],
-                  "response_length": n_tok,
+                  "response_length": t.get("loss_mask", t["response_mask"])[real].float().sum(-1),
                   "advantage_per_trajectory": torch.where(n_tok > 0, (adv * mask).sum(-1) / n_tok.clamp(min=1),
                                                           torch.full_like(n_tok, float("nan")))}
     return out
