@@ -6,6 +6,7 @@ from ppolab.algos import POLICY_LOSS_REGISTRY, agg_loss, ppo_loss
 from ppolab.config import ActorConfig
 from ppolab.exercises.lab06 import e1_metrics, toy_batch
 from ppolab.numbers.gradients import gradient_weights
+from ppolab.numbers.steps import loss_mask_of_real_rows
 from ppolab.numbers import actor_config, optimizer_step_batch, resolve_run, step_tensors
 
 
@@ -29,11 +30,10 @@ def pg_loss_at_ratio_one(run=None):
     rec = step_tensors(r, 1)
     b = optimizer_step_batch(rec, 0)
     actor, arr = actor_config(r), r.ppo_config().actor_rollout_ref
-    if actor.loss_agg_mode == "token-mean":  # over Σ loss_mask: tokens rejected after sampling still count
-        tokens = rec.tensors.get("loss_mask", rec.tensors["response_mask"])[b["rows"]].sum().item()
-        return -(b["advantages"] * b["response_mask"]).sum().item() / tokens
-    # the seq-mean modes: one mean per row, over the global mini-batch's ppo_mini_batch_size × n rows
-    return float(agg_loss(-b["advantages"], b["response_mask"], actor.loss_agg_mode,
+    # token-mean over Σ loss_mask (tokens rejected after sampling still count), a seq-mean mode over the global
+    # mini-batch's ppo_mini_batch_size × n rows
+    tokens = loss_mask_of_real_rows(rec)[b["rows"]].sum().item()
+    return float(agg_loss(-b["advantages"], b["response_mask"], actor.loss_agg_mode, batch_num_tokens=tokens,
                           global_batch_size=arr.actor.ppo_mini_batch_size * arr.rollout.n,
                           loss_scale_factor=actor.loss_scale_factor))
 

@@ -45,12 +45,10 @@ def old_entropy(run=None, mask="response_mask", denominator="loss_mask", per_ste
     out = []
     for k in range(t["actor_log_probs"].shape[0]):
         rows = optimizer_step_batch(rec, k)["rows"]
-        if actor.loss_agg_mode == "token-mean":
-            out.append(float((h[rows] * m[rows]).sum() / d[rows].sum()))
-        else:  # a seq-mean mode: a mean per row over the global mini-batch's ppo_mini_batch_size × n rows
-            out.append(float(agg_loss(h[rows], m[rows], actor.loss_agg_mode,
-                                      global_batch_size=arr.actor.ppo_mini_batch_size * arr.rollout.n,
-                                      loss_scale_factor=actor.loss_scale_factor)))
+        # token-mean divides by the denominator's tokens, a seq-mean mode by ppo_mini_batch_size × n rows
+        out.append(float(agg_loss(h[rows], m[rows], actor.loss_agg_mode, batch_num_tokens=float(d[rows].sum()),
+                                  global_batch_size=arr.actor.ppo_mini_batch_size * arr.rollout.n,
+                                  loss_scale_factor=actor.loss_scale_factor)))
     return sum(out) / len(out)
 
 

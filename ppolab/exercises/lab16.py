@@ -7,6 +7,7 @@ import torch
 from ppolab import algos
 from ppolab.exercises import exercise
 from ppolab.numbers.cases import padded_mini_batch_case, proportional_kl_case, rejection_case
+from ppolab.numbers.steps import loss_mask_of_real_rows
 
 #: The lab's run, and the recorded step its explorers open on.
 RUN, STEP = "ppo_fire_tiny", 12
@@ -43,14 +44,6 @@ def rejected_case(run=None) -> dict:
 def agg_case(run=None) -> dict:
     """Exercise 16.5's (step, optimizer step): the lab's, or the first whose mini-batch holds padding rows."""
     return padded_mini_batch_case(run, (AGG_STEP, AGG_OPT), default=RUN)
-
-
-def _loss_mask(rec):
-    """loss_mask × real rows: the mask as generated (rejection sampling rewrites only response_mask)."""
-    from ppolab.numbers import real_rows
-
-    t = rec.tensors
-    return t.get("loss_mask", t["response_mask"]).float() * real_rows(rec).float().unsqueeze(-1)
 
 
 @exercise("16.1", "Mistake 2 yourself: on the run's last recorded step, the token-mean k1 reference KL of the rollout "
@@ -107,7 +100,8 @@ def _e6(run=None) -> float:
     r = resolve_run(run, default=RUN)
     rec = r.step(r.steps[-1])
     t, real = rec.tensors, real_rows(rec)
-    kld = algos.kl_penalty(t["old_log_probs"], t["ref_log_prob"], r.ppo_config().algorithm.kl_penalty) * _loss_mask(rec)
+    kld = (algos.kl_penalty(t["old_log_probs"], t["ref_log_prob"], r.ppo_config().algorithm.kl_penalty)
+           * loss_mask_of_real_rows(rec))
     return float(t["token_level_scores"].sum(-1)[real].mean() / kld.sum(-1)[real].mean())
 
 
@@ -202,7 +196,7 @@ def _e3(run=None) -> int:
     c = rejected_case(run)
     rec = resolve_run(run, default=RUN).step(c["step"])
     b = optimizer_step_batch(rec, c["opt_step"])
-    return int(_loss_mask(rec)[b["rows"]].sum() - b["response_mask"].sum())
+    return int(loss_mask_of_real_rows(rec)[b["rows"]].sum() - b["response_mask"].sum())
 
 
 @exercise("16.5", "Predict, then verify — mistake 7 with padding rows: on recorded step {step}, optimizer step "

@@ -75,6 +75,7 @@ def step_distributions(run=None, steps=None) -> dict[int, dict[str, torch.Tensor
     """
     import torch
 
+    from ppolab.numbers.steps import loss_mask_of_real_rows
     from ppolab.widgets.common import real_rows
 
     r = resolve_run(run)
@@ -91,7 +92,7 @@ def step_distributions(run=None, steps=None) -> dict[int, dict[str, torch.Tensor
         n_tok = mask.sum(-1)
         out[s] = {"score": t["token_level_scores"][real].float().sum(-1),
                   "advantage": adv[mask.bool()],
-                  "response_length": t.get("loss_mask", t["response_mask"])[real].float().sum(-1),
+                  "response_length": loss_mask_of_real_rows(rec)[real].sum(-1),
                   "advantage_per_trajectory": torch.where(n_tok > 0, (adv * mask).sum(-1) / n_tok.clamp(min=1),
                                                           torch.full_like(n_tok, float("nan")))}
     return out

@@ -184,7 +184,7 @@ def _m3_kl_twice(run=None, step=None, opt_step=None) -> Effect:
         beta = (float(r.metrics.loc[rec.step, beta_col]) if beta_col in r.metrics.columns
                 else float(alg.kl_ctrl.kl_coef))
     else:
-        mask = t.get("loss_mask", t["response_mask"]).float() * real.float().unsqueeze(-1)
+        mask = loss_mask_of_real_rows(rec)
         rewards, rm = apply_kl_penalty(scores, t["old_log_probs"].float(), t["ref_log_prob"].float(), mask,
                                        FixedKLController(alg.kl_ctrl.kl_coef), alg.kl_penalty)
         beta = rm["actor/reward_kl_penalty_coeff"]
