@@ -31,6 +31,10 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+# read_json lives with the run dir's other file rules (rundir.py imports nothing of ppolab's at module level)
+from ppolab.rundir import REDO as _REDO
+from ppolab.rundir import read_json  # noqa: F401 — re-exported: ppolab.train and readers import it from here
+
 STEP_FILE = "step_{:06d}"
 #: The folder of a run dir holding the tokenizer it was trained with.
 TOKENIZER_DIR = "tokenizer"
@@ -243,7 +247,6 @@ class Recorder:
         return directory
 
 
-_REDO = "re-record the run (python -m ppolab.train with a new trainer.run_dir)"
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -264,17 +267,6 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
                                   f"{type(row).__name__}; fix or delete that line")
         rows.append(row)
     return rows
-
-
-def read_json(path: str | os.PathLike, todo: str = _REDO) -> Any:
-    """A JSON file, or :class:`ppolab.errors.FileFormatError` naming it and ``todo``."""
-    from ppolab.errors import FileFormatError
-
-    path = Path(path)
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise FileFormatError(f"{path} does not parse as JSON ({e}); {todo}") from None
 
 
 def _safetensors_problem(path: Path) -> str | None:

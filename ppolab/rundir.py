@@ -200,11 +200,25 @@ def resume_changes(recorded: dict[str, Any], new: dict[str, Any], recorded_print
     return refused, allowed
 
 
+#: What a reader advises for a run dir's file that is damaged (the recorder wrote it whole; something else broke it).
+REDO = "re-record the run (python -m ppolab.train with a new trainer.run_dir)"
+
+
+def read_json(path: str | os.PathLike, todo: str = REDO) -> Any:
+    """A JSON file, or :class:`ppolab.errors.FileFormatError` naming it and ``todo``."""
+    from ppolab.errors import FileFormatError
+
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise FileFormatError(f"{path} does not parse as JSON ({e}); {todo}") from None
+
+
 def check_resume(run_dir: Path, new_config: dict[str, Any]) -> dict[str, list[Any]]:
     """Refuse (:class:`ppolab.errors.RunDirError`) a resume of ``run_dir`` whose config changes what the run is;
     return the allowed changes. Reads ``config.json`` only (before any model loads)."""
     from ppolab.errors import RunDirError
-    from ppolab.record import read_json
 
     meta = read_json(run_dir / "config.json")
     recorded = meta.get("config", {}) if isinstance(meta, dict) else {}

@@ -15,15 +15,21 @@ def float64_by_default():
 
 
 @pytest.fixture(scope="session")
-def finished(tmp_path_factory) -> Path:
+def trained_run(tmp_path_factory):
+    """``trained_run(preset, overrides)``: the run dir of ``ppolab.train(preset, overrides)``, trained once for every
+    test file and xdist worker that asks for the same one (``tests/trained.py``). Tests only read it."""
+    from trained import shared_root, train_once
+
+    root = shared_root(tmp_path_factory)
+    return lambda preset, overrides=(): train_once(root, preset, list(overrides))
+
+
+@pytest.fixture(scope="session")
+def finished(trained_run) -> Path:
     """A finished 2-step run with a checkpoint after each step (never modified: tests copy it, ``copy_of``)."""
-    import ppolab
     from helpers import NO_VAL, TINY
 
-    run_dir = tmp_path_factory.mktemp("finished") / "run"
-    ppolab.train("grpo_tiny", [*TINY, *NO_VAL, "trainer.total_training_steps=2", "trainer.save_freq=1",
-                               f"trainer.run_dir={run_dir}"], progress=False)
-    return run_dir
+    return Path(trained_run("grpo_tiny", [*TINY, *NO_VAL, "trainer.total_training_steps=2", "trainer.save_freq=1"]))
 
 
 @pytest.fixture

@@ -53,6 +53,9 @@ TINY = [
     "data.val_max_samples=4", "trainer.record_freq=1",
 ]
 NO_VAL = ["trainer.test_freq=-1", "trainer.val_before_train=false"]
+#: A fresh run at a preset's own shape (several optimizer steps, groups, a critic for PPO): 3 steps, every one
+#: recorded. The any-run lab matrix and the exercise matrix read the same runs (``trained_run`` trains each once).
+FRESH = ["trainer.total_training_steps=3", "trainer.record_freq=1", "data.val_max_samples=16"]
 
 
 def tree_hash(root: Path) -> dict[str, str]:

@@ -22,6 +22,8 @@ from ppolab.exercises import check, registry
 from ppolab.numbers import RunLacks
 from ppolab.record import SHIPPED_RUNS
 
+from helpers import FRESH
+
 ROOT = Path(__file__).resolve().parents[1]
 REG = registry()
 #: A small shape for the fresh runs (as tests/test_failures.py): 2 prompts × n 2, one mini-batch, 3 recorded steps.
@@ -90,16 +92,12 @@ def full_protocol(ex_id: str, run) -> str:
 
 
 @pytest.fixture(scope="module")
-def fresh_runs(tmp_path_factory):
+def fresh_runs(trained_run):
     """Two runs trained here (3 steps each): the case finders cannot have been typed for them."""
-    base = tmp_path_factory.mktemp("fresh")
-    out = {}
-    for preset in ("grpo_tiny", "ppo_gae_tiny"):
-        ppolab.train(preset, [*TINY, f"trainer.run_dir={base / preset}"], progress=False)
-        out[preset] = str(base / preset)
-    return out
+    return {preset: trained_run(preset, TINY) for preset in ("grpo_tiny", "ppo_gae_tiny")}
 
 
+@pytest.mark.spread
 @pytest.mark.parametrize("preset", ["grpo_tiny", "ppo_gae_tiny"])
 def test_every_exercise_on_a_fresh_run(fresh_runs, preset):
     outcome = {ex_id: full_protocol(ex_id, fresh_runs[preset]) for ex_id in REG}
@@ -120,19 +118,20 @@ OTHER_FRESH = {
 
 
 @pytest.mark.anyrun
+@pytest.mark.spread
 @pytest.mark.parametrize("name", sorted(OTHER_FRESH))
-def test_every_exercise_on_a_fresh_run_of_another_preset(name, request, tmp_path):
+def test_every_exercise_on_a_fresh_run_of_another_preset(name, request, trained_run):
     if "anyrun" not in (request.config.getoption("markexpr") or ""):
         pytest.skip("fresh runs of the other presets (about 5 min): select it with -m anyrun")
     preset, extra = OTHER_FRESH[name]
-    ppolab.train(preset, ["trainer.total_training_steps=3", "trainer.record_freq=1", "data.val_max_samples=8", *extra,
-                          f"trainer.run_dir={tmp_path / name}"], progress=False)
-    outcome = {ex_id: full_protocol(ex_id, str(tmp_path / name)) for ex_id in REG}
+    run = trained_run(preset, [*FRESH, *extra])  # the any-run lab matrix reads the same runs
+    outcome = {ex_id: full_protocol(ex_id, run) for ex_id in REG}
     assert "right" in outcome.values(), outcome
     exercises.reset()
 
 
 @pytest.mark.anyrun
+@pytest.mark.spread
 @pytest.mark.parametrize("name", sorted(SHIPPED_RUNS))
 def test_every_exercise_on_every_shipped_run(name, request):
     if "anyrun" not in (request.config.getoption("markexpr") or ""):

@@ -18,12 +18,10 @@ from pathlib import Path
 
 import pytest
 
-import ppolab
+from helpers import FRESH
 
 ROOT = Path(__file__).resolve().parents[1]
 LABS = sorted(p.stem for p in (ROOT / "labs").glob("[0-9][0-9]_*.ipynb"))
-#: The presets' own shapes (several optimizer steps, groups, a critic for PPO), 3 steps, every one recorded.
-SHAPE = ["trainer.total_training_steps=3", "trainer.record_freq=1", "data.val_max_samples=16"]
 #: The default selection: a case found in the run (04) and a section it lacks (11: no padding rows) under nbval; and
 #: lab 09, whose critic a GRPO run lacks, executed to read its lacks lines.
 CHEAP = ("04_clipped_objective", "11_loss_aggregation")
@@ -31,17 +29,10 @@ LACKS = re.compile(r'this run \(.+\) lacks .+; the shipped run \w+ has it — RU
 
 
 @pytest.fixture(scope="session")
-def fresh_run(tmp_path_factory):
-    """``fresh_run(preset)``: a run of ``preset`` trained here (:data:`SHAPE`), once per session."""
-    made: dict[str, str] = {}
-
-    def get(preset: str) -> str:
-        if preset not in made:
-            run_dir = tmp_path_factory.mktemp("labs-any-run") / preset
-            ppolab.train(preset, [*SHAPE, f"trainer.run_dir={run_dir}"], progress=False)
-            made[preset] = str(run_dir)
-        return made[preset]
-    return get
+def fresh_run(trained_run):
+    """``fresh_run(preset)``: a run of ``preset`` trained here at :data:`helpers.FRESH`, once per session (shared
+    with the exercise matrix: tests/trained.py)."""
+    return lambda preset: trained_run(preset, FRESH)
 
 
 @pytest.fixture(scope="session")
@@ -56,8 +47,11 @@ MASK_LABS = ("01_one_update_end_to_end", "07_entropy_and_temperature", "10_respo
 def run_lab(lab: str, run: str) -> str:
     """nbval on ``labs/<lab>.ipynb`` with ``PPOLAB_RUN=run``: fails with the failing cells' errors; returns the
     output (nbval's report)."""
-    env = {**os.environ, "PPOLAB_RUN": run}
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"labs/{lab}.ipynb"],
+    # a pytest of its own, in one process: not a worker of the session that starts it
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
+    env["PPOLAB_RUN"] = run
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
+                          f"labs/{lab}.ipynb"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert out.returncode == 0, f"{lab} on {run}:\n{out.stdout[-6000:]}\n{out.stderr[-2000:]}"
     return out.stdout
@@ -98,6 +92,7 @@ MATRIX += [("grpo_tool_tiny", lab) for lab in MASK_LABS]
 
 
 @pytest.mark.anyrun
+@pytest.mark.spread
 @pytest.mark.parametrize("preset, lab", MATRIX)
 def test_every_lab_on_a_fresh_run(preset, lab, fresh_run, request):
     if "anyrun" not in (request.config.getoption("markexpr") or ""):
@@ -142,28 +137,43 @@ def test_lab_pair_puts_the_run_in_its_configurations_place(monkeypatch):
     assert lab_pair(("grpo_tiny", "ppo_gae_tiny")) == ("grpo_tool_tiny", "ppo_gae_tiny")
 
 
+#: The realistic-shape run the matrix reads: bench/realistic_shape.py at a quarter of its benchmark's rows (16 × 256
+#: tokens, 2 ranks, 2 steps). It keeps what the labs read at a real width — the 151,936-token vocabulary, the BPE
+#: tokenizer, the chunked log-prob path (4 rows × 257 × 151,936 logits a micro-batch) and reading passes split by
+#: ``logit_rows_per_pass`` (3 rows a pass), one group of 4 rows for lab 13's bounded replay — with responses of
+#: several lengths at step 1 (an EOS at token 141 in its first group), so lab 13's broken normaliser shows. 2.5 min
+#: on 2 cores where the full 64 × 256 benchmark shape took 6; the script's default stays that benchmark.
+REALISTIC_SHAPE = ["--rows", "16", "--response-length", "256", "--ranks", "2", "--steps", "2"]
+
+
 @pytest.fixture(scope="session")
 def realistic_run(tmp_path_factory) -> str:
-    """The realistic-shape run of ``bench/realistic_shape.py`` (151,936-token vocabulary, 64 rows × 256 tokens, 2
-    ranks): ``PPOLAB_REALISTIC_RUN=DIR`` reuses one already made, else it is built here (6 min on 2 cores)."""
+    """The run of ``bench/realistic_shape.py`` at :data:`REALISTIC_SHAPE`: ``PPOLAB_REALISTIC_RUN=DIR`` reuses one
+    already made, else it is built here once for every xdist worker (``tests/trained.py``)."""
+    from trained import build_once, shared_root
+
     given = os.environ.get("PPOLAB_REALISTIC_RUN")
     if given:
         if not (Path(given) / "config.json").is_file():
             pytest.fail(f"PPOLAB_REALISTIC_RUN={given!r} is not a ppolab run dir (no config.json)")
         return given
-    out = tmp_path_factory.mktemp("realistic")
-    subprocess.run([sys.executable, "bench/realistic_shape.py", "--out", str(out)], cwd=ROOT, check=True,
-                   timeout=3600)
+
+    def make(out: Path) -> None:
+        subprocess.run([sys.executable, "bench/realistic_shape.py", "--out", str(out), *REALISTIC_SHAPE], cwd=ROOT,
+                       check=True, timeout=3600)
+
+    out = build_once(shared_root(tmp_path_factory, keep=False), "realistic-shape", make)
     return str(next(p.parent for p in out.rglob("config.json") if (p.parent / "steps").is_dir()))
 
 
 @pytest.mark.realistic
+@pytest.mark.spread
 @pytest.mark.parametrize("lab", LABS)
 def test_every_lab_on_the_realistic_shape_run(lab, request):
     """Issue 23 §5 (c): every lab runs to its end on a real model's shape. Kept out of the README command by its
-    marker (building the run took 6 min on 2 cores, the 18 labs 6.6 min); ``.ci/run`` selects it."""
+    marker; ``.ci/run`` selects it."""
     if "realistic" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("every lab on the realistic-shape run (about 13 min): select it with -m realistic")
+        pytest.skip("every lab on the realistic-shape run (about 6 min): select it with -m realistic")
     t = time.time()
     run_lab(lab, request.getfixturevalue("realistic_run"))
     print(f"{lab} on the realistic-shape run: {time.time() - t:.0f} s")

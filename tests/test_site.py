@@ -38,25 +38,25 @@ sys.addaudithook(_hook)
 
 
 def built_site(tmp_path_factory) -> Path:
-    """``python tools/build_site.py OUT --labs 04``, once per session; OUT/solutions_audit.log lists every access
-    to labs/solutions by the builder or its kernels (empty: none)."""
-    out = tmp_path_factory.getbasetemp() / "site-04"
-    if (out / "build.json").exists():
-        return out
-    hook_dir = tmp_path_factory.getbasetemp() / "site-audit"
-    hook_dir.mkdir(exist_ok=True)
-    (hook_dir / "sitecustomize.py").write_text(_AUDIT)
-    log = tmp_path_factory.getbasetemp() / "solutions_audit.log"
-    log.write_text("")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hook_dir), os.environ.get("PYTHONPATH", "")]),
-               PPOLAB_SITE_AUDIT_LOG=str(log), PPOLAB_SITE_SOLUTIONS=str(REPO / "labs" / "solutions"))
-    env.pop("PPOLAB_RUN", None)
-    proc = subprocess.run([sys.executable, "tools/build_site.py", str(out), "--labs", LAB], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"build failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    (out / "solutions_audit.log").write_text(log.read_text())
-    print(proc.stdout)
-    return out
+    """``python tools/build_site.py OUT --labs 04``, once per session (for every xdist worker: tests/trained.py);
+    OUT/solutions_audit.log lists every access to labs/solutions by the builder or its kernels (empty: none)."""
+    from trained import build_once, shared_root
+
+    def make(folder: Path) -> None:
+        out, hook_dir, log = folder / "site", folder / "site-audit", folder / "solutions_audit.log"
+        hook_dir.mkdir()
+        (hook_dir / "sitecustomize.py").write_text(_AUDIT)
+        log.write_text("")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hook_dir), os.environ.get("PYTHONPATH", "")]),
+                   PPOLAB_SITE_AUDIT_LOG=str(log), PPOLAB_SITE_SOLUTIONS=str(REPO / "labs" / "solutions"))
+        env.pop("PPOLAB_RUN", None)
+        proc = subprocess.run([sys.executable, "tools/build_site.py", str(out), "--labs", LAB], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"build failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        (out / "solutions_audit.log").write_text(log.read_text())
+        print(proc.stdout)
+
+    return build_once(shared_root(tmp_path_factory, keep=False), f"site-{LAB}", make) / "site"
 
 
 @pytest.fixture(scope="session")

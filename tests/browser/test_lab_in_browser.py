@@ -19,6 +19,8 @@ import contextlib
 import json
 import os
 import re
+import shutil
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -247,8 +249,31 @@ def _case_id(v: str | None) -> str:
     return ("zh_" if "/zh/" in v else "") + Path(v).stem
 
 
+def cjk_font_missing() -> str | None:
+    """Why the Chinese pages cannot be drawn here, or None: Chromium takes its fonts from fontconfig, and without a
+    font covering Chinese it draws every character as a box (Debian: ``apt-get install -y fonts-noto-cjk``)."""
+    fc_list = shutil.which("fc-list")
+    if fc_list is None:
+        return "no fontconfig (fc-list) to find a Chinese font: apt-get install -y chromium fonts-noto-cjk"
+    out = subprocess.run([fc_list, ":lang=zh", "family"], capture_output=True, text=True, timeout=60).stdout
+    if not out.strip():
+        return "no font covers Chinese (fc-list :lang=zh is empty), so Chromium would draw boxes: " \
+               "apt-get install -y fonts-noto-cjk"
+    return None
+
+
+def skip_without_cjk_font(rel: str) -> None:
+    """Skip a Chinese page's test, with :func:`cjk_font_missing`'s one-line reason, where no CJK font is installed
+    (as a missing Chromium skips every browser test)."""
+    if "zh/" in rel:
+        reason = cjk_font_missing()
+        if reason:
+            pytest.skip(f"Chinese page {rel}: {reason}")
+
+
 @pytest.mark.parametrize(("rel", "slider_label"), _notebook_cases(), ids=_case_id)
 def test_lab_runs_and_slider_redraws_plot(lab_server, chromium_path, rel, slider_label):
+    skip_without_cjk_font(rel)
 
     screenshot = _screenshot_path(rel)
     assert (lab_server.root_dir / rel).is_file(), f"{rel} not found under {lab_server.root_dir}"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import sync_playwright
-from test_lab_in_browser import _CJK_GLYPHS_JS
+from test_lab_in_browser import _CJK_GLYPHS_JS, skip_without_cjk_font
 from test_site import PAGES, _close, built_site, clipfrac_by_algos, live_clip_explorer
 
 pytestmark = pytest.mark.browser
@@ -48,6 +48,7 @@ def site(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("rel", PAGES)
 def test_site_page_in_browser(site, chromium_path, rel):
+    skip_without_cjk_font(rel)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / ("site_zh.png" if rel.startswith("zh/") else "site_en.png")
     errors: list[str] = []
