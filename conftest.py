@@ -17,9 +17,14 @@ import pytest
 MAX_WORKERS = 4
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def pytest_xdist_auto_num_workers(config):
     """``-n auto``: a worker a core, at most :data:`MAX_WORKERS`; one core runs in this process (no workers)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     return 0 if cores < 2 else min(cores, MAX_WORKERS)
 
 
@@ -34,8 +39,7 @@ def pytest_configure(config):
         # Each worker (and the kernels and ranks it starts) gets its share of the cores: torch's default of a thread
         # a core in every worker made two workers spend 46 % more CPU time than one process for a 20 % shorter run.
         # Set before the workers start, so they and their children inherit it; a value the user set is kept.
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // workers)))
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, usable_cores() // workers)))
 
 
 def machine_lines() -> list[str]:
@@ -80,12 +84,13 @@ ZH_DEFAULT_LABS = ("04_clipped_objective.ipynb", "17_capstone_one_step.ipynb")
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_finish(session):
-    """Under ``--dist loadgroup`` every test carries its group in its node id (pytest-xdist appends ``@group`` after
-    our collection hook marks it). Without it a notebook's cells would be split over workers, each cell running in a
-    kernel that never ran the ones before: stop with the reason instead of a wall of NameErrors."""
+    """Under ``--dist loadgroup`` every test marked with a group carries it in its node id (pytest-xdist appends
+    ``@group`` after our collection hook marks it). Without it a notebook's cells would be split over workers, each
+    cell running in a kernel that never ran the ones before: stop with the reason instead of a wall of NameErrors."""
     if not (hasattr(session.config, "workerinput") and session.config.getoption("loadgroup", False)):
         return
-    ungrouped = [item.nodeid for item in session.items if "@" not in item.nodeid]
+    ungrouped = [item.nodeid for item in session.items
+                 if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
     if ungrouped:
         import xdist
 
@@ -109,10 +114,10 @@ def pytest_collection_modifyitems(config, items):
         if path.suffix == ".ipynb" and path.parent.name == "zh" and path.name not in ZH_DEFAULT_LABS:
             item.add_marker(pytest.mark.slow)
         # pytest-xdist (--dist loadgroup): a file's tests run on one worker — a notebook's cells share one kernel, a
-        # module's fixtures are built once — but each case of a `spread` matrix is a group of its own.
-        if not item.get_closest_marker("xdist_group"):
-            group = item.nodeid if item.get_closest_marker("spread") else item.nodeid.split("::", 1)[0]
-            item.add_marker(pytest.mark.xdist_group(group))
+        # module's fixtures are built once — but the cases of a `spread` matrix stay ungrouped: loadgroup schedules
+        # an ungrouped test on its own.
+        if not (item.get_closest_marker("xdist_group") or item.get_closest_marker("spread")):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
     if "slow" not in (config.getoption("markexpr") or ""):
         skip = pytest.mark.skip(reason="slow: select it with -m slow (.ci/run does)")
         for item in items:

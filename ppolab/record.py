@@ -247,8 +247,6 @@ class Recorder:
         return directory
 
 
-
-
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     """The rows of a JSON-lines file; a line that does not parse is an error naming the file and line."""
     from ppolab.errors import FileFormatError
