@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from ppolab.batching import balance_metrics, balance_partitions, fixed_micro_batches, plan_dynamic_micro_batches_dp
+from ppolab.batching import balance_metrics, balance_partitions
 
 
 @dataclass
@@ -81,24 +81,6 @@ def trimmed_inputs(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
 
 def pad_right(x: torch.Tensor, width: int, value: float = 0.0) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, width - x.shape[-1]), value=value)
-
-
-def micro_batches(batch: Batch, micro_batch_size: int | None, max_token_len: int | None, *,
-                  dp_lengths: Sequence[tuple[list[int], list[int]]] | None = None, rank: int = 0) -> list[list[int]]:
-    """Row indices of each micro-batch: fixed chunks, or token-budget partitions when size is None (§11.5).
-
-    ``dp_lengths``: every data-parallel rank's ``Batch.lengths()`` of its share of the same mini-batch (this rank's
-    at ``rank``); then the dynamic count is agreed over the ranks as verl's engine does
-    (:func:`~ppolab.batching.plan_dynamic_micro_batches_dp`). None: this batch alone (one rank)."""
-    if micro_batch_size is not None:
-        return fixed_micro_batches(len(batch), micro_batch_size)
-    if dp_lengths is None:
-        dp_lengths = [batch.lengths()]
-        rank = 0
-    plans = plan_dynamic_micro_batches_dp([[p + r for p, r in zip(*lens)] for lens in dp_lengths], max_token_len,
-                                          rank_prompt_lens=[lens[0] for lens in dp_lengths],
-                                          rank_response_lens=[lens[1] for lens in dp_lengths])
-    return plans[rank]
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:

@@ -29,8 +29,9 @@ from typing import Any
 
 import torch
 
-from ppolab.engine import Batch, micro_batches
+from ppolab.engine import Batch
 from ppolab.record import Run, resolve_run
+from ppolab.update_plan import RankRows, UpdatePlan, plan_update, recorded_plan, train_batching
 from ppolab.worker import ActorWorker, build_models
 
 #: Sentinel: keep the run's own ``actor.loss_scale_factor`` (``None`` is a meaningful value of that field).
@@ -54,20 +55,22 @@ def run_models(run: Run | str | os.PathLike | None = None):
     return _MODELS[key]
 
 
-def mini_batch_rows(run: Run | str | os.PathLike | None = None, step: int = 1, mini_batch: int = 0) -> list[int]:
-    """Recorded row indices of mini-batch ``mini_batch`` in the first epoch, in the order the engine used them
-    (``mini_batch_indices`` with the run's shuffle and seed; the batch plan's local mini-batch size)."""
-    from ppolab.batching import mini_batch_indices
-
+def step_plan(run: Run | str | os.PathLike | None = None, step: int = 1) -> UpdatePlan:
+    """The actor's update plan at recorded step ``step``: the one the worker recorded, or for a run recorded before
+    plans were kept, the one :func:`ppolab.update_plan.plan_update` computes from the recorded batch
+    (``plan.recorded`` tells which)."""
     r = resolve_run(run)
-    rec = r.step(step)
-    a = r.ppo_config().actor_rollout_ref.actor
-    n_rows = rec.tensors["responses"].shape[0]
-    local = rec.info["batch_plan"]["local_mini_batch"]
-    epoch0 = mini_batch_indices(n_rows, local, 1, a.shuffle, a.data_loader_seed + 0)[0]
-    if not 0 <= mini_batch < len(epoch0):
-        raise ValueError(f"mini_batch={mini_batch!r} is out of range; this step has mini-batches 0 … {len(epoch0) - 1}")
-    return epoch0[mini_batch]
+    return recorded_plan(r.step(step), r.ppo_config(), "actor")
+
+
+def mini_batch_rows(run: Run | str | os.PathLike | None = None, step: int = 1, mini_batch: int = 0) -> list[int]:
+    """Recorded row indices of mini-batch ``mini_batch`` in the first epoch — every rank's share, in the order
+    the data loader gave them — read from the step's update plan (:func:`step_plan`)."""
+    plan = step_plan(run, step)
+    if not 0 <= mini_batch < plan.steps_per_epoch:
+        raise ValueError(f"mini_batch={mini_batch!r} is out of range; this step has mini-batches 0 … "
+                         f"{plan.steps_per_epoch - 1}")
+    return plan.steps[mini_batch].rows()
 
 
 #: The most logits (rows × (R + 1) × vocab) the rows of one replay may hold in one micro-batch: 2^27 fp32 are 512 MiB,
@@ -122,7 +125,6 @@ def replay_actor_update(run: Run | str | os.PathLike | None = None, step: int = 
     a, n = _replay_config(r, len(rows), micro_batch_size, use_dynamic_bsz, max_token_len, loss_agg_mode,
                           loss_scale_factor)
     micro = None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu
-    parts = _partition(batch, a)
     settings = {"micro_batch_size": micro, "use_dynamic_bsz": a.use_dynamic_bsz,
                 "max_token_len": a.ppo_max_token_len_per_gpu, "loss_agg_mode": a.loss_agg_mode,
                 "loss_scale_factor": a.loss_scale_factor}
@@ -133,7 +135,7 @@ def replay_actor_update(run: Run | str | os.PathLike | None = None, step: int = 
         worker = ActorWorker(a, models, temperature=cfg.actor_rollout_ref.rollout.temperature, rollout_n=n,
                              optimizer=torch.optim.SGD(params, lr=1.0))
         try:
-            metrics, history = worker.update(batch)
+            metrics, history, plan = worker.update(batch)
             grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
             update = [p.detach() - b for p, b in zip(params, before)]
         finally:
@@ -142,10 +144,12 @@ def replay_actor_update(run: Run | str | os.PathLike | None = None, step: int = 
                     p.copy_(b)
                     p.grad = None
     r_lens = batch["response_mask"].sum(-1).long()
+    parts = plan.steps[0].micro_batches[0]  # what the worker executed: positions (the replay batch's row_id)
     return {"grads": grads, "update": update, "metrics": metrics, "micro_batches": parts, "rows": rows,
             "mini_batch_rows": len(mini_batch_rows(r, step, mini_batch)),
             "log_probs": history["actor_log_probs"][0], "seq_lens": batch.seq_lens(), "response_lens": r_lens.tolist(),
-            "widths": [max(int(r_lens[p].max()), 1) for p in parts], "exact": exact, "settings": settings}
+            "widths": [max(int(r_lens[p].max()), 1) for p in parts], "exact": exact, "settings": settings,
+            "plan_recorded": step_plan(r, step).recorded}
 
 
 _BATCHES: dict[tuple, tuple[list[int], Batch]] = {}
@@ -190,17 +194,13 @@ def replay_partition(run: Run | str | os.PathLike | None = None, step: int = 1, 
                      micro_batch_size: int | None = None, use_dynamic_bsz: bool = False,
                      max_token_len: int | None = None, mini_batch: int = 0) -> list[list[int]]:
     """The micro-batches (positions in the replayed rows, execution order) :func:`replay_actor_update` runs with
-    these settings — computed by the worker's own ``micro_batches`` without running the update."""
+    these settings — the plan the worker would execute (:func:`ppolab.update_plan.plan_update`), without running
+    the update."""
     r = resolve_run(run)
     rows, batch = _replay_batch(r, step, mini_batch)
-    a, _ = _replay_config(r, len(rows), micro_batch_size, use_dynamic_bsz, max_token_len, None, KEEP)
-    return _partition(batch, a)
-
-
-def _partition(batch: Batch, a) -> list[list[int]]:
-    """The micro-batches the worker cuts ``batch`` into under the replay's actor config ``a`` (its own call)."""
-    return micro_batches(batch, None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu,
-                         a.ppo_max_token_len_per_gpu)
+    a, n = _replay_config(r, len(rows), micro_batch_size, use_dynamic_bsz, max_token_len, None, KEEP)
+    return plan_update([RankRows.of(batch)], a, train_batching(a, "actor"), role="actor",
+                       rollout_n=n).steps[0].micro_batches[0]
 
 
 def max_abs_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:

@@ -27,6 +27,7 @@ from ppolab.errors import RunDirError
 from ppolab.record import Recorder, Run, StepRecord, read_checkpoint, read_json, resume_checkpoint
 from ppolab.rundir import check_resume, claim_run_dir, describe_leftovers, leftover_temp_files, new_run_dir, \
     remove_leftovers
+from ppolab.update_plan import PLANS_KEY
 
 #: Tensors of the final step batch that go into a recorded step (chapter §1: what exists after each stage).
 RECORDED_TENSORS = ("prompts", "prompt_mask", "responses", "response_mask", "response_attention_mask", "loss_mask",
@@ -95,10 +96,11 @@ def load_checkpoint(trainer, directory: Path) -> None:
 
 
 # ====================================================================== recording
-def step_record(trainer, batch, histories: dict, metrics: dict) -> tuple[dict, dict]:
+def step_record(trainer, batch, histories: dict, metrics: dict, plans: dict | None = None) -> tuple[dict, dict]:
     """(tensors, info) of a recorded step: the batch after all nine stages plus the actor's log-probs and entropy
     and the critic's vpreds at every optimizer step (``record.HISTORIES``, (updates, N, R), NaN for rows outside
-    that mini-batch)."""
+    that mini-batch), and in ``info["update_plans"]`` the plan each worker executed (every rank's rows of every
+    micro-batch, each optimizer step's global counts: ``ppolab.update_plan``)."""
     tensors = {k: batch[k] for k in RECORDED_TENSORS if k in batch}
     tensors = {k: (v.to(torch.uint8) if v.dtype == torch.bool else v) for k, v in tensors.items()}
     tensors.update(histories)
@@ -114,6 +116,7 @@ def step_record(trainer, batch, histories: dict, metrics: dict) -> tuple[dict, d
         "dp_size": trainer.dp_size,
         "temperature": trainer.config.actor_rollout_ref.rollout.temperature,
         "metrics": metrics,
+        PLANS_KEY: {role: plan.as_dict() for role, plan in (plans or {}).items()},
     }
     return tensors, info
 
@@ -256,7 +259,7 @@ def _train_claimed(cfg: PPOConfig, info, run_dir: Path, claim, on_step: OnStep |
             summary["val_before"] = trainer.validate()
             recorder.log_metrics(0, summary["val_before"])
         while trainer.global_step < trainer.total_steps:
-            metrics, batch, histories = trainer.step()
+            metrics, batch, histories, plans = trainer.step()
             step = trainer.global_step
             if watch is not None:
                 note = watch.see(metrics, *_real_scores(batch), step=step)
@@ -272,7 +275,7 @@ def _train_claimed(cfg: PPOConfig, info, run_dir: Path, claim, on_step: OnStep |
             if info.is_main and t.record_freq > 0 and (step % t.record_freq == 0 or step == 1
                                                        or step == trainer.total_steps):
                 recording = step
-                tensors, step_info = step_record(trainer, batch, histories, metrics)
+                tensors, step_info = step_record(trainer, batch, histories, metrics, plans)
                 recorder.record_step(step, tensors, step_info)
                 record = StepRecord(step, tensors, step_info)
             recorder.log_metrics(step, metrics)  # from here on the step is part of the run

@@ -32,6 +32,7 @@ from ppolab.metrics import data_metrics, signal_metrics, timer, timing_metrics
 from ppolab.rewards import reward_components, score_responses
 from ppolab.rng import load_rng_state, rng_state, seed_everything
 from ppolab.rollout import SamplingParams, make_rollout_engine, require_engine
+from ppolab.update_plan import UpdatePlan
 from ppolab.worker import ActorWorker, CriticWorker, InferBatching, ReferenceWorker, build_models
 
 
@@ -276,22 +277,23 @@ class PPOTrainer:
         return tensors, rows
 
     # ================================================================== stages 8–9: updates
-    def update_critic(self, batch: Batch) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    def update_critic(self, batch: Batch) -> tuple[dict[str, float], dict[str, torch.Tensor], UpdatePlan]:
         """Clipped value loss over critic mini-batches (critic.ppo_mini_batch_size × n rows) and epochs, each cut
         into micro-batches by the engine's token budget (``CriticWorker.engine_batching``). Also returns the vpreds
-        each optimizer step saw (``critic_vpreds``: (steps, N, R) with NaN elsewhere)."""
+        each optimizer step saw (``critic_vpreds``: (steps, N, R) with NaN elsewhere) and the plan it executed."""
         return self.critic.update(self.local(batch))
 
-    def update_actor(self, batch: Batch) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    def update_actor(self, batch: Batch) -> tuple[dict[str, float], dict[str, torch.Tensor], UpdatePlan]:
         """PPO loss over actor mini-batches (ppo_mini_batch_size × n rows) and epochs; one optimizer step per
         mini-batch. Also returns the log-probs (``actor_log_probs``) and, where the loss computes it, the entropy
-        (``actor_entropy``) each optimizer step saw: (steps, N, R) with NaN elsewhere."""
+        (``actor_entropy``) each optimizer step saw ((steps, N, R) with NaN elsewhere), and the plan it executed."""
         return self.actor.update(self.local(batch))
 
     # ================================================================== one step
-    def step(self) -> tuple[dict[str, float], Batch, dict[str, torch.Tensor]]:
-        """One training step through the nine stages; returns (metrics, final batch, histories), histories
-        holding ``ppolab.record.HISTORIES`` per optimizer step (``ppolab.worker.UpdateHistory``)."""
+    def step(self) -> tuple[dict[str, float], Batch, dict[str, torch.Tensor], dict[str, UpdatePlan]]:
+        """One training step through the nine stages; returns (metrics, final batch, histories, plans), histories
+        holding ``ppolab.record.HISTORIES`` per optimizer step (``ppolab.worker.UpdateHistory``), plans the update
+        plan each worker executed, by role (``ppolab.update_plan``)."""
         self.global_step += 1
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {"training/global_step": self.global_step, "training/epoch": self.data_epoch}
@@ -316,14 +318,15 @@ class PPOTrainer:
                 batch, m = self.compute_advantage(batch)
                 metrics.update(m)
             histories: dict[str, torch.Tensor] = {}
+            plans: dict[str, UpdatePlan] = {}
             if self.use_critic:
                 with timer(timing, "update_critic"):
-                    m, h = self.update_critic(batch)
+                    m, h, plans["critic"] = self.update_critic(batch)
                     metrics.update(m)
                     histories.update(h)
             if self.config.trainer.critic_warmup <= self.global_step:
                 with timer(timing, "update_actor"):
-                    m, h = self.update_actor(batch)
+                    m, h, plans["actor"] = self.update_actor(batch)
                     metrics.update(m)
                     histories.update(h)
             self.rollout.sync_weights()
@@ -332,7 +335,7 @@ class PPOTrainer:
         metrics.update(data_metrics(batch, self.use_critic, self.config.data.max_response_length))
         metrics.update(signal_metrics(batch))
         metrics.update(timing_metrics(batch, timing, self.dp_size))
-        return metrics, batch, histories
+        return metrics, batch, histories, plans
 
     # ================================================================== validation
     def validate(self) -> dict[str, float]:

@@ -15,18 +15,21 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
 
 from ppolab import algos, distributed
 from ppolab.algos import GlobalBatchInfo
-from ppolab.batching import mini_batch_indices
 from ppolab.distributed import DistInfo
-from ppolab.engine import Batch, micro_batches, pad_right, to_device, trimmed_inputs
+from ppolab.engine import Batch, pad_right, to_device, trimmed_inputs
 from ppolab.metrics import accumulate_micro_metrics, reduce_metrics
 from ppolab.roles import PolicyModels, forward_response
+from ppolab.update_plan import (InferBatching, OptimizerStep, RankRows, UpdatePlan, micro_batches, plan_update,
+                                train_batching)
+
+__all__ = ["ActorWorker", "CriticWorker", "InferBatching", "ReferenceWorker", "UpdateHistory", "UpdatePlan",
+           "Worker", "build_models", "make_optimizer"]
 
 
 def build_models(cfg: Any, dist: DistInfo | None = None) -> PolicyModels:
@@ -52,15 +55,6 @@ def make_optimizer(params: list[torch.nn.Parameter], optim) -> tuple[torch.optim
     warmup = max(optim.lr_warmup_steps, 0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
     return optimizer, scheduler
-
-
-@dataclass(frozen=True)
-class InferBatching:
-    """How a pass cuts its rows into micro-batches: a fixed micro-batch size, or token-budget packing with
-    ``max_token_len`` when it is None (forward-only passes, and a worker's update: :meth:`Worker.train_batching`)."""
-
-    micro_batch_size: int | None
-    max_token_len: int | None = None
 
 
 class UpdateHistory:
@@ -122,9 +116,9 @@ class Worker:
 
     def train_batching(self) -> InferBatching:
         """How :meth:`update` cuts a mini-batch into micro-batches: the role's ``ppo_micro_batch_size_per_gpu``, or
-        its ``ppo_max_token_len_per_gpu`` budget when ``use_dynamic_bsz`` (the actor; the critic overrides)."""
-        c = self.config
-        return InferBatching(None if c.use_dynamic_bsz else c.ppo_micro_batch_size_per_gpu, c.ppo_max_token_len_per_gpu)
+        its ``ppo_max_token_len_per_gpu`` budget when ``use_dynamic_bsz`` (the actor; the critic: its engine's budget).
+        The planner's :func:`ppolab.update_plan.train_batching`."""
+        return train_batching(self.config, self.prefix)
 
     def micro_batches(self, batch: Batch, batching: InferBatching) -> list[list[int]]:
         """This rank's micro-batches of ``batch``. Dynamic ones on several ranks are planned from every rank's
@@ -164,55 +158,59 @@ class Worker:
         return {k: torch.cat(v)[order] for k, v in results.items() if v}
 
     # ------------------------------------------------------------------ the update (one body for every role)
-    def global_batch_info(self, mini: Batch) -> GlobalBatchInfo:
-        """The global counts of this mini-batch, computed once before its micro-batch loop (chapter §13):
-        Σ loss_mask summed over the data-parallel ranks, and ppo_mini_batch_size × n rows."""
-        num_tokens = mini["loss_mask"].sum()
-        if self.dist.enabled:
-            num_tokens = distributed.all_reduce_sum(num_tokens)
-        return GlobalBatchInfo(dp_size=self.dist.world_size, batch_num_tokens=float(num_tokens),
-                               global_batch_size=self.config.ppo_mini_batch_size * self.rollout_n,
-                               loss_scale_factor=self.config.loss_scale_factor)
+    def plan(self, batch: Batch) -> UpdatePlan:
+        """This update's plan (:func:`ppolab.update_plan.plan_update`) from every rank's rows, gathered once: which
+        rows each optimizer step and micro-batch holds on every rank, and each step's global counts (chapter §13) —
+        all of it known before the first forward."""
+        ranks = distributed.all_gather_object(RankRows.of(batch), self.dist)
+        return plan_update(ranks, self.config, self.train_batching(), role=self.prefix, rollout_n=self.rollout_n)
 
-    def update(self, batch: Batch) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    def update(self, batch: Batch) -> tuple[dict[str, float], dict[str, torch.Tensor], UpdatePlan]:
         """``ppo_epochs`` passes over this rank's rows in mini-batches of ``ppo_mini_batch_size × n / dp`` rows,
-        one optimizer step each; then one scheduler step. Returns (metrics averaged over optimizer steps and
-        ranks, histories: recorded name → (steps, N, R) of what each optimizer step computed, merged over ranks
-        — ``actor_log_probs`` and ``actor_entropy``, or ``critic_vpreds``)."""
-        c, params = self.config, self.parameters()
-        local_rows = c.ppo_mini_batch_size * self.rollout_n // self.dist.world_size
-        batching = self.train_batching()
+        one optimizer step each, exactly as :meth:`plan` lays them out; then one scheduler step. Returns (metrics
+        averaged over optimizer steps and ranks, histories: recorded name → (steps, N, R) of what each optimizer
+        step computed, merged over ranks — ``actor_log_probs`` and ``actor_entropy``, or ``critic_vpreds`` —, the
+        plan it executed)."""
+        params = self.parameters()
+        plan = self.plan(batch)
         # Indexed by the balanced batch's row_id: every rank's chunk has the same size, so the step has len × dp rows.
         shape = torch.Size((len(batch) * self.dist.world_size, batch["responses"].shape[1]))
         histories: dict[str, UpdateHistory] = {}  # recorded name → its history, made at the first micro-batch
         steps = []
-        for minis in mini_batch_indices(len(batch), local_rows, c.ppo_epochs, c.shuffle,
-                                        c.data_loader_seed + self.dist.rank):
-            for rows in minis:
-                mini = batch.select(rows)
-                self.optimizer.zero_grad(set_to_none=True)
-                info = self.global_batch_info(mini)
-                micro_metrics, total_loss = [], 0.0
-                for micro_rows in self.micro_batches(mini, batching):
-                    mb = to_device(mini.select(micro_rows), self.device)
-                    loss, metrics, outputs = self.loss(mb, info)
-                    for name, value in outputs.items():
-                        histories.setdefault(name, UpdateHistory(shape)).see(mb["row_id"], value)
-                    loss.backward()
-                    total_loss += float(loss.detach())
-                    micro_metrics.append(metrics)
-                grad_norm = self.optimizer_step(params)
-                metrics = accumulate_micro_metrics(micro_metrics)
-                metrics.update({f"{self.prefix}/grad_norm": grad_norm, f"{self.prefix}/loss": total_loss,
-                                f"{self.prefix}/lr": self.optimizer.param_groups[0]["lr"]})
-                steps.append(metrics)
-                for history in histories.values():
-                    history.flush()
+        for opt in plan.steps:
+            steps.append(self.optimizer_step_of(batch, opt, params, histories, shape))
+            for history in histories.values():
+                history.flush()
         if self.scheduler is not None:
             self.scheduler.step()
         steps = distributed.mean_metrics_over_ranks(steps, self.dist)
         return reduce_metrics(steps), {name: distributed.merge_histories(h.stacked(), self.dist)
-                                       for name, h in histories.items()}
+                                       for name, h in histories.items()}, plan
+
+    def optimizer_step_of(self, batch: Batch, opt: OptimizerStep, params: list[torch.nn.Parameter],
+                          histories: dict[str, UpdateHistory] | None = None,
+                          shape: torch.Size | None = None) -> dict[str, float]:
+        """One optimizer step of a plan on this rank's ``batch``: zero the gradients, forward/backward each of this
+        rank's micro-batches with the loss normalised by the step's global counts (known before the loop), then
+        :meth:`optimizer_step`. Returns the step's metrics; what each micro-batch computed goes to ``histories``."""
+        position = {int(row): i for i, row in enumerate(batch["row_id"])}  # row id → position on this rank
+        self.optimizer.zero_grad(set_to_none=True)
+        info = opt.info()  # the global counts, computed before the micro-batch loop (GRPO-Zero's normaliser)
+        micro_metrics, total_loss = [], 0.0
+        for micro_rows in opt.micro_batches[self.dist.rank]:
+            mb = to_device(batch.select([position[row] for row in micro_rows]), self.device)
+            loss, metrics, outputs = self.loss(mb, info)
+            if histories is not None:
+                for name, value in outputs.items():
+                    histories.setdefault(name, UpdateHistory(shape)).see(mb["row_id"], value)
+            loss.backward()
+            total_loss += float(loss.detach())
+            micro_metrics.append(metrics)
+        grad_norm = self.optimizer_step(params)
+        metrics = accumulate_micro_metrics(micro_metrics)
+        metrics.update({f"{self.prefix}/grad_norm": grad_norm, f"{self.prefix}/loss": total_loss,
+                        f"{self.prefix}/lr": self.optimizer.param_groups[0]["lr"]})
+        return metrics
 
     def optimizer_step(self, params: list[torch.nn.Parameter]) -> float:
         """Average gradients over ranks (what DDP/FSDP do), clip the global norm, step — or, as verl does, skip the
@@ -284,10 +282,7 @@ class CriticWorker(Worker):
         one key into the engine's ``infer_max_token_len_per_gpu`` and ``max_token_len_per_gpu``, and the engine
         keeps EngineConfig's ``use_dynamic_bsz=True``; the top-level ``critic.use_dynamic_bsz``,
         ``ppo_micro_batch_size_per_gpu`` and ``ppo_max_token_len_per_gpu`` never reach it (chapter §8, §11.6)."""
-        return InferBatching(None, self.config.ppo_infer_max_token_len_per_gpu)
-
-    def train_batching(self) -> InferBatching:
-        return self.engine_batching()
+        return train_batching(self.config, "critic")
 
     def loss(self, mb: Batch, info: GlobalBatchInfo) -> tuple[torch.Tensor, dict[str, float], dict[str, torch.Tensor]]:
         c = self.config
@@ -316,5 +311,5 @@ class ReferenceWorker(Worker):
     def parameters(self) -> list[torch.nn.Parameter]:
         return []
 
-    def update(self, batch: Batch) -> tuple[dict[str, float], torch.Tensor]:
+    def update(self, batch: Batch) -> tuple[dict[str, float], dict[str, torch.Tensor], UpdatePlan]:
         raise TypeError("the reference policy is frozen: it has no update")

@@ -293,7 +293,7 @@ def test_observation_tokens_contribute_nothing_to_the_actor_update(tool_trainer)
                 p.copy_(s)
         worker = ActorWorker(t.actor.config, t.models, temperature=t.actor.temperature, rollout_n=t.actor.rollout_n,
                              optimizer=torch.optim.SGD(params, lr=1.0))
-        metrics, _ = worker.update(b)
+        metrics, *_ = worker.update(b)
         return [p.detach().clone() for p in params], metrics
 
     try:
@@ -320,7 +320,7 @@ def test_observation_tokens_contribute_nothing_to_the_actor_update(tool_trainer)
 
 def test_one_training_step_end_to_end(tool_trainer):
     t, _ = tool_trainer
-    metrics, batch, _ = t.step()
+    metrics, batch, *_ = t.step()
     assert "response_attention_mask" in batch.tensors and observation_positions(batch).any()
     assert all(torch.isfinite(torch.as_tensor(v)) for k, v in metrics.items() if isinstance(v, float))
     val = t.validate()

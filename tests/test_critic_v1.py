@@ -50,7 +50,7 @@ def train(overrides, steps=2):
         t = PPOTrainer(resolve_config("ppo_gae_tiny", [*TINY, *NO_VAL, *BASE, *overrides]))
     out = []
     for _ in range(steps):
-        metrics, batch, histories = t.step()
+        metrics, batch, histories, _ = t.step()
         out.append(({k: v for k, v in metrics.items() if k.startswith("critic/")}, batch["values"].clone(),
                     histories["critic_vpreds"].clone()))
     return out
@@ -136,7 +136,7 @@ def test_the_budget_cuts_the_critic_update_and_the_update_stays(stages_1_to_7, m
             spy = CriticForwards(monkeypatch)
             # SGD, not Adam: Adam's first step is ~sign(g), which would magnify float noise on tiny gradients.
             worker = with_budget(t, budget, optimizer=torch.optim.SGD(params, lr=1.0))
-            metrics, histories = worker.update(batch)
+            metrics, histories, _ = worker.update(batch)
             out[budget] = metrics, histories["critic_vpreds"], [p.detach().clone() for p in params], spy.rows("update")
             monkeypatch.undo()
     finally:

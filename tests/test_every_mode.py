@@ -25,7 +25,7 @@ LOSS_NEEDS = {"dro": ["actor_rollout_ref.actor.policy_loss.dro_beta=0.1"]}
 def one_step(overrides):
     trainer = PPOTrainer(resolve_config("grpo_tiny", [*ONE_STEP, *overrides]))
     before = [p.detach().clone() for p in trainer.models.actor_parameters()]
-    metrics, batch, _ = trainer.step()
+    metrics, batch, *_ = trainer.step()
     moved = max(float((p.detach() - b).abs().max()) for p, b in zip(trainer.models.actor_parameters(), before))
     return metrics, batch, moved
 

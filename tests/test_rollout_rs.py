@@ -243,7 +243,7 @@ def test_trainer_rejects_at_stage_7_in_response_mask_but_not_loss_mask():
     # its first optimizer step (weights = π_old) the log-probs equal old_log_probs on every kept token — also on
     # those after a rejected one (a forward that stopped attending to rejected tokens would differ by nats there)
     assert torch.equal(batch["response_attention_mask"], before)
-    m, histories = t.update_actor(batch)
+    m, histories, _ = t.update_actor(batch)
     assert "actor/pg_clipfrac" in m
     first = histories["actor_log_probs"][0]
     rows = ~torch.isnan(first).all(-1)

@@ -65,7 +65,7 @@ def test_one_update_gives_the_same_lora_weights_for_any_micro_batching(grpo, mod
             # SGD, not Adam: Adam's first step is ~sign(g), which would magnify float noise on tiny gradients.
             worker = ActorWorker(cfg, t.models, temperature=t.actor.temperature, rollout_n=t.actor.rollout_n,
                                  optimizer=torch.optim.SGD(params, lr=1.0))
-            metrics, histories = worker.update(batch)
+            metrics, histories, _ = worker.update(batch)
             assert histories["actor_log_probs"].shape[0] == 1  # one mini-batch, one epoch: one optimizer step
             results[name] = [p.detach().clone() for p in params]
     finally:
@@ -96,7 +96,7 @@ def test_first_ratio_is_one_and_comes_from_the_recomputed_old_log_probs(grpo):
     assert (batch["old_log_probs"] - batch["rollout_log_probs"])[mask].abs().max() > 0.5
     state = [p.detach().clone() for p in t.models.actor_parameters()]
     opt_state = copy.deepcopy(t.actor.optimizer.state_dict())
-    metrics, histories = t.update_actor(batch)
+    metrics, histories, _ = t.update_actor(batch)
     with torch.no_grad():
         for p, s in zip(t.models.actor_parameters(), state):
             p.copy_(s)
@@ -174,7 +174,7 @@ def test_every_trainable_tensor_of_actor_and_critic_gets_updated():
     for role, params, update in (("critic", t.models.critic_parameters(), t.update_critic),
                                  ("actor", t.models.actor_parameters(), t.update_actor)):
         before = [p.detach().clone() for p in params]
-        _, histories = update(batch)
+        _, histories, _ = update(batch)
         history = histories["actor_log_probs" if role == "actor" else "critic_vpreds"]
         assert history.shape[0] >= 1 and history.shape[1:] == batch["responses"].shape
         frozen = [i for i, (p, b) in enumerate(zip(params, before)) if torch.equal(p, b)]

@@ -47,16 +47,10 @@ def loss_calls(run=None, micro=True, critic_top_level=False):
         actor_calls = plan.optimizer_steps
     elif plan.micro_batches_per_mini is not None:
         actor_calls = plan.optimizer_steps * plan.micro_batches_per_mini
-    else:  # use_dynamic_bsz: cut each of rank 0's mini-batches by the token budget (one rank here)
-        from ppolab.batching import mini_batch_indices
-        from ppolab.engine import Batch, micro_batches
+    else:  # use_dynamic_bsz: rank 0's micro-batches in the update plan the worker recorded
+        from ppolab.update_plan import recorded_plan
 
-        t = r.step(step).tensors
-        rank0 = Batch({k: t[k] for k in ("prompt_mask", "response_mask")}).select(list(range(plan.rows_per_rank)))
-        minis = mini_batch_indices(plan.rows_per_rank, plan.local_mini_batch, plan.ppo_epochs, actor["shuffle"],
-                                   actor["data_loader_seed"])
-        actor_calls = sum(len(micro_batches(rank0.select(m), None, actor["ppo_max_token_len_per_gpu"]))
-                          for epoch in minis for m in epoch)
+        actor_calls = sum(len(o.micro_batches[0]) for o in recorded_plan(r.step(step), r.ppo_config()).steps)
     if "critic_vpreds" not in r.step(step).tensors:
         return actor_calls, 0
     updates = r.step(step).tensors["critic_vpreds"].shape[0]

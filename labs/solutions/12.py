@@ -3,7 +3,7 @@ would write; it is called with the exercise's context (e.g. ``run``)."""
 import math
 
 from ppolab.batching import mini_batch_indices, plan_dynamic_micro_batches
-from ppolab.engine import micro_batches
+from ppolab.update_plan import micro_batches
 from ppolab.exercises.lab12 import critic_mini_batch
 from ppolab.numbers.aggregation import recorded_seq_lens
 from ppolab.record import resolve_run

@@ -76,19 +76,14 @@ CRITIC_MICRO, CRITIC_BUDGET = 2, 48
 
 def critic_mini_batch(run=None):
     """(rank 0's rows of the first critic mini-batch of recorded step 1, as a Batch; the critic config): the rows
-    ``TrainingWorker`` gives rank 0 first (``mini_batch_indices`` with the critic's epochs, shuffle and seed)."""
-    from ppolab.batching import mini_batch_indices
+    ``TrainingWorker`` gives rank 0 first, read from the critic's update plan (``ppolab.update_plan``)."""
     from ppolab.engine import Batch
+    from ppolab.numbers.critic_engine import critic_plan
     from ppolab.record import resolve_run
 
     r = resolve_run(run, default="ppo_fire_tiny")
-    rec, cfg = r.step(1), r.ppo_config()
-    c, n = cfg.critic, cfg.actor_rollout_ref.rollout.n
-    dp = int(rec.info.get("dp_size", 1) or 1)
-    per = int(rec.tensors["responses"].shape[0]) // dp
-    rows = mini_batch_indices(per, c.ppo_mini_batch_size * n // dp, c.ppo_epochs, c.shuffle, c.data_loader_seed)[0][0]
-    batch = Batch(rec.batch_tensors())
-    return batch.select(rows), c
+    rows = critic_plan(r, 1).steps[0].shares[0]
+    return Batch(r.step(1).batch_tensors()).select(rows), r.ppo_config().critic
 
 
 def critic_budget_case(run=None) -> dict:
@@ -113,8 +108,8 @@ def critic_budget_case(run=None) -> dict:
                  "{micro}). mini_batch = ppolab.exercises.lab12.critic_mini_batch(run)[0]."),
           context=("run",), needs=("step1", "critic"), case=critic_budget_case, default_run="ppo_fire_tiny")
 def _e5(run=None) -> tuple[int, int]:
-    from ppolab.engine import micro_batches
     from ppolab.numbers.critic_engine import critic_micro_batches
+    from ppolab.update_plan import micro_batches
 
     case = critic_budget_case(run)
     # CriticWorker.engine_batching: no fixed size, the one budget ppo_infer_max_token_len_per_gpu, with the count
@@ -136,10 +131,19 @@ SHUFFLE = {"seed": 42, "rank": 1, "rows": 8, "local_mini": 4, "epochs": 2, "step
                  "epoch e draws the e-th permutation from that one generator. Does the training step enter the "
                  "seed?",
                  "mini_batch_indices(8, 4, 2, shuffle=True, seed=42 + 1)[1][0] — the same at every training step "
-                 "(verl make_iterator; ppolab.worker.Worker.update calls it once per update)."))
+                 "(verl make_iterator; ppolab.update_plan.plan_update calls it once per update, for every rank)."))
 def _e6() -> set[int]:
-    from ppolab.batching import mini_batch_indices
+    from types import SimpleNamespace
+
+    from ppolab.update_plan import InferBatching, RankRows, plan_update
 
     s = SHUFFLE
-    return set(mini_batch_indices(s["rows"], s["local_mini"], s["epochs"], shuffle=True,
-                                  seed=s["seed"] + s["rank"])[1][0])
+    # the worker's own planner, on two ranks of s["rows"] rows each (one response per prompt): rank r holds the
+    # row ids r·rows … (r + 1)·rows − 1 of the balanced batch
+    ranks = [RankRows(list(range(r * s["rows"], (r + 1) * s["rows"])), [1] * s["rows"], [1] * s["rows"],
+                      [1.0] * s["rows"]) for r in range(2)]
+    worker = SimpleNamespace(ppo_mini_batch_size=2 * s["local_mini"], ppo_epochs=s["epochs"], shuffle=True,
+                             data_loader_seed=s["seed"], loss_scale_factor=None)
+    plan = plan_update(ranks, worker, InferBatching(s["local_mini"]), role="actor", rollout_n=1)
+    first_of_second_epoch = next(o for o in plan.steps if o.epoch == 1 and o.mini_batch == 0)
+    return {row - s["rank"] * s["rows"] for row in first_of_second_epoch.shares[s["rank"]]}

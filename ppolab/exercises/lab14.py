@@ -115,7 +115,7 @@ def _e3(run=None) -> int:
           hints=("Start from ceil(Σ L_i / budget). L_i is every token the forward pass holds for row i: prompt "
                  "tokens and all attended response tokens — tool observations included, although the loss ignores "
                  "them. Then 0.9.1's fit loop may add micro-batches until each fits.",
-                 "len(ppolab.engine.micro_batches(batch.select(mini_batch_rows(run, 1, 0)), None, "
+                 "len(ppolab.update_plan.micro_batches(batch.select(mini_batch_rows(run, 1, 0)), None, "
                  "ppo_max_token_len_per_gpu)); Batch.seq_lens() = prompt_mask + response_attention_mask sums."),
           context=("run",), needs=("step1", "tool_obs"), default_run=TOOL_RUN)
 def _e4(run=None) -> int:
@@ -124,10 +124,11 @@ def _e4(run=None) -> int:
 
 def tool_micro_batches(run=None, step: int = 1, mini_batch: int = 0):
     """(micro-batches as position lists, the mini-batch's Batch, its seq_lens, the budget) of one mini-batch of the
-    tool run, cut by the engine's own ``micro_batches`` call with the run's ``ppo_max_token_len_per_gpu``."""
-    from ppolab.engine import Batch, micro_batches
-    from ppolab.replay import mini_batch_rows
+    tool run, cut by the planner's ``micro_batches`` (the worker's own) with the run's ``ppo_max_token_len_per_gpu``."""
+    from ppolab.engine import Batch
     from ppolab.record import resolve_run
+    from ppolab.replay import mini_batch_rows
+    from ppolab.update_plan import micro_batches
 
     r = resolve_run(run, default=TOOL_RUN)
     a = r.ppo_config().actor_rollout_ref.actor

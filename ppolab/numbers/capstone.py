@@ -15,14 +15,12 @@ import numpy as np
 import torch
 
 from ppolab import algos
-from ppolab.algos import GlobalBatchInfo
-from ppolab.batching import mini_batch_indices
-from ppolab.engine import Batch, micro_batches
 from ppolab.metrics import accumulate_micro_metrics
 from ppolab.numbers.cases import _cached
 from ppolab.numbers.needs import RunLacks, require
 from ppolab.numbers.steps import actor_config
 from ppolab.record import Run, StepRecord, resolve_run
+from ppolab.update_plan import UpdatePlan, recorded_plan
 
 SHIPPED = "ppo_fire_tiny"
 
@@ -180,56 +178,32 @@ def part_truth(part: str, run: Run | str | None = None, step: int | None = None)
 
 
 # ------------------------------------------------------------------ the trainer's bookkeeping
-def _dp(rec: StepRecord) -> int:
-    return int(rec.info.get("dp_size") or rec.info.get("batch_plan", {}).get("dp_size") or 1)
-
-
 Plan = list[list[list[list[int]]]]  # optimizer step → rank → micro-batch → row
+
+
+def step_plan(run: Run | str | None = None, step: int | None = None, role: str = "actor") -> UpdatePlan:
+    """The ``role``'s update plan at the capstone step (or ``step``): the one the worker recorded, or for a run
+    recorded before plans were kept, ``ppolab.update_plan.plan_update`` on the recorded batch (``.recorded``,
+    ``.note()`` say which)."""
+    r = resolve_run(run, SHIPPED)
+    return recorded_plan(r.step(capstone_step(r) if step is None else step), r.ppo_config(), role)
 
 
 def update_plan(run: Run | str | None = None, step: int | None = None, role: str = "actor") -> Plan:
     """Which rows every micro-batch held: ``plan[k][rank]`` is the list of micro-batches (each a list of row
-    indices of the recorded batch) of optimizer step ``k`` on DP rank ``rank`` — what ``ppolab.worker.Worker.update``
-    did (verl `TrainingWorker.train_mini_batch`): rank r holds the r-th contiguous chunk of the balanced batch, cuts
-    it into ``ppo_mini_batch_size × n / dp`` rows per mini-batch for ``ppo_epochs`` epochs (shuffled with
-    ``data_loader_seed + r`` when ``shuffle``), and each mini-batch into micro-batches (the actor: fixed
-    ``ppo_micro_batch_size_per_gpu`` or the ``ppo_max_token_len_per_gpu`` budget; the critic: the engine's
-    ``ppo_infer_max_token_len_per_gpu`` budget, chapter §11.6)."""
-    r = resolve_run(run, SHIPPED)
-    rec = r.step(capstone_step(r) if step is None else step)
-    cfg = r.ppo_config()
-    n = cfg.actor_rollout_ref.rollout.n
-    c = cfg.actor_rollout_ref.actor if role == "actor" else cfg.critic
-    if role == "actor":
-        micro, budget = (None if c.use_dynamic_bsz else c.ppo_micro_batch_size_per_gpu), c.ppo_max_token_len_per_gpu
-    else:
-        micro, budget = None, c.ppo_infer_max_token_len_per_gpu
-    t = rec.tensors
-    keys = [k for k in ("prompt_mask", "response_mask", "response_attention_mask") if k in t]
-    batch = Batch({k: t[k] for k in keys})
-    dp = _dp(rec)
-    chunk = len(batch) // dp
-    local = c.ppo_mini_batch_size * n // dp
-    minis_of = []  # [rank][optimizer step] → the recorded rows of that rank's share of the mini-batch
-    for rank in range(dp):
-        rows = list(range(rank * chunk, (rank + 1) * chunk))
-        minis_of.append([[rows[i] for i in mini] for minis in mini_batch_indices(chunk, local, c.ppo_epochs,
-                                                                                 c.shuffle, c.data_loader_seed + rank)
-                         for mini in minis])
-    plan = []
-    for k in range(len(minis_of[0])):
-        shares = [batch.select(minis_of[rank][k]) for rank in range(dp)]
-        lengths = [b.lengths() for b in shares]  # the ranks agree on a dynamic count, as the worker does
-        plan.append([[[minis_of[rank][k][i] for i in mb]
-                      for mb in micro_batches(shares[rank], micro, budget, dp_lengths=lengths, rank=rank)]
-                     for rank in range(dp)])
-    return plan
+    indices of the recorded batch) of optimizer step ``k`` on DP rank ``rank``, in execution order — the worker's
+    update plan (:func:`step_plan`; verl `TrainingWorker.train_mini_batch`): rank r holds the r-th contiguous chunk
+    of the balanced batch, cuts it into ``ppo_mini_batch_size × n / dp`` rows per mini-batch for ``ppo_epochs``
+    epochs (shuffled with ``data_loader_seed + r`` when ``shuffle``), and each mini-batch into micro-batches (the
+    actor: fixed ``ppo_micro_batch_size_per_gpu`` or the ``ppo_max_token_len_per_gpu`` budget; the critic: the
+    engine's ``ppo_infer_max_token_len_per_gpu`` budget, chapter §11.6)."""
+    return [opt.micro_batches for opt in step_plan(run, step, role).steps]
 
 
 def dp_size(run: Run | str | None = None, step: int | None = None) -> int:
     """The data-parallel ranks the step was trained on."""
     r = resolve_run(run, SHIPPED)
-    return _dp(r.step(capstone_step(r) if step is None else step))
+    return step_plan(r, step).dp_size
 
 
 # ------------------------------------------------------------------ the reference for one optimizer step
@@ -243,15 +217,11 @@ def rebuild_actor_step(run: Run | str | None = None, step: int | None = None, op
     rec = r.step(s)
     t = rec.tensors
     cfg = actor_config(r)
-    n = r.ppo_config().actor_rollout_ref.rollout.n
-    plan = update_plan(r, s, "actor")
-    if not 0 <= opt_step < len(plan):
-        raise ValueError(f"opt_step={opt_step!r} is out of range; allowed: 0 … {len(plan) - 1}")
-    ranks = plan[opt_step]
-    dp = len(ranks)
-    global_rows = [i for micro in ranks for mb in micro for i in mb]
-    info = GlobalBatchInfo(dp_size=dp, batch_num_tokens=float(t["loss_mask"][global_rows].sum()),
-                           global_batch_size=cfg.ppo_mini_batch_size * n, loss_scale_factor=cfg.loss_scale_factor)
+    plan = step_plan(r, s, "actor")
+    if not 0 <= opt_step < len(plan.steps):
+        raise ValueError(f"opt_step={opt_step!r} is out of range; allowed: 0 … {len(plan.steps) - 1}")
+    ranks = plan.steps[opt_step].micro_batches
+    info = plan.steps[opt_step].info()  # the global counts the worker divided every micro-batch's loss by
     weights = _is_weights(r, rec)
     per_rank = []
     for micro in ranks:

@@ -4,19 +4,19 @@ verl V1 `trainer_base.py` hands the critic engine one key, ``critic.ppo_infer_ma
 value forward (stage 6) and its update (stage 8); the top-level ``critic.use_dynamic_bsz``,
 ``critic.ppo_max_token_len_per_gpu``, ``critic.ppo_micro_batch_size_per_gpu`` and
 ``critic.ppo_infer_micro_batch_size_per_gpu`` never reach it (chapter §8 last paragraph, §11.6, §14.1). The functions
-here cut a recorded critic mini-batch with ppolab's own wiring (``CriticWorker.engine_batching``) and its own
-micro-batch planner (``ppolab.engine.micro_batches``), under the run's config or the run's config with overrides.
+here read the critic's recorded update plan, or ask ppolab's one planner (``ppolab.update_plan``) to cut the recorded
+rows under the run's config with overrides — a what-if.
 """
 from __future__ import annotations
 
 import copy
-from types import SimpleNamespace
 from typing import Any, Iterable
 
 import torch
 
 from ppolab.numbers.needs import RunLacks, require
 from ppolab.record import Run, resolve_run
+from ppolab.update_plan import InferBatching, UpdatePlan, recorded_plan, train_batching
 
 #: The default shipped run of these helpers: PPO + GAE with rejection sampling and padding rows.
 RUN = "ppo_fire_tiny"
@@ -41,52 +41,45 @@ def config_with(run: Run | str | None = None, overrides: Iterable[str] = ()) -> 
 
 
 def critic_batching(cfg: Any) -> Any:
-    """How the critic engine of config ``cfg`` cuts its rows: ppolab's ``CriticWorker.engine_batching`` (an
-    :class:`~ppolab.worker.InferBatching`), read from ``cfg.critic`` as the worker reads its own config."""
-    from ppolab.worker import CriticWorker
+    """How the critic engine of config ``cfg`` cuts its rows (an :class:`~ppolab.update_plan.InferBatching`):
+    :func:`ppolab.update_plan.train_batching` of ``cfg.critic``, the call the critic worker makes."""
+    return train_batching(cfg.critic, "critic")
 
-    return CriticWorker.engine_batching(SimpleNamespace(config=cfg.critic))
+
+def critic_plan(run: Run | str | None = None, step: int | None = None, overrides: Iterable[str] = (),
+                max_token_len: int | None = None) -> UpdatePlan:
+    """The critic's update plan at recorded step ``step`` (default the first): the recorded one, or — given
+    ``overrides`` or a ``max_token_len`` — the planner's what-if on the recorded rows."""
+    r = resolve_run(run, RUN)
+    rec = r.step(r.steps[0] if step is None else step)
+    cfg = r.ppo_config()
+    overrides = list(overrides)
+    if not overrides and max_token_len is None:
+        return recorded_plan(rec, cfg, "critic")
+    if overrides:
+        cfg = config_with(r, overrides)
+    batching = critic_batching(cfg)
+    if max_token_len is not None:
+        batching = InferBatching(None, int(max_token_len))
+    return recorded_plan(rec, cfg, "critic", batching=batching, config=cfg.critic)
 
 
 def rank_rows(run: Run | str | None = None, update: int = 0, rank: int = 0, step: int | None = None) -> torch.Tensor:
     """Row ids (of the balanced batch) that rank ``rank`` trained on in critic optimizer step ``update`` of recorded
-    step ``step`` (default the first): the rows of that global mini-batch in the rank's contiguous chunk."""
-    r = resolve_run(run, RUN)
-    rec = r.step(r.steps[0] if step is None else step)
-    t = rec.tensors
-    dp = int(rec.info.get("dp_size", 1) or 1)
-    chunk = t["responses"].shape[0] // dp
-    rows = (~torch.isnan(t["critic_vpreds"][update]).all(-1)).nonzero().flatten()
-    return rows[(rows // chunk) == rank]
+    step ``step`` (default the first), ascending: that rank's share of the step's mini-batch (the update plan)."""
+    plan = critic_plan(run, step)
+    return torch.as_tensor(sorted(plan.steps[update].rows(rank)), dtype=torch.long)
 
 
 def critic_micro_batches(run: Run | str | None = None, update: int = 0, rank: int = 0,
                          overrides: Iterable[str] = (), step: int | None = None,
                          max_token_len: int | None = None) -> list[torch.Tensor]:
     """The micro-batches (row ids of the balanced batch) of rank ``rank``'s share of critic optimizer step
-    ``update``, cut as the critic engine of the run's config with ``overrides`` cuts them — or, given
-    ``max_token_len``, by that token budget. ppolab's planner (``ppolab.engine.micro_batches``) on the rows' attended
-    lengths."""
-    from ppolab.engine import Batch, micro_batches
-
-    r = resolve_run(run, RUN)
-    rec = r.step(r.steps[0] if step is None else step)
-    t = rec.tensors
-    mine = rank_rows(r, update, rank, step)
-    if len(mine) == 0:
-        return []
-    if max_token_len is not None:
-        size, budget = None, max_token_len
-    else:
-        overrides = list(overrides)
-        batching = critic_batching(config_with(r, overrides) if overrides else r.ppo_config())
-        size, budget = batching.micro_batch_size, batching.max_token_len
-    keys = [k for k in ("prompt_mask", "response_mask", "response_attention_mask") if k in t]
-    dp = int(rec.info.get("dp_size", 1) or 1)
-    shares = [Batch({k: t[k][rank_rows(r, update, k_rank, step)] for k in keys}) for k_rank in range(dp)]
-    # every rank's lengths: the engine agrees the count over the ranks (verl all-reduces it, MAX)
-    plan = micro_batches(shares[rank], size, budget, dp_lengths=[b.lengths() for b in shares], rank=rank)
-    return [mine[torch.as_tensor(m, dtype=torch.long)] for m in plan]
+    ``update``, as the critic engine of the run's config with ``overrides`` cuts them — or, given
+    ``max_token_len``, by that token budget: the update plan (:func:`critic_plan`), recorded or planned by
+    ``ppolab.update_plan.plan_update`` on the recorded rows."""
+    plan = critic_plan(run, step, overrides, max_token_len)
+    return [torch.as_tensor(mb, dtype=torch.long) for mb in plan.steps[update].micro_batches[rank]]
 
 
 def smallest_budget(run: Run | str | None = None) -> int:

@@ -39,7 +39,7 @@ def pg_loss_with_and_without_is(run: Run | str | None = None, step: int | None =
     out: dict[str, list[float]] = {"with_is": [], "without_is": [], "kl_loss": []}
     for k in range(_n_opt_steps(rec)):
         b = optimizer_step_batch(rec, k)
-        info = global_batch_info(r, rec, b["rows"])  # the worker's own counts, every rank's rows at once
+        info = global_batch_info(r, rec, k)  # the worker's own counts, every rank's rows at once
         w = t["rollout_is_weights"][b["rows"]].float()
         for key, weights in (("with_is", w), ("without_is", None)):
             pg, _ = loss(b["old_log_probs"], b["log_prob"], b["advantages"], b["response_mask"], cfg.loss_agg_mode,

@@ -38,25 +38,17 @@ def loss_mask_of_real_rows(record: StepRecord) -> torch.Tensor:
     return t.get("loss_mask", t["response_mask"]).float() * real_rows(record).float().unsqueeze(-1)
 
 
-class _OneRankWorker:
-    """What :meth:`ppolab.worker.Worker.global_batch_info` reads of a worker — its config, ``rollout.n`` and
-    data-parallel group — as one rank that holds every row of the global mini-batch (a recording merges the ranks)."""
+def global_batch_info(run: Run, record: StepRecord, opt_step: int) -> Any:
+    """The :class:`~ppolab.algos.GlobalBatchInfo` the worker divided every micro-batch loss of optimizer step
+    ``opt_step`` by — read from the step's update plan (:func:`ppolab.update_plan.recorded_plan`): Σ loss_mask of its
+    rows on all ranks (``batch_num_tokens``), ppo_mini_batch_size × rollout.n rows (``global_batch_size``, padding
+    rows counted), the run's ``loss_scale_factor`` — with ``dp_size`` 1, for a loss over every rank's rows at once
+    (a recording merges the ranks; on one rank each share is × dp_size and the gradients are averaged)."""
+    from ppolab.update_plan import recorded_plan
 
-    def __init__(self, config: Any, rollout_n: int):
-        from ppolab.distributed import DistInfo
-
-        self.config, self.rollout_n, self.dist = config, rollout_n, DistInfo()
-
-
-def global_batch_info(run: Run, record: StepRecord, rows: torch.Tensor) -> Any:
-    """The :class:`~ppolab.algos.GlobalBatchInfo` the actor worker computed for the global mini-batch of ``rows``
-    (an optimizer step's rows), by the worker's own :meth:`~ppolab.worker.Worker.global_batch_info`: Σ loss_mask of
-    its real rows (``batch_num_tokens``), ppo_mini_batch_size × rollout.n rows (``global_batch_size``, padding rows
-    counted), the run's ``loss_scale_factor``; ``dp_size`` 1, as every rank's rows are here at once."""
-    from ppolab.worker import Worker
-
-    worker = _OneRankWorker(actor_config(run), run.ppo_config().actor_rollout_ref.rollout.n)
-    return Worker.global_batch_info(worker, {"loss_mask": loss_mask_of_real_rows(record)[rows]})
+    plan = recorded_plan(record, run.ppo_config(), "actor")
+    _check_index("opt_step", opt_step, len(plan.steps))
+    return replace(plan.steps[opt_step].info(), dp_size=1)
 
 
 def token_labels(record: StepRecord, tokenizer: Any, row: int) -> list[str]:

@@ -229,7 +229,7 @@ def kl_explorer(
             loss_kl = kl_penalty(b["log_prob"], b["ref_log_prob"], name)
             # normalised by the engine's batch_num_tokens = Σ loss_mask of the global mini-batch (rejected tokens
             # included, chapter §9), as the worker counts it
-            num_tokens = global_batch_info(r, rec, b["rows"]).batch_num_tokens
+            num_tokens = global_batch_info(r, rec, k).batch_num_tokens
             pair_cache[("loss", name, k)] = (float(agg_loss(loss_kl, m, "token-mean", batch_num_tokens=num_tokens)),
                                              loss_kl[m > 0])
         return pair_cache[("loss", name, k)]

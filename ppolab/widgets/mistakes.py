@@ -30,9 +30,10 @@ from ppolab.algos import (
     masked_mean,
     ppo_loss,
 )
-from ppolab.batching import fixed_micro_batches, padding_multiple, plan_batches
+from ppolab.batching import padding_multiple, plan_batches
 from ppolab.config import validate
 from ppolab.record import Run, StepRecord
+from ppolab.update_plan import micro_batches
 from ppolab.widgets.common import (
     _box,
     _opt_step_label,
@@ -100,12 +101,12 @@ def _loss_mask(rec: StepRecord, b: dict[str, torch.Tensor]) -> torch.Tensor:
     return loss_mask_of_real_rows(rec)[b["rows"]]
 
 
-def _global_info(r: Run, rec: StepRecord, b: dict[str, torch.Tensor]) -> GlobalBatchInfo:
-    """What the worker passes as ``global_batch_info`` for one global mini-batch — the worker's own function
+def _global_info(r: Run, rec: StepRecord, k: int) -> GlobalBatchInfo:
+    """What the worker passed as ``global_batch_info`` for optimizer step ``k`` — its recorded update plan
     (:func:`ppolab.numbers.steps.global_batch_info`), with ``dp_size`` 1 (the rows of every rank are here at once):
     ``batch_num_tokens`` = Σ loss_mask, ``global_batch_size`` = ppo_mini_batch_size × rollout.n — a fixed count of
     rows that includes synthetic padding rows (verl ``engine`` / ``losses.ppo_loss``)."""
-    return global_batch_info(r, rec, b["rows"])
+    return global_batch_info(r, rec, k)
 
 
 def _plan(r: Run, forget_n: bool = False, micro: int | None = None):
@@ -213,11 +214,11 @@ def _m4_micro_batch(run=None, step=None, opt_step=None) -> Effect:
 
     Mistake off is the engine: every micro-batch divides its token sum by ``batch_num_tokens`` = Σ loss_mask of the
     whole global mini-batch — which still counts the tokens rejection sampling zeroed in ``response_mask``."""
-    r, rec, _k, b = _setup(run, step, opt_step)
+    r, rec, k, b = _setup(run, step, opt_step)
     n_rows = int(b["rows"].numel())
     micro, what_if = _micro(r, n_rows)
-    parts = fixed_micro_batches(n_rows, micro)
-    info = _global_info(r, rec, b)
+    parts = micro_batches(range(n_rows), micro, None)  # the planner's fixed split of the step's rows
+    info = _global_info(r, rec, k)
     cfg = actor_config(r)
     whole, _ = _pg(cfg, b, info=info)
     sums = {}
@@ -281,8 +282,8 @@ def _m7_agg_mode(run=None, step=None, opt_step=None) -> Effect:
     Both with the trainer's global normalisation: token-mean divides by Σ loss_mask of the mini-batch, the seq-mean
     modes by the fixed ``global_batch_size`` = ppo_mini_batch_size × n, which counts synthetic padding rows (and rows
     rejection sampling emptied) although they carry no token."""
-    r, rec, _k, b = _setup(run, step, opt_step)
-    info = _global_info(r, rec, b)
+    r, rec, k, b = _setup(run, step, opt_step)
+    info = _global_info(r, rec, k)
     cfgs = {mode: actor_config(r, loss_agg_mode=mode) for mode in ("token-mean", "seq-mean-token-mean")}
     off, _ = _pg(cfgs["token-mean"], b, info=info)
     on, _ = _pg(cfgs["seq-mean-token-mean"], b, info=info)

@@ -46,7 +46,7 @@ def main(out: Path) -> None:
         worker = ActorWorker(trainer.actor.config, trainer.models, temperature=trainer.actor.temperature,
                              rollout_n=trainer.actor.rollout_n, dist=info,
                              optimizer=torch.optim.SGD(params, lr=1.0))  # exact, unlike Adam's ~sign(g) first step
-        metrics, _ = worker.update(trainer.local(batch))
+        metrics, *_ = worker.update(trainer.local(batch))
         if info.is_main:
             save_file({f"p{i}": p.detach().contiguous() for i, p in enumerate(params)},
                       str(out / f"{mode}.safetensors"))
