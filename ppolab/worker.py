@@ -190,12 +190,25 @@ class Worker:
     def optimizer_step_of(self, batch: Batch, opt: OptimizerStep, params: list[torch.nn.Parameter],
                           histories: dict[str, UpdateHistory] | None = None,
                           shape: torch.Size | None = None) -> dict[str, float]:
-        """One optimizer step of a plan on this rank's ``batch``: zero the gradients, forward/backward each of this
-        rank's micro-batches with the loss normalised by the step's global counts (known before the loop), then
-        :meth:`optimizer_step`. Returns the step's metrics; what each micro-batch computed goes to ``histories``."""
+        """One optimizer step of a plan on this rank's ``batch``: :meth:`backward_of` (zero the gradients,
+        forward/backward each of this rank's micro-batches), then :meth:`optimizer_step`. Returns the step's
+        metrics; what each micro-batch computed goes to ``histories``."""
+        micro_metrics, total_loss = self.backward_of(batch, opt, histories, shape)
+        grad_norm = self.optimizer_step(params)
+        metrics = accumulate_micro_metrics(micro_metrics)
+        metrics.update({f"{self.prefix}/grad_norm": grad_norm, f"{self.prefix}/loss": total_loss,
+                        f"{self.prefix}/lr": self.optimizer.param_groups[0]["lr"]})
+        return metrics
+
+    def backward_of(self, batch: Batch, opt: OptimizerStep, histories: dict[str, UpdateHistory] | None = None,
+                    shape: torch.Size | None = None) -> tuple[list[dict[str, float]], float]:
+        """Zero the gradients, then forward and backward each of this rank's micro-batches of ``opt`` with the loss
+        normalised by the step's global counts — computed before the loop, so a micro-batch never normalises by
+        itself (chapter §13). The gradients of the whole mini-batch are left in ``.grad``. Returns (each
+        micro-batch's metrics, Σ micro-batch losses)."""
         position = {int(row): i for i, row in enumerate(batch["row_id"])}  # row id → position on this rank
         self.optimizer.zero_grad(set_to_none=True)
-        info = opt.info()  # the global counts, computed before the micro-batch loop (GRPO-Zero's normaliser)
+        info = opt.info()  # GRPO-Zero's normaliser, in plain sight
         micro_metrics, total_loss = [], 0.0
         for micro_rows in opt.micro_batches[self.dist.rank]:
             mb = to_device(batch.select([position[row] for row in micro_rows]), self.device)
@@ -206,11 +219,7 @@ class Worker:
             loss.backward()
             total_loss += float(loss.detach())
             micro_metrics.append(metrics)
-        grad_norm = self.optimizer_step(params)
-        metrics = accumulate_micro_metrics(micro_metrics)
-        metrics.update({f"{self.prefix}/grad_norm": grad_norm, f"{self.prefix}/loss": total_loss,
-                        f"{self.prefix}/lr": self.optimizer.param_groups[0]["lr"]})
-        return metrics
+        return micro_metrics, total_loss
 
     def optimizer_step(self, params: list[torch.nn.Parameter]) -> float:
         """Average gradients over ranks (what DDP/FSDP do), clip the global norm, step — or, as verl does, skip the
@@ -237,9 +246,13 @@ class Worker:
 
 
 class ActorWorker(Worker):
-    """The policy: base + ``actor`` adapter (or every weight without LoRA). Its loss is ``algos.ppo_loss``."""
+    """The policy: base + ``actor`` adapter (or every weight without LoRA). Its loss is ``algos.ppo_loss``.
+
+    ``terms``: which of ``algos.LOSS_TERMS`` its loss holds — None (training: all of them), or one term for a reading
+    of that term's share of the gradient (``ppolab.numbers.update_effect``)."""
 
     prefix = "actor"
+    terms: tuple[str, ...] | None = None
 
     def model(self) -> contextlib.AbstractContextManager[torch.nn.Module]:
         return self.models.actor()
@@ -257,7 +270,7 @@ class ActorWorker(Worker):
         loss, metrics = algos.ppo_loss(
             c, old_log_prob=cut("old_log_probs"), log_prob=out.log_probs, advantages=cut("advantages"),
             response_mask=cut("response_mask"), entropy=out.entropy, ref_log_prob=cut("ref_log_prob"),
-            rollout_is_weights=cut("rollout_is_weights"), global_batch_info=info)
+            rollout_is_weights=cut("rollout_is_weights"), global_batch_info=info, terms=self.terms)
         # π_θ's entropy is recorded too: actor/entropy_loss is its aggregate, which a lab rebuilds (chapter §6)
         outputs = {"actor_log_probs": out.log_probs}
         if out.entropy is not None:

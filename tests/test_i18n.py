@@ -148,6 +148,7 @@ def _explorers():
         "live_training": lambda: widgets.live_training(overrides=["trainer.total_training_steps=1"]),
         "mistakes_explorer": lambda: widgets.mistakes_explorer("ppo_fire_tiny"),
         "invariance_explorer": lambda: widgets.invariance_explorer("grpo_tiny"),
+        "update_effect_explorer": lambda: widgets.update_effect_explorer("ppo_fire_tiny"),
     }
 
 

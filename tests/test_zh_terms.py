@@ -234,7 +234,7 @@ def test_punct_checker_catches_planted_problems() -> None:
 
 def test_zh_texts_exist() -> None:
     texts = list(zh_texts())
-    assert len({w.split()[0] for w, _, _ in texts}) >= 19  # 18 labs + the UI
+    assert len({w.split()[0] for w, _, _ in texts}) >= 20  # 19 labs + the UI
     assert len(texts) > 500
 
 

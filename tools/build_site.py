@@ -1,6 +1,6 @@
 """Build the course as a static website: every lab readable and explorable in a browser, no install, no kernel.
 
-    python tools/build_site.py OUT                 # all 18 labs, English and Chinese, plus the landing page
+    python tools/build_site.py OUT                 # all 19 labs, English and Chinese, plus the landing page
     python tools/build_site.py OUT --labs 04,11    # only some labs (both languages)
 
 Each lab notebook (``labs/NN_*.ipynb``, ``labs/zh/NN_*.ipynb``) is executed here against the shipped runs
@@ -58,6 +58,7 @@ EXPLORERS: dict[str, dict[str, Any]] = {
     "13": {"micro_batch_size": 4, "loss_agg_mode": 5},
     "15": {"metric": 100},
     "16": {"mistake": 9, "on": 2},
+    "18": {"opt_step": 4, "term": 4},
 }
 
 PLOTLY_ASSET = "assets/plotly.min.js"
@@ -80,7 +81,7 @@ TEXT = {
                          "answers with a hint.",
         "live": "JupyterLab (<code>pip install torch==2.13.0 -e \".[dev]\" &amp;&amp; jupyter lab labs/</code>)",
         "binder": " or <a href=\"{url}\">Binder</a>",
-        "landing_intro": "Seventeen notebooks, one per part of the chapter. Each page below is the lab executed "
+        "landing_intro": "Nineteen notebooks, one per part of the chapter. Each page below is the lab executed "
                          "against the runs shipped with the project: every figure is drawn from tensors recorded "
                          "during real training, and each lab's main explorer can be moved over a few precomputed "
                          "settings. To change anything else, run the lab: {live}.",
@@ -101,7 +102,7 @@ TEXT = {
                          "<code>check</code> 会从 run 当场算出真值并给出提示。",
         "live": "JupyterLab（<code>pip install torch==2.13.0 -e \".[dev]\" &amp;&amp; jupyter lab labs/zh/</code>）",
         "binder": " 或 <a href=\"{url}\">Binder</a>",
-        "landing_intro": "18 个 notebook，每个对应本章的一部分。下面每一页都是在项目自带的 run 上执行后的 lab："
+        "landing_intro": "19 个 notebook，每个对应本章的一部分。下面每一页都是在项目自带的 run 上执行后的 lab："
                          "每张图都来自真实训练时记录的张量，每个 lab 的主 explorer 可以在几组预先计算的设置之间切换。"
                          "要改动其他任何东西，请运行 lab：{live}。",
         "not_built": "（本站未构建）",

@@ -342,8 +342,57 @@ def part_17_7(run=None, mistake=None):
     return out
 
 
+
+# ------------------------------------------------------------------ 17.8 one step further: backpropagate the loss
+def part_17_8(run=None, mistake=None):
+    """The gradient of one LoRA tensor from the 17.4 policy loss, with log π from a forward that keeps the graph."""
+    from ppolab.engine import Batch, trimmed_inputs
+    from ppolab.exercises.lab17 import backprop_case
+    from ppolab.replay import REPLAY_LOCK, run_models
+    from ppolab.roles import forward_response
+    from ppolab.update_plan import recorded_plan
+
+    r = resolve_run(run, RUN)
+    cfg = r.ppo_config()
+    a, temperature = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.temperature
+    t = r.step(1).tensors
+    opt = recorded_plan(r.step(1), cfg).steps[0]  # optimizer step 0: every rank's micro-batches
+    n_tokens = _pre_mask(t)[opt.rows()].sum()  # the global Σ loss_mask (one process holds every rank's rows)
+    eps_low = a.clip_ratio_low if a.clip_ratio_low is not None else a.clip_ratio
+    eps_high = a.clip_ratio_high if a.clip_ratio_high is not None else a.clip_ratio
+    w = is_weights(r, t)
+    batch = Batch({k: t[k] for k in ("prompts", "prompt_mask", "responses", "response_mask",
+                                      "response_attention_mask") if k in t})
+    models = run_models(r)  # the seeded adapter: the weights optimizer step 0 of step 1 started from
+    params = models.actor_parameters()
+    i = backprop_case(r)["index"]
+    with REPLAY_LOCK:
+        for p in params:
+            p.grad = None
+        try:
+            for rank in opt.micro_batches:
+                for mb in rank:
+                    ids, mask, width = trimmed_inputs(batch.select(mb))
+                    with models.actor() as model:
+                        lp = forward_response(model, ids, mask, width, temperature, True, False).log_probs
+                    idx = torch.as_tensor(mb)
+                    old, adv = t["old_log_probs"][idx, :width], t["advantages"][idx, :width]
+                    m = t["response_mask"][idx, :width].float()
+                    ratio = torch.exp(torch.clamp(lp - old, -20, 20))
+                    lc = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - eps_low, 1 + eps_high))
+                    loss = torch.where(adv < 0, torch.minimum(lc, -adv * a.clip_ratio_c), lc)
+                    if w is not None:
+                        loss = loss * w[idx, :width]
+                    count = m.sum() if mistake == "local_tokens" else n_tokens
+                    out = msum(loss, m) / count * (len(opt.micro_batches) if mistake == "dp_size" else 1)
+                    (-out if mistake == "sign" else out).backward()
+            return params[i].grad.detach().clone()
+        finally:
+            for p in params:
+                p.grad = None
+
 SOLUTIONS = {"17.1": part_17_1, "17.2": part_17_2, "17.3": part_17_3, "17.4": part_17_4, "17.5": part_17_5,
-             "17.6": part_17_6, "17.7": part_17_7}
+             "17.6": part_17_6, "17.7": part_17_7, "17.8": part_17_8}
 
 
 def _wrong(fn, mistake):
@@ -364,4 +413,5 @@ WRONG = {
                                             "stage4_entropy")],
     "17.6": [_wrong(part_17_6, m) for m in ("no_dp_size", "no_value_clip", "no_half")],
     "17.7": [_wrong(part_17_7, m) for m in ("stage4_entropy", "entropy_added", "no_kl_coef")],
+    "17.8": [_wrong(part_17_8, m) for m in ("sign", "local_tokens", "dp_size")],
 }

@@ -31,7 +31,7 @@ from ppolab.algos.advantages_vectorized import (
     compute_rloo_vectorized_outcome_advantage,
     group_mean_std,
 )
-from ppolab.algos.losses import SUM_METRICS, ppo_loss, value_loss
+from ppolab.algos.losses import LOSS_TERMS, SUM_METRICS, ppo_loss, ppo_loss_terms, value_loss
 from ppolab.algos.aggregation import SCALED_MODES, GlobalBatchInfo, agg_loss, batch_info_kwargs
 from ppolab.algos.correction import (
     ROLLOUT_IS_LEVELS,

@@ -20,6 +20,50 @@ from ppolab.algos.value import compute_value_loss
 SUM_METRICS = ("actor/pg_loss", "actor/entropy_loss", "actor/kl_loss", "critic/vf_loss")
 
 
+def ppo_loss_terms(
+    config,
+    *,
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    entropy: torch.Tensor | None = None,
+    ref_log_prob: torch.Tensor | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
+    global_batch_info: GlobalBatchInfo | None = None,
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """The actor loss of one micro-batch as its terms (chapter §5), each a scalar tensor as it enters the sum —
+    (terms, metrics), terms keyed by :data:`LOSS_TERMS`; the arguments as :func:`ppo_loss`.
+
+    ``pg``: the policy-gradient loss from the registry entry ``config.policy_loss.loss_mode`` (rollout IS weights,
+    if any, multiply only this term — chapter §3); ``entropy`` (if ``entropy`` is given): −entropy_coeff · agg(H);
+    ``kl`` (if ``config.use_kl_loss``): kl_loss_coef · agg(kl_penalty(log_prob, ref, kl_loss_type)). Separate
+    backward passes of the terms give each term's share of the gradient; their sum is the loss.
+    """
+    mode, info = config.loss_agg_mode, batch_info_kwargs(config, global_batch_info)
+    policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
+    pg_loss, metrics = policy_loss_fn(old_log_prob, log_prob, advantages, response_mask, mode, config,
+                                      rollout_is_weights, global_batch_info=global_batch_info)
+    metrics = dict(metrics)
+    metrics["actor/pg_loss"] = float(pg_loss.detach())
+    terms = {"pg": pg_loss}
+    if entropy is not None:
+        entropy_loss = agg_loss(entropy, response_mask, mode, **info)
+        terms["entropy"] = -(config.entropy_coeff * entropy_loss)
+        metrics["actor/entropy_loss"] = float(entropy_loss.detach())
+    if config.use_kl_loss:
+        kld = kl_penalty(log_prob, ref_log_prob, config.kl_loss_type)
+        kl_loss = agg_loss(kld, response_mask, mode, **info)
+        terms["kl"] = config.kl_loss_coef * kl_loss
+        metrics["actor/kl_loss"] = float(kl_loss.detach())
+        metrics["actor/kl_coef"] = float(config.kl_loss_coef)
+    return terms, metrics
+
+
+#: The terms of the actor loss, in the order they are summed (:func:`ppo_loss_terms`).
+LOSS_TERMS = ("pg", "entropy", "kl")
+
+
 def ppo_loss(
     config,
     *,
@@ -31,6 +75,7 @@ def ppo_loss(
     ref_log_prob: torch.Tensor | None = None,
     rollout_is_weights: torch.Tensor | None = None,
     global_batch_info: GlobalBatchInfo | None = None,
+    terms: tuple[str, ...] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """One micro-batch of the actor loss (chapter §5): all tensors (bs, T); returns (loss, metrics).
 
@@ -41,24 +86,19 @@ def ppo_loss(
        multiply only this term — chapter §3);
     2. if ``entropy`` is given: loss −= entropy_coeff · agg(H);
     3. if ``config.use_kl_loss``: loss += kl_loss_coef · agg(kl_penalty(log_prob, ref, kl_loss_type)).
+
+    ``terms``: only these of :data:`LOSS_TERMS` enter the returned loss (a reading of one term's gradient); None, as
+    the trainer calls it: all of them.
     """
-    mode, info = config.loss_agg_mode, batch_info_kwargs(config, global_batch_info)
-    policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
-    pg_loss, metrics = policy_loss_fn(old_log_prob, log_prob, advantages, response_mask, mode, config,
-                                      rollout_is_weights, global_batch_info=global_batch_info)
-    metrics = dict(metrics)
-    metrics["actor/pg_loss"] = float(pg_loss.detach())
-    loss = pg_loss
-    if entropy is not None:
-        entropy_loss = agg_loss(entropy, response_mask, mode, **info)
-        loss = loss - config.entropy_coeff * entropy_loss
-        metrics["actor/entropy_loss"] = float(entropy_loss.detach())
-    if config.use_kl_loss:
-        kld = kl_penalty(log_prob, ref_log_prob, config.kl_loss_type)
-        kl_loss = agg_loss(kld, response_mask, mode, **info)
-        loss = loss + config.kl_loss_coef * kl_loss
-        metrics["actor/kl_loss"] = float(kl_loss.detach())
-        metrics["actor/kl_coef"] = float(config.kl_loss_coef)
+    parts, metrics = ppo_loss_terms(config, old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages,
+                                    response_mask=response_mask, entropy=entropy, ref_log_prob=ref_log_prob,
+                                    rollout_is_weights=rollout_is_weights, global_batch_info=global_batch_info)
+    loss = None
+    for name in LOSS_TERMS:  # pg − c·H + β·KL, in the chapter's order
+        if name in parts and (terms is None or name in terms):
+            loss = parts[name] if loss is None else loss + parts[name]
+    if loss is None:  # a term the run has none of: no gradient from it
+        loss = parts["pg"] * 0.0
     return loss, metrics
 
 

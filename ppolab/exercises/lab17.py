@@ -132,3 +132,37 @@ def _e6(run=None) -> dict:
           context=("run",), needs=("update_entropy", "vanilla_loss"), case=step_case, default_run=RUN, **TOL)
 def _e7(run=None) -> dict:
     return _truth("17.7", run)
+
+
+def backprop_case(run=None) -> dict:
+    """17.8's tensor: the last LoRA B (else the last trainable tensor) of the actor, at optimizer step 0 of recorded
+    step 1 — where the weights are the seeded adapter a fresh trainer holds, so the replay is the run's own step."""
+    from ppolab.numbers.update_effect import step_effect
+    from ppolab.record import resolve_run
+
+    names = step_effect(resolve_run(run, RUN), 1, 0)["names"]
+    i = max((i for i, n in enumerate(names) if n.endswith("lora_B")), default=len(names) - 1)
+    return {"index": i, "name": names[i]}
+
+
+@exercise("17.8", "One step further — backpropagate your loss. Recorded step 1, optimizer step 0 (the seeded adapter: "
+                  "ppolab.replay.run_models(run) holds exactly those weights). Run the actor forward with gradients "
+                  "on each micro-batch of that optimizer step, feed its log-probs to your 17.4 policy loss (the pg "
+                  "term only: ratio, clip, dual clip, token-mean over the global Σ loss_mask), backward, and answer "
+                  "the gradient that reached {name} (tensor {index} of models.actor_parameters()): its .grad, a "
+                  "tensor.",
+          hints=("Nothing changes in your loss but its inputs: log π now comes from forward_response(model, …) with a "
+                 "graph instead of the recorded actor_log_probs, so backward reaches the LoRA matrices. Sum the "
+                 "micro-batch losses' gradients (call backward on each); the denominator is the whole mini-batch's.",
+                 "for each micro-batch of recorded_plan(run.step(1), run.ppo_config()).steps[0]: ids, mask, R = "
+                 "trimmed_inputs(batch.select(rows)); with models.actor() as m: lp = forward_response(m, ids, mask, R, "
+                 "temperature, True, False).log_probs; your_pg_loss(lp, …).backward(); then "
+                 "models.actor_parameters()[{index}].grad.clone() — and set every .grad to None before you start."),
+          rel=1e-3, abs=1e-6, context=("run",), needs=("step1", "vanilla_loss"), case=backprop_case, default_run=RUN)
+def _e8(run=None):
+    from ppolab.numbers.update_effect import step_effect
+    from ppolab.record import resolve_run
+
+    r = resolve_run(run, RUN)
+    # the pg term's gradient of the worker's own backward (ppolab.numbers.update_effect: a pass of its own)
+    return step_effect(r, 1, 0)["terms"]["pg"][backprop_case(r)["index"]]

@@ -27,6 +27,8 @@ _WHERE = {
     "batch_calculator": "ppolab.widgets.batching",
     # micro-batch invariance of the real actor update (lab 13)
     "invariance_explorer": "ppolab.widgets.invariance",
+    # what one optimizer step did to the tokens and the parameters (lab 18)
+    "update_effect_explorer": "ppolab.widgets.update_effect",
     # runs (labs 00, 15)
     "metrics_dashboard": "ppolab.widgets.metrics",
     "live_training": "ppolab.widgets.live",

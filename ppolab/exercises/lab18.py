@@ -1,0 +1,162 @@
+"""Lab 18 — where the update went: what one optimizer step of the actor did to the tokens and to the parameters.
+
+Every truth is the worker's own update, replayed on recorded step 1 (``ppolab.numbers.update_effect.step_effect``,
+computed when the check runs; one replay per run is cached for the lab's cells, the explorer and these checks).
+"""
+from __future__ import annotations
+
+from ppolab.exercises import exercise
+
+
+def _effect(run, k: int):
+    from ppolab.numbers.update_effect import step_effect
+
+    return step_effect(run, 1, k)
+
+
+def _n(run) -> int:
+    from ppolab.numbers.update_effect import n_optimizer_steps
+
+    return n_optimizer_steps(run, 1)
+
+
+def _decoded(run, i: int, j: int) -> str:
+    from ppolab.record import resolve_run
+
+    r = resolve_run(run)
+    return r.tokenizer().decode([int(r.step(1).tensors["responses"][i, j])])
+
+
+def _pick(e, where) -> tuple[int, int] | None:
+    """The (row, position) of the token with the largest |advantage| among ``where`` (ties: the first)."""
+    import torch
+
+    score = torch.where(where, e["advantages"].abs() + 1e-6, torch.zeros_like(e["advantages"]))
+    if float(score.max()) <= 0:
+        return None
+    return divmod(int(torch.argmax(score)), score.shape[1])
+
+
+def _trained(e):
+    return (e["mask"] > 0) & e["in_mini_batch"].unsqueeze(-1)
+
+
+def later_step(run=None) -> int:
+    """The first optimizer step after the first (the ratio has left 1), or 0 on a run with one optimizer step."""
+    return 1 if _n(run) > 1 else 0
+
+
+def two_tokens_case(run=None) -> dict:
+    """Exercise 18.1's tokens at :func:`later_step`: A a token whose clip binds (else one with a negative
+    advantage), B one inside the clip with a positive advantage (else any other trained token)."""
+    from ppolab.numbers.needs import RunLacks
+
+    k = later_step(run)
+    e = _effect(run, k)
+    trained = _trained(e)
+    a = _pick(e, trained & (e["clip_state"] > 0)) or _pick(e, trained & (e["advantages"] < 0))
+    b = _pick(e, trained & (e["clip_state"] == 0) & (e["advantages"] > 0))
+    if a is None or b is None or a == b:
+        raise RunLacks("two trained tokens of opposite kinds (clipped or negative advantage, and inside with a "
+                       "positive one) at one optimizer step", run)
+    from ppolab.i18n import tr
+    from ppolab.numbers.update_effect import clip_state_name
+
+    return {"opt_step": k, "row_a": a[0], "pos_a": a[1], "tok_a": _decoded(run, *a),
+            "state_a": tr(clip_state_name(int(e["clip_state"][a]))), "row_b": b[0], "pos_b": b[1],
+            "tok_b": _decoded(run, *b)}
+
+
+@exercise("18.1", "Predict, then verify — optimizer step {opt_step} of recorded step 1. Token A: row {row_a}, "
+                  "position {pos_a} ('{tok_a}', {state_a} at this optimizer step); token B: row {row_b}, "
+                  "position {pos_b} ('{tok_b}', inside the clip, positive advantage). Which token's log-prob does "
+                  "this one optimizer step raise more (the larger Δ log π, a fall counting as negative)? Answer "
+                  "'A' or 'B'.",
+          hints=("A token's own gradient is −A·r/N inside the clip and 0 where its clip binds; but every token shares "
+                 "the same LoRA matrices, so a token with no gradient of its own still moves.",
+                 "e = step_effect(run, 1, {opt_step}); compare e['delta'][{row_a}, {pos_a}] with "
+                 "e['delta'][{row_b}, {pos_b}] (ppolab.numbers.update_effect)."),
+          context=("run",), needs=("step1",), case=two_tokens_case)
+def _e1(run=None) -> str:
+    c = two_tokens_case(run)
+    d = _effect(run, c["opt_step"])["delta"]
+    return "A" if float(d[c["row_a"], c["pos_a"]]) > float(d[c["row_b"], c["pos_b"]]) else "B"
+
+
+def coefficient_case(run=None) -> dict:
+    """Exercise 18.2's token: at :func:`later_step`, the trained token inside the clip with the largest |A|."""
+    from ppolab.numbers.needs import RunLacks
+
+    k = later_step(run)
+    e = _effect(run, k)
+    tok = _pick(e, _trained(e) & (e["clip_state"] == 0) & (e["advantages"] != 0))
+    if tok is None:
+        raise RunLacks("a trained token inside the clip with a non-zero advantage", run)
+    from ppolab.record import resolve_run
+
+    a = resolve_run(run).ppo_config().actor_rollout_ref.actor
+    return {"opt_step": k, "row": tok[0], "pos": tok[1], "mode": a.loss_agg_mode, "loss_mode": a.policy_loss.loss_mode}
+
+
+@exercise("18.2", "Compute — the policy-gradient coefficient of one token: ∂ pg_loss / ∂ log π of row {row}, position "
+                  "{pos} at optimizer step {opt_step} of recorded step 1 (loss_mode {loss_mode}, loss_agg_mode "
+                  "{mode}). This is what backward hands that token's log-prob; it is 0 where the token's clip binds. "
+                  "Then check it against the replay's autograd. Answer a number.",
+          hints=("Inside the clip the token's loss is −A·r with r = exp(log π − old log π), so ∂/∂log π = −A·r; the "
+                 "aggregation divides it by the mini-batch's count (token-mean: batch_num_tokens of the update "
+                 "plan, every rank's tokens; the seq-mean modes: global_batch_size and the row's own length). "
+                 "log π before the step: step_effect(...)['log_prob_before'].",
+                 "token-mean: −A·r / plan.steps[{opt_step}].batch_num_tokens with r = exp(log_prob_before − "
+                 "old_log_probs) at [{row}, {pos}], × the rollout IS weight where the run has one; "
+                 "plan = ppolab.update_plan.recorded_plan(run.step(1), run.ppo_config())."),
+          rel=1e-4, abs=1e-9, context=("run",), needs=("step1",), case=coefficient_case)
+def _e2(run=None) -> float:
+    c = coefficient_case(run)
+    return float(_effect(run, c["opt_step"])["coefficient"][c["row"], c["pos"]])
+
+
+def adam_case(run=None) -> dict:
+    """Exercise 18.3's tensor: the first LoRA B of the first layer (or the first trainable tensor) at optimizer step
+    0, where Adam's moments are empty."""
+    e = _effect(run, 0)
+    names = e["names"]
+    i = next((i for i, n in enumerate(names) if n.endswith("lora_B")), 0)
+    return {"index": i, "name": names[i], "numel": int(e["grads"][i].numel())}
+
+
+@exercise("18.3", "Compute — Adam's first step on one tensor: {name} (index {index} of "
+                  "step_effect(run, 1, 0)['grads'], {numel} numbers). From that gradient (what AdamW consumed: after "
+                  "the global-norm clip) and AdamW's rule with the run's lr, betas, eps = 1e-8 and weight decay, "
+                  "compute ‖Δθ‖ of optimizer step 0. Answer a number.",
+          hints=("At Adam's first step m̂ = g and v̂ = g² (bias corrections 1 − β): the step is lr·g/(|g| + eps), "
+                 "about lr·sign(g) per entry — whatever the size of g. AdamW's decay subtracts lr·wd·θ first.",
+                 "d = lr · g / (g.abs() + 1e-8) + lr · wd · θ, θ the tensor before the step (a LoRA B starts at 0); "
+                 "answer float(d.norm()). Compare with lr · ‖g‖, the step plain SGD would take."),
+          rel=1e-3, abs=0.0, context=("run",), needs=("step1",), case=adam_case)
+def _e3(run=None) -> float:
+    c = adam_case(run)
+    return _effect(run, 0)["params"][c["index"]]["delta_norm"]
+
+
+def zero_loss_case(run=None) -> dict:
+    """Exercise 18.4's optimizer step: the first, on-policy one (ratio 1)."""
+    from ppolab.record import resolve_run
+
+    a = resolve_run(run).ppo_config().actor_rollout_ref.actor
+    return {"opt_step": 0, "mode": a.loss_agg_mode}
+
+
+@exercise("18.4", "Compute — the on-policy mini-batch: optimizer step 0 of recorded step 1 (loss_agg_mode {mode}), "
+                  "where π_θ = π_old and every ratio is 1. (a) Its loss, Σ over micro-batches of pg − "
+                  "entropy_coeff·entropy + kl_loss_coef·kl as the worker summed it; (b) the norm of its gradient "
+                  "before the clip. Answer (loss, gradient norm).",
+          hints=("At ratio 1 the policy loss is the aggregated −A: with group-normalised advantages exactly 0 under "
+                 "seq-mean modes (each group's advantages sum to 0), off 0 under token-mean by how length and "
+                 "advantage go together — yet ∇ = −Σ A·∇log π / N is not 0: A weighs each token's direction.",
+                 "loss: −Σ A·m / batch_num_tokens (token-mean) over the mini-batch's rows, plus the entropy and KL "
+                 "terms (KL is 0 at step 1: π_θ = π_ref); gradient norm: step_effect(run, 1, 0)['grad_norm'] — or "
+                 "the norm of the concatenated step_effect(...)['terms'] gradients, summed over terms."),
+          rel=1e-4, abs=1e-6, context=("run",), needs=("step1",), case=zero_loss_case)
+def _e4(run=None) -> tuple[float, float]:
+    e = _effect(run, 0)
+    return e["loss"], e["grad_norm"]

@@ -1,0 +1,233 @@
+"""Where the update went: one recorded optimizer step of the actor, replayed with the worker's own code, and what it
+did to the parameters and to every token — the chapter's title question, *PPO loss 怎样真正更新参数* (§1:
+advantages → policy loss → actor backward → optimizer.step()).
+
+The replay is the training code path: an :class:`~ppolab.worker.ActorWorker` built from the run's config with the
+AdamW and warm-up the trainer builds (``make_optimizer``), executing the step's recorded update plan
+(:func:`ppolab.update_plan.recorded_plan`) with :meth:`~ppolab.worker.Worker.optimizer_step_of`. Only step 1 starts
+from a state a fresh trainer holds — the seeded adapter (LoRA B = 0), an empty Adam state — so optimizer step k of
+step 1 is replayed by running steps 0 … k−1 as recorded, then measuring step k. A run trained on several ranks is
+replayed on one process: every rank's micro-batches in rank order, normalised with dp_size 1, which is the gradient
+the ranks averaged (up to float rounding).
+
+    e = step_effect(run, step=1, opt_step=2)
+    e["delta"]            # (N, R) log π after − before, every row of the step (NaN off the mask)
+    e["clip_state"]       # (N, R) 0 inside, 1 clipped above, 2 clipped below, 3 dual-clipped; −1 masked, −2 a row
+                          # this optimizer step did not train
+    e["coefficient"]      # (N, R) ∂ pg_loss / ∂ log π of each token of the step (0 where its clip binds)
+    e["params"]           # per trainable tensor: ‖grad‖, ‖Δθ‖, ‖lr·grad‖ (a plain SGD step), cos(Δθ, −grad)
+    e["terms"]            # loss term → per-tensor gradients of that term alone (separate backward passes)
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Any
+
+import torch
+
+from ppolab import algos
+from ppolab.algos.policy_loss import clip_bounds
+from ppolab.engine import Batch
+from ppolab.numbers.needs import RunLacks
+from ppolab.record import Run, resolve_run
+from ppolab.update_plan import InferBatching, OptimizerStep, recorded_plan
+
+#: Clip states of :func:`step_effect` (``clip_state``), by code.
+CLIP_STATES = ("inside", "clipped above", "clipped below", "dual-clipped")
+
+_CACHE: dict[tuple, dict[str, Any]] = {}
+
+
+def one_process(opt: OptimizerStep) -> OptimizerStep:
+    """``opt`` run on one process: every rank's micro-batches in rank order, normalised with dp_size 1 — the sum
+    over micro-batches of all ranks then equals the gradient the ranks averaged (each rank's share is × dp_size)."""
+    return dataclasses.replace(opt, shares=[opt.rows()], micro_batches=[[mb for rank in opt.micro_batches
+                                                                         for mb in rank]], dp_size=1)
+
+
+def tensor_names(models: Any, params: list[torch.nn.Parameter]) -> list[str]:
+    """Readable names of ``params`` ("layers.0.self_attn.q_proj.lora_A", "value_head", …)."""
+    by_id = {id(p): n for n, p in models.model.named_parameters()}
+    out = []
+    for i, p in enumerate(params):
+        name = by_id.get(id(p), f"param.{i}")
+        name = re.sub(r"^(base_model\.model\.)?(model\.)?", "", name)
+        out.append(re.sub(r"\.(actor|critic)(\.weight)?$", "", name).replace(".weight", ""))
+    return out
+
+
+def layer_of(name: str) -> str:
+    """The layer a tensor belongs to ("layer 0", …), or its own name outside the layers."""
+    m = re.search(r"layers\.(\d+)\.", name)
+    return f"layer {m.group(1)}" if m else name
+
+
+def _batch(r: Run, step: int) -> Batch:
+    tensors = r.step(step).batch_tensors()
+    tensors["is_pad"] = tensors["is_pad"].bool()
+    if "row_id" not in tensors:
+        tensors["row_id"] = torch.arange(tensors["responses"].shape[0])
+    return Batch(tensors)
+
+
+def step_effect(run: Run | str | os.PathLike | None = None, step: int = 1, opt_step: int = 0) -> dict[str, Any]:
+    """What actor optimizer step ``opt_step`` of recorded step ``step`` did (module docstring). One replay measures
+    every optimizer step up to ``opt_step`` on its way, and each is cached per run, step and optimizer step. Raises
+    :class:`RunLacks` for a step other than 1 (its starting weights are not recorded)."""
+    r = resolve_run(run)
+    key = (str(r.path.resolve()), step)
+    done = _CACHE.setdefault(key, {})
+    if opt_step not in done:
+        _replay_through(r, step, opt_step, done)
+    return done[opt_step]
+
+
+def n_optimizer_steps(run: Run | str | os.PathLike | None = None, step: int = 1) -> int:
+    """The actor's optimizer steps at recorded step ``step`` (its update plan)."""
+    r = resolve_run(run)
+    return len(recorded_plan(r.step(step), r.ppo_config(), "actor").steps)
+
+
+def _replay_through(r: Run, step: int, opt_step: int, done: dict[int, dict[str, Any]]) -> None:
+    from ppolab.replay import REPLAY_LOCK, run_models
+    from ppolab.worker import ActorWorker
+
+    if step != 1:
+        raise RunLacks(f"the actor's weights and Adam state before step {step} (only step 1 starts from the seeded "
+                       "adapter a fresh trainer holds)", r)
+    if "actor_log_probs" not in r.step(step).tensors:
+        raise RunLacks("an actor update at step 1 (critic warm-up?)", r)
+    cfg = r.ppo_config()
+    plan = recorded_plan(r.step(step), cfg, "actor")
+    if not 0 <= opt_step < len(plan.steps):
+        raise ValueError(f"opt_step={opt_step!r} is out of range; step {step} has optimizer steps 0 … "
+                         f"{len(plan.steps) - 1}")
+    steps = [one_process(o) for o in plan.steps]
+    batch = _batch(r, step)
+    a = cfg.actor_rollout_ref.actor
+    reading = InferBatching(len(batch))  # one forward over the step's rows (large vocabularies go a few rows a pass)
+    with REPLAY_LOCK:
+        models = run_models(r)
+        params = models.actor_parameters()
+        names = tensor_names(models, params)
+        saved = [p.detach().clone() for p in params]
+        worker = ActorWorker(a, models, temperature=cfg.actor_rollout_ref.rollout.temperature,
+                             rollout_n=cfg.actor_rollout_ref.rollout.n)  # AdamW + warm-up, as the trainer built it
+        try:
+            lp_before = worker.infer(batch, reading)["log_probs"]
+            for k in range(opt_step + 1):  # the steps in the recorded order, each measured on the way
+                before = [p.detach().clone() for p in params]
+                terms = {}
+                for term in algos.LOSS_TERMS:  # each term's gradient alone: a backward pass of its own
+                    worker.terms = (term,)
+                    _, loss = worker.backward_of(batch, steps[k])
+                    grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+                    if any(float(g.abs().max()) > 0 for g in grads) or loss != 0.0:
+                        terms[term] = {"grads": grads, "loss": loss}
+                worker.terms = None
+                metrics = worker.optimizer_step_of(batch, steps[k], params)  # the real step, Adam and all
+                # what Adam consumed: the mini-batch gradient after the global-norm clip (verl: clip_grad)
+                used = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+                after = [p.detach().clone() for p in params]
+                lp_after = worker.infer(batch, reading)["log_probs"]
+                lr = float(worker.optimizer.param_groups[0]["lr"])
+                if k not in done:
+                    done[k] = _measure(r, step, k, plan, batch, names, before, after, used, terms, lp_before,
+                                       lp_after, lr, metrics)
+                lp_before = lp_after
+        finally:
+            worker.terms = None
+            with torch.no_grad():
+                for p, s in zip(params, saved):
+                    p.copy_(s)
+                    p.grad = None
+
+
+def _measure(r, step, opt_step, plan, batch, names, before, after, used, terms, lp_before, lp_after, lr,
+             metrics) -> dict[str, Any]:
+    """The numbers of one replayed optimizer step (token side and parameter side)."""
+    t = batch.tensors
+    real = ~t["is_pad"]
+    mask = t["response_mask"].float() * real.float().unsqueeze(-1)
+    rows = torch.as_tensor(plan.steps[opt_step].rows(), dtype=torch.long)
+    in_mini = torch.zeros(len(batch), dtype=torch.bool)
+    in_mini[rows] = True
+    delta = torch.where(mask > 0, lp_after - lp_before, torch.full_like(lp_before, float("nan")))
+    token = _token_side(r, plan.steps[opt_step], t, lp_before, mask, rows)
+    params = []
+    for name, b, a_, g in zip(names, before, after, used):
+        d = a_ - b
+        gn, dn = float(g.norm()), float(d.norm())
+        cos = float(torch.dot(d.flatten(), -g.flatten()) / (dn * gn)) if gn > 0 and dn > 0 else float("nan")
+        params.append({"name": name, "shape": tuple(g.shape), "grad_norm": gn, "delta_norm": dn,
+                       "sgd_step_norm": lr * gn, "cos_update_neg_grad": cos,
+                       "before_norm": float(b.norm())})
+    term_norms = {k: [float(g.norm()) for g in v["grads"]] for k, v in terms.items()}
+    flat = {k: torch.cat([g.flatten() for g in v["grads"]]) for k, v in terms.items()}
+    cosines = {}
+    for i, x in enumerate(flat):
+        for y in list(flat)[i + 1:]:
+            nx, ny = float(flat[x].norm()), float(flat[y].norm())
+            cosines[(x, y)] = float(torch.dot(flat[x], flat[y]) / (nx * ny)) if nx > 0 and ny > 0 else float("nan")
+    raw_norm = float(metrics["actor/grad_norm"])  # before the clip: Σ of the terms' gradients has this norm
+    return {
+        "step": step, "opt_step": opt_step, "n_opt": len(plan.steps), "plan_recorded": plan.recorded,
+        "epoch": plan.steps[opt_step].epoch, "mini_batch": plan.steps[opt_step].mini_batch,
+        "rows": rows.tolist(), "in_mini_batch": in_mini, "mask": mask,
+        "log_prob_before": lp_before, "log_prob_after": lp_after, "delta": delta, **token,
+        "names": names, "params": params, "grads": used, "update": [a_ - b for a_, b in zip(after, before)],
+        "clip_coef": _clip_coef(r, raw_norm),
+        "terms": {k: v["grads"] for k, v in terms.items()}, "term_losses": {k: v["loss"] for k, v in terms.items()},
+        "term_norms": term_norms, "term_cosines": cosines,
+        "grad_norm": raw_norm, "loss": float(metrics["actor/loss"]), "lr": lr, "metrics": metrics,
+    }
+
+
+def _clip_coef(r: Run, grad_norm: float) -> float:
+    """The factor the global-norm clip multiplied the gradients by (torch ``clip_grad_norm_``: max_norm /
+    (norm + 1e-6), at most 1)."""
+    clip = r.ppo_config().actor_rollout_ref.actor.optim.clip_grad
+    return min(1.0, clip / (grad_norm + 1e-6))
+
+
+def _token_side(r: Run, opt: OptimizerStep, t: dict, lp_before: torch.Tensor, mask: torch.Tensor,
+                rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per token of the step's rows: ratio, clip state, advantage, and the policy-gradient coefficient
+    ∂ pg_loss / ∂ log π — computed with the run's own loss function and the step's global counts."""
+    cfg = r.ppo_config().actor_rollout_ref.actor
+    eps_low, eps_high = clip_bounds(cfg)
+    old = t["old_log_probs"].float()
+    adv = t["advantages"].float()
+    terms = algos.ppo_clip_terms(old, lp_before, adv, eps_low, eps_high, cfg.get("clip_ratio_c", 3.0))
+    state = torch.zeros_like(adv, dtype=torch.long)
+    clipped = terms["clipped"] > 0
+    state[clipped & (adv > 0)] = 1
+    state[clipped & (adv < 0)] = 2
+    state[terms["dual_clipped"] > 0] = 3
+    outside = torch.ones(adv.shape[0], dtype=torch.bool)
+    outside[rows] = False
+    state[outside] = -2  # not trained by this optimizer step: no clip applies
+    state[mask == 0] = -1
+    loss = algos.get_policy_loss_fn(cfg.policy_loss.loss_mode)
+    weights = t.get("rollout_is_weights")
+    info = dataclasses.replace(opt.info(), dp_size=1)
+    attended = t.get("response_attention_mask", t["response_mask"])
+    coefficient, pg_total = torch.zeros_like(adv), 0.0
+    for mb in one_process(opt).micro_batches[0]:  # as the worker cuts it: each micro-batch at its own width
+        idx = torch.as_tensor(mb, dtype=torch.long)
+        width = max(int(attended[idx].sum(-1).max()), 1)
+        lp = lp_before[idx, :width].clone().requires_grad_(True)
+        pg, _ = loss(old[idx, :width], lp, adv[idx, :width], mask[idx, :width], cfg.loss_agg_mode, cfg,
+                     None if weights is None else weights[idx, :width].float(), global_batch_info=info)
+        pg.backward()
+        coefficient[idx, :width] = lp.grad.detach()
+        pg_total += float(pg.detach())
+    return {"ratio": terms["ratio"], "clip_state": state, "advantages": adv, "coefficient": coefficient,
+            "pg_loss": pg_total}
+
+
+def clip_state_name(code: int) -> str:
+    """The name of a ``clip_state`` code."""
+    return {-1: "masked", -2: "not in this mini-batch"}.get(code) or CLIP_STATES[code]

@@ -1,0 +1,96 @@
+"""Where the update went (ppolab.numbers.update_effect): a replayed optimizer step is the training's own, and the
+mechanisms the chapter's title asks about show on real recorded steps."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ppolab.numbers.update_effect import CLIP_STATES, step_effect
+from ppolab.record import Run
+
+from helpers import NO_VAL, TINY
+
+#: 2 prompts × 2 answers, one prompt a mini-batch, 2 epochs: 4 optimizer steps in step 1, two of them after the first.
+SEVERAL = [*TINY, *NO_VAL, "actor_rollout_ref.actor.ppo_mini_batch_size=1", "actor_rollout_ref.actor.ppo_epochs=2",
+           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "trainer.total_training_steps=1"]
+
+
+@pytest.fixture(scope="module")
+def several(trained_run) -> Run:
+    return Run(trained_run("grpo_tiny", SEVERAL))
+
+
+def test_a_replayed_step_reproduces_the_trainings_after_state(several):
+    """After replayed optimizer step k, the model computes on the rows of step k + 1 the log-probs the training's
+    forward recorded there (actor_log_probs[k + 1]): the replay starts where training started and steps as it did."""
+    recorded = several.step(1).tensors["actor_log_probs"]
+    n = recorded.shape[0]
+    assert n == 4
+    worst = 0.0
+    for k in range(n - 1):
+        e = step_effect(several, 1, k)
+        nxt = step_effect(several, 1, k + 1)["rows"]
+        mask = e["mask"][nxt] > 0
+        after, seen = e["log_prob_after"][nxt][mask], recorded[k + 1][nxt][mask]
+        assert not torch.isnan(seen).any()
+        worst = max(worst, float((after - seen).abs().max()))
+        # and before step k + 1 is after step k
+        torch.testing.assert_close(step_effect(several, 1, k + 1)["log_prob_before"], e["log_prob_after"])
+    assert worst < 1e-5, worst
+    moved = [float(e["delta"].nan_to_num().abs().max()) for e in (step_effect(several, 1, k) for k in range(n))]
+    assert min(moved) > 1e-4  # every step moved the model: the comparison above is not of an unchanged model
+
+
+def test_the_terms_gradients_add_up_to_the_total(several):
+    for k in range(2):
+        e = step_effect(several, 1, k)
+        assert set(e["terms"]) <= {"pg", "entropy", "kl"} and "pg" in e["terms"]
+        for i, g in enumerate(e["grads"]):  # the gradient Adam consumed, before the global-norm clip
+            total = sum(term[i] for term in e["terms"].values())
+            torch.testing.assert_close(total, g / e["clip_coef"], atol=1e-7, rtol=1e-5)
+
+
+def test_the_first_step_of_a_lora_run_gives_A_no_gradient():
+    """B = 0 at the seeded start, so ∂L/∂A = Bᵀ(…) = 0: only B gets a gradient; A moves only by AdamW's weight
+    decay (lr · weight_decay · A)."""
+    e = step_effect("grpo_tiny", 1, 0)
+    a = [p for p in e["params"] if p["name"].endswith("lora_A")]
+    b = [p for p in e["params"] if p["name"].endswith("lora_B")]
+    assert a and b and len(a) == len(b)
+    assert all(p["grad_norm"] == 0.0 for p in a) and all(p["grad_norm"] > 0 for p in b)
+    assert all(p["before_norm"] == 0.0 for p in b)
+    from ppolab.record import resolve_run
+
+    wd = resolve_run("grpo_tiny").ppo_config().actor_rollout_ref.actor.optim.weight_decay
+    for p in a:  # (a change of ~1e-6 of each weight: fp32 rounds it by a few per cent)
+        assert p["delta_norm"] == pytest.approx(e["lr"] * wd * p["before_norm"], rel=0.05)
+
+
+def test_a_clipped_token_with_no_gradient_of_its_own_still_moves():
+    """A token whose clip binds contributes no gradient (its coefficient ∂L/∂log π is 0), yet the optimizer step
+    changes its log-prob: the parameters it shares with the other tokens moved."""
+    found = 0
+    for name in ("grpo_tiny", "ppo_fire_tiny"):
+        for k in (1, 2, 3):
+            e = step_effect(name, 1, k)
+            rows = e["in_mini_batch"].unsqueeze(-1)
+            clipped = (e["clip_state"] > 0) & rows
+            if not clipped.any():
+                continue
+            assert (e["coefficient"][clipped] == 0).all()
+            inside = (e["clip_state"] == 0) & rows & (e["advantages"] != 0)
+            assert (e["coefficient"][inside] != 0).any()
+            assert (e["delta"][clipped].abs() > 1e-6).any()
+            found += int(clipped.sum())
+    assert found > 0, "no recorded step with a clipped token"
+
+
+def test_clip_states_name_every_code():
+    assert CLIP_STATES == ("inside", "clipped above", "clipped below", "dual-clipped")
+
+
+def test_later_steps_say_what_the_run_lacks():
+    from ppolab.numbers.needs import RunLacks
+
+    with pytest.raises(RunLacks, match="before step 5"):
+        step_effect("grpo_tiny", 5, 0)
