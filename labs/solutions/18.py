@@ -39,14 +39,19 @@ def adam_norm(run=None, rule="adam"):
     c = adam_case(r)
     e = step_effect(r, 1, 0)
     optim = r.ppo_config().actor_rollout_ref.actor.optim
-    g = e["grads"][c["index"]]
+    g, theta = e["grads"][c["index"]], e["before"][c["index"]]  # a LoRA B starts at 0
     lr = e["lr"]
     if rule == "sgd":
         return lr * float(g.norm())
-    theta = e["params"][c["index"]]["before_norm"]  # ‖θ‖ before; a LoRA B starts at 0
-    step = lr * g / (g.abs() + 1e-8)
-    decay = lr * optim.weight_decay * theta
-    return float((step.norm() ** 2 + decay ** 2) ** 0.5) if rule == "adam" else float(step.norm())
+    step = lr * g / (g.abs() + 1e-8)  # Adam's first step: m̂ = g, v̂ = g²
+    decay = lr * optim.weight_decay * theta if rule == "adam" else torch.zeros_like(theta)
+    return float((step + decay).norm())
+
+
+def _vanilla(lp, old, adv, eps_low, eps_high, c):
+    ratio = torch.exp(torch.clamp(lp - old, -20, 20))
+    clipped = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - eps_low, 1 + eps_high))
+    return torch.where(adv < 0, torch.minimum(clipped, -adv * c), clipped)
 
 
 def zero_loss(run=None, grad="terms"):
@@ -56,18 +61,23 @@ def zero_loss(run=None, grad="terms"):
     opt = recorded_plan(rec, r.ppo_config()).steps[0]
     rows = opt.rows()
     a = r.ppo_config().actor_rollout_ref.actor
-    adv, mask = rec["advantages"][rows].float(), e["mask"][rows]
+    eps_low = a.clip_ratio_low if a.clip_ratio_low is not None else a.clip_ratio
+    eps_high = a.clip_ratio_high if a.clip_ratio_high is not None else a.clip_ratio
+    loss = _vanilla(e["log_prob_before"][rows], rec["old_log_probs"][rows].float(),
+                    rec["advantages"][rows].float(), eps_low, eps_high, a.clip_ratio_c)  # every ratio ≈ 1 here
+    if "rollout_is_weights" in rec.tensors:
+        loss = loss * rec["rollout_is_weights"][rows].float()
+    mask = e["mask"][rows]
+    loss = torch.where(mask > 0, loss, torch.zeros_like(loss))
     if a.loss_agg_mode == "token-mean":
-        loss = float(-(adv * mask).sum() / opt.batch_num_tokens)
-    else:
-        per_row = (adv * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        loss = float(-per_row.sum() / opt.global_batch_size)
-    loss += sum(v for k, v in e["term_losses"].items() if k != "pg")
+        value = float((loss * mask).sum() / opt.batch_num_tokens)
+    else:  # seq-mean-token-mean
+        per_row = (loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        value = float(per_row.sum() / opt.global_batch_size)
+    value += sum(v for k, v in e["term_losses"].items() if k != "pg")  # the entropy and KL terms as summed
     total = [sum(t[i] for t in e["terms"].values()) for i in range(len(e["grads"]))]
     norm = float(torch.cat([g.flatten() for g in total]).norm())
-    if grad == "pg only":
-        norm = float(torch.cat([g.flatten() for g in e["terms"]["pg"]]).norm())
-    return loss, norm
+    return value, (0.0 if grad == "zero" else norm)
 
 
 SOLUTIONS = {
@@ -84,9 +94,9 @@ WRONG = {
     # the ratio taken as 1 (on-policy thinking); the count of the mini-batch's response tokens without the loss mask's
     # global count; the sign flipped
     "18.2": [lambda run=None: coefficient(run, ratio_one=True), lambda run=None: -coefficient(run)],
-    # the step plain SGD would take; Adam without the weight decay (differs where θ ≠ 0) and lr · √numel
+    # the step plain SGD would take; a step of lr · ‖g‖ / ‖g‖ = lr (Adam read as "normalise the whole gradient")
     "18.3": [lambda run=None: adam_norm(run, "sgd"),
-             lambda run=None: resolve_run(run).ppo_config().actor_rollout_ref.actor.optim.lr * 1e3],
+             lambda run=None: step_effect(run, 1, 0)["lr"]],
     # "a zero loss has a zero gradient"; the loss with the gradient's sign
-    "18.4": [lambda run=None: (zero_loss(run)[0], 0.0), lambda run=None: (0.0, 0.0)],
+    "18.4": [lambda run=None: zero_loss(run, grad="zero"), lambda run=None: (0.0, 0.0)],
 }

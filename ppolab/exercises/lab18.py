@@ -109,7 +109,7 @@ def coefficient_case(run=None) -> dict:
                  "token-mean: −A·r / plan.steps[{opt_step}].batch_num_tokens with r = exp(log_prob_before − "
                  "old_log_probs) at [{row}, {pos}], × the rollout IS weight where the run has one; "
                  "plan = ppolab.update_plan.recorded_plan(run.step(1), run.ppo_config())."),
-          rel=1e-4, abs=1e-9, context=("run",), needs=("step1",), case=coefficient_case)
+          rel=1e-4, abs=1e-9, context=("run",), needs=("step1", "vanilla_loss"), case=coefficient_case)
 def _e2(run=None) -> float:
     c = coefficient_case(run)
     return float(_effect(run, c["opt_step"])["coefficient"][c["row"], c["pos"]])
@@ -156,7 +156,7 @@ def zero_loss_case(run=None) -> dict:
                  "loss: −Σ A·m / batch_num_tokens (token-mean) over the mini-batch's rows, plus the entropy and KL "
                  "terms (KL is 0 at step 1: π_θ = π_ref); gradient norm: step_effect(run, 1, 0)['grad_norm'] — or "
                  "the norm of the concatenated step_effect(...)['terms'] gradients, summed over terms."),
-          rel=1e-4, abs=1e-6, context=("run",), needs=("step1",), case=zero_loss_case)
+          rel=1e-4, abs=1e-6, context=("run",), needs=("step1", "vanilla_loss"), case=zero_loss_case)
 def _e4(run=None) -> tuple[float, float]:
     e = _effect(run, 0)
     return e["loss"], e["grad_norm"]
