@@ -10,6 +10,8 @@ from ppolab.record import Run
 
 from helpers import NO_VAL, TINY
 
+pytestmark = pytest.mark.spread  # each test on a worker of its own: the replays are the costly part
+
 #: 2 prompts × 2 answers, one prompt a mini-batch, 2 epochs: 4 optimizer steps in step 1, two of them after the first.
 SEVERAL = [*TINY, *NO_VAL, "actor_rollout_ref.actor.ppo_mini_batch_size=1", "actor_rollout_ref.actor.ppo_epochs=2",
            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "trainer.total_training_steps=1"]

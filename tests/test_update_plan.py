@@ -187,7 +187,8 @@ CRITIC = ["critic.ppo_mini_batch_size=2", "+critic.ppo_infer_max_token_len_per_g
 
 @pytest.mark.spread
 @pytest.mark.parametrize("nproc,preset,extra", [
-    (1, "grpo_tiny", FIXED), (1, "grpo_tiny", DYNAMIC), (1, "ppo_gae_tiny", [*DYNAMIC, *CRITIC]),
+    pytest.param(1, "grpo_tiny", FIXED, marks=pytest.mark.slow), (1, "grpo_tiny", DYNAMIC),
+    pytest.param(1, "ppo_gae_tiny", [*DYNAMIC, *CRITIC], marks=pytest.mark.slow),
     (2, "grpo_tiny", DYNAMIC), (2, "ppo_gae_tiny", [*FIXED, *CRITIC]),
 ], ids=["1rank-fixed", "1rank-dynamic", "1rank-critic", "2ranks-dynamic", "2ranks-critic-fixed"])
 def test_the_recorded_plan_is_what_the_worker_executed(tmp_path, nproc, preset, extra):
