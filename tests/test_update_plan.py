@@ -189,7 +189,8 @@ CRITIC = ["critic.ppo_mini_batch_size=2", "+critic.ppo_infer_max_token_len_per_g
 @pytest.mark.parametrize("nproc,preset,extra", [
     pytest.param(1, "grpo_tiny", FIXED, marks=pytest.mark.slow), (1, "grpo_tiny", DYNAMIC),
     pytest.param(1, "ppo_gae_tiny", [*DYNAMIC, *CRITIC], marks=pytest.mark.slow),
-    (2, "grpo_tiny", DYNAMIC), (2, "ppo_gae_tiny", [*FIXED, *CRITIC]),
+    pytest.param(2, "grpo_tiny", DYNAMIC, marks=pytest.mark.slow),
+    pytest.param(2, "ppo_gae_tiny", [*FIXED, *CRITIC], marks=pytest.mark.slow),
 ], ids=["1rank-fixed", "1rank-dynamic", "1rank-critic", "2ranks-dynamic", "2ranks-critic-fixed"])
 def test_the_recorded_plan_is_what_the_worker_executed(tmp_path, nproc, preset, extra):
     run, traces = trace(tmp_path, nproc, preset, [*SHAPE, *extra])

@@ -84,6 +84,12 @@ def step_effect(run: Run | str | os.PathLike | None = None, step: int = 1, opt_s
     return done[opt_step]
 
 
+def loss_terms(actor: Any) -> tuple[str, ...]:
+    """The terms the actor config's loss holds, in ``algos.LOSS_TERMS`` order: pg always; the entropy bonus when
+    entropy_coeff ≠ 0; the KL loss when use_kl_loss."""
+    return tuple(t for t, on in zip(algos.LOSS_TERMS, (True, actor.entropy_coeff != 0, actor.use_kl_loss)) if on)
+
+
 def n_optimizer_steps(run: Run | str | os.PathLike | None = None, step: int = 1) -> int:
     """The actor's optimizer steps at recorded step ``step`` (its update plan)."""
     r = resolve_run(run)
@@ -120,16 +126,19 @@ def _replay_through(r: Run, step: int, opt_step: int, done: dict[int, dict[str, 
             for k in range(opt_step + 1):  # the steps in the recorded order, each measured on the way
                 before = [p.detach().clone() for p in params]
                 terms = {}
-                for term in algos.LOSS_TERMS:  # each term's gradient alone: a backward pass of its own
+                present = loss_terms(a)
+                for term in present if len(present) > 1 else ():  # each term alone: a backward pass of its own
                     worker.terms = (term,)
                     _, loss = worker.backward_of(batch, steps[k])
-                    grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
-                    if any(float(g.abs().max()) > 0 for g in grads) or loss != 0.0:
-                        terms[term] = {"grads": grads, "loss": loss}
+                    terms[term] = {"loss": loss, "grads": [p.grad.detach().clone() if p.grad is not None
+                                                           else torch.zeros_like(p) for p in params]}
                 worker.terms = None
                 metrics = worker.optimizer_step_of(batch, steps[k], params)  # the real step, Adam and all
                 # what Adam consumed: the mini-batch gradient after the global-norm clip (verl: clip_grad)
                 used = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+                if len(present) == 1:  # the loss is that one term: its gradient is the step's, before the clip
+                    coef = _clip_coef(r, float(metrics["actor/grad_norm"]))
+                    terms[present[0]] = {"loss": float(metrics["actor/loss"]), "grads": [g / coef for g in used]}
                 after = [p.detach().clone() for p in params]
                 lp_after = worker.infer(batch, reading)["log_probs"]
                 lr = float(worker.optimizer.param_groups[0]["lr"])
