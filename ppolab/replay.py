@@ -45,6 +45,19 @@ _MODELS: dict[str, Any] = {}
 REPLAY_LOCK = threading.RLock()
 
 
+def gradients(params: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A copy of each parameter's ``.grad`` (zeros where a parameter got none)."""
+    return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+
+
+def restore(params: list[torch.Tensor], saved: list[torch.Tensor]) -> None:
+    """Put the shared models' weights back to ``saved`` and drop their gradients (after a replay stepped them)."""
+    with torch.no_grad():
+        for p, s in zip(params, saved):
+            p.copy_(s)
+            p.grad = None
+
+
 def run_models(run: Run | str | os.PathLike | None = None):
     """The run's models (``PolicyModels``) at their seeded initial state, loaded once per run directory."""
     r = resolve_run(run)
@@ -136,13 +149,10 @@ def replay_actor_update(run: Run | str | os.PathLike | None = None, step: int = 
                              optimizer=torch.optim.SGD(params, lr=1.0))
         try:
             metrics, history, plan = worker.update(batch)
-            grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+            grads = gradients(params)
             update = [p.detach() - b for p, b in zip(params, before)]
         finally:
-            with torch.no_grad():
-                for p, b in zip(params, before):
-                    p.copy_(b)
-                    p.grad = None
+            restore(params, before)
     r_lens = batch["response_mask"].sum(-1).long()
     parts = plan.steps[0].micro_batches[0]  # what the worker executed: positions (the replay batch's row_id)
     return {"grads": grads, "update": update, "metrics": metrics, "micro_batches": parts, "rows": rows,

@@ -53,7 +53,7 @@ def large_step_replay(run: Run | str | None = None, scales: tuple[float, ...] = 
     restored afterwards."""
     from ppolab import algos
     from ppolab.engine import Batch
-    from ppolab.replay import REPLAY_LOCK, replay_actor_update, run_models
+    from ppolab.replay import REPLAY_LOCK, replay_actor_update, restore, run_models
     from ppolab.worker import ActorWorker, InferBatching
 
     r = resolve_run(run)
@@ -91,8 +91,5 @@ def large_step_replay(run: Run | str | None = None, scales: tuple[float, ...] = 
                                                     else float("nan")),
                             "grad_elsewhere_min": float(lp_leaf.grad[(mask > 0) & ~past].abs().min())})
         finally:
-            with torch.no_grad():
-                for p, b in zip(params, before):
-                    p.copy_(b)
-                    p.grad = None
+            restore(params, before)
     return {"rows": len(rows), "scales": out}

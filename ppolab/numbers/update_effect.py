@@ -97,7 +97,7 @@ def n_optimizer_steps(run: Run | str | os.PathLike | None = None, step: int = 1)
 
 
 def _replay_through(r: Run, step: int, opt_step: int, done: dict[int, dict[str, Any]]) -> None:
-    from ppolab.replay import REPLAY_LOCK, run_models
+    from ppolab.replay import REPLAY_LOCK, gradients, restore, run_models
     from ppolab.worker import ActorWorker
 
     if step != 1:
@@ -123,19 +123,18 @@ def _replay_through(r: Run, step: int, opt_step: int, done: dict[int, dict[str, 
                              rollout_n=cfg.actor_rollout_ref.rollout.n)  # AdamW + warm-up, as the trainer built it
         try:
             lp_before = worker.infer(batch, reading)["log_probs"]
+            present = loss_terms(a)
             for k in range(opt_step + 1):  # the steps in the recorded order, each measured on the way
                 before = [p.detach().clone() for p in params]
                 terms = {}
-                present = loss_terms(a)
                 for term in present if len(present) > 1 else ():  # each term alone: a backward pass of its own
                     worker.terms = (term,)
                     _, loss = worker.backward_of(batch, steps[k])
-                    terms[term] = {"loss": loss, "grads": [p.grad.detach().clone() if p.grad is not None
-                                                           else torch.zeros_like(p) for p in params]}
+                    terms[term] = {"loss": loss, "grads": gradients(params)}
                 worker.terms = None
                 metrics = worker.optimizer_step_of(batch, steps[k], params)  # the real step, Adam and all
                 # what Adam consumed: the mini-batch gradient after the global-norm clip (verl: clip_grad)
-                used = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+                used = gradients(params)
                 if len(present) == 1:  # the loss is that one term: its gradient is the step's, before the clip
                     coef = _clip_coef(r, float(metrics["actor/grad_norm"]))
                     terms[present[0]] = {"loss": float(metrics["actor/loss"]), "grads": [g / coef for g in used]}
@@ -148,10 +147,7 @@ def _replay_through(r: Run, step: int, opt_step: int, done: dict[int, dict[str, 
                 lp_before = lp_after
         finally:
             worker.terms = None
-            with torch.no_grad():
-                for p, s in zip(params, saved):
-                    p.copy_(s)
-                    p.grad = None
+            restore(params, saved)
 
 
 def _measure(r, step, opt_step, plan, batch, names, before, after, used, terms, lp_before, lp_after, lr,
