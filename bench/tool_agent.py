@@ -57,7 +57,7 @@ def main(argv=None) -> None:
     show("before", before)
     start = time.perf_counter()
     for step in range(args.steps):
-        metrics, _, _ = t.step()
+        metrics, *_ = t.step()
         calls = t.rollout.last_num_tool_calls
         if step % 5 == 0 or step == args.steps - 1:
             print(f"step {step + 1:3d}: reward {metrics.get('critic/score/mean', float('nan')):.3f}  "

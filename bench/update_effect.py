@@ -9,7 +9,9 @@ optimizer step: one backward pass per loss term, the real step, one forward over
 seconds per optimizer step, then the explorer's build and move times. ``--realistic DIR``: the same on a run of
 ``bench/realistic_shape.py`` (a 151,936-token vocabulary; its newest ``DIR/run-*``, built there first at 16 rows ×
 256 tokens, 2 ranks, when DIR holds none). It also prints, per recorded step, the bytes of
-``info["update_plans"]`` in the step's JSON against the step's recorded bytes. Numbers, not asserts.
+``info["update_plans"]`` in the step's JSON and of the actor's state before the step (``trainer.record_update_state``:
+the ``update_state.*`` tensors; also what it would cost where the run did not keep it: 12 bytes per trainable actor
+weight, Adam's two moments beside the weight) against the step's recorded bytes. Numbers, not asserts.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ppolab.numbers.update_effect import _CACHE, n_optimizer_steps, step_effect  # noqa: E402
-from ppolab.record import resolve_run  # noqa: E402
+from ppolab.record import UPDATE_STATE, resolve_run  # noqa: E402
 from ppolab.update_plan import PLANS_KEY  # noqa: E402
 
 
@@ -52,7 +54,7 @@ def explorer_times(run) -> dict:
     build = time.perf_counter() - start
     moves = []
     for control in w.controls.values():
-        for value in [o[1] for o in control.options] * 3:
+        for value in [o[1] if isinstance(o, tuple) else o for o in control.options] * 3:
             t = time.perf_counter()
             control.value = value
             moves.append(time.perf_counter() - t)
@@ -69,7 +71,9 @@ def plan_bytes(run) -> list[dict]:
         tensors = info.with_suffix(".safetensors")
         plans = json.loads(info.read_text()).get(PLANS_KEY)
         size = info.stat().st_size + tensors.stat().st_size
-        out.append({"step": s, "step_bytes": size,
+        kept = sum(v.numel() * v.element_size() for k, v in r.step(s).tensors.items()
+                   if k.startswith(UPDATE_STATE))
+        out.append({"step": s, "step_bytes": size, "state_bytes": kept,
                     "plan_bytes": len(json.dumps(plans)) if plans else None})
     return out
 
@@ -95,12 +99,18 @@ def main() -> None:
         e = explorer_times(run)
         print(f"{t['run']:28s} {t['optimizer_steps']:9d} {t['rows']:>4d}×{t['width']:<4d} {t['s_per_opt_step']:12.2f} "
               f"{e['build_s']:13.1f}s {e['p95_ms']:7.1f}ms")
-    print("\nupdate plan in the step record (bytes): step, plan, whole step (json + safetensors)")
+    print("\nupdate plan and update state in the step record (bytes): step, plan, state before the update, whole step "
+          "(json + safetensors)")
     for run in runs:
+        weights = sum(torch.Size(p["shape"]).numel() for p in step_effect(run, 1, 0)["params"])
         for row in plan_bytes(run)[:3]:
             plan = "not recorded (a run recorded before plans were kept)" if row["plan_bytes"] is None else \
                 f"{row['plan_bytes']} ({100 * row['plan_bytes'] / row['step_bytes']:.1f} %)"
-            print(f"  {resolve_run(run).path.name:26s} step {row['step']:3d}: {plan} of {row['step_bytes']}")
+            base = row["step_bytes"] - row["state_bytes"]
+            state = (f"kept {row['state_bytes']} (+{100 * row['state_bytes'] / base:.0f} %)" if row["state_bytes"]
+                     else f"not kept (would be {12 * weights} = +{100 * 12 * weights / base:.0f} %)")
+            print(f"  {resolve_run(run).path.name:26s} step {row['step']:3d}: plan {plan}; state {state}; "
+                  f"step {row['step_bytes']}")
 
 
 if __name__ == "__main__":

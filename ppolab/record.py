@@ -6,7 +6,8 @@ Layout of a run dir::
     config.json                 resolved config, batch plan, library versions, fingerprints of the model and data
                                 files, and ``resumes`` (each resume's step and changed settings)
     metrics.jsonl               one JSON object per training step (verl metric names)
-    steps/step_000005.safetensors + .json    the real tensors of a recorded step + decoded texts
+    steps/step_000005.safetensors + .json    the real tensors of a recorded step + decoded texts (with
+                                trainer.record_update_state: also the actor's weights and Adam state before it)
     tokenizer/                  the tokenizer files and chat template the run was trained with (Run.tokenizer)
     checkpoints/step_000020/    adapters, value head, optimizer and RNG state (safetensors + JSON)
     summary.json                before/after validation accuracy, written at the end
@@ -43,6 +44,9 @@ TOKENIZER_DIR = "tokenizer"
 #: Recorded tensors that are histories of the update (optimizer step, N, R), not part of the step's batch: π_θ's
 #: log-probs and entropy and the critic's vpreds at every optimizer step (``ppolab.worker.UpdateHistory``).
 HISTORIES = ("actor_log_probs", "actor_entropy", "critic_vpreds")
+#: Prefix of a recorded step's tensors that hold the actor's state *before* its update (weights and optimizer
+#: moments, ``trainer.record_update_state``): what a replay of that step's optimizer steps starts from.
+UPDATE_STATE = "update_state."
 RUN_ENTRIES = ("metrics.jsonl", "summary.json", "steps", "checkpoints")
 #: The files every checkpoint folder holds (``optim_critic`` too when the run has a critic).
 CHECKPOINT_FILES = ("trainable.safetensors", "optim_actor.safetensors", "rng_rank0.safetensors")
@@ -237,10 +241,9 @@ class Recorder:
         write_tensors(directory / "trainable.safetensors", state["weights"])
         optimizers = {}
         for name, worker in state["workers"].items():
-            sd = worker["optimizer"]
-            tensors = {f"{i}.{k}": v for i, st in sd["state"].items() for k, v in st.items()}
+            tensors, meta = optimizer_tensors(worker["optimizer"])
             write_tensors(directory / f"optim_{name}.safetensors", tensors or {"_empty": torch.zeros(0)})
-            optimizers[name] = {"param_groups": sd["param_groups"], "scheduler": worker["scheduler"]}
+            optimizers[name] = {**meta, "scheduler": worker["scheduler"]}
         write_json(directory / "state.json", {**state["progress"], "optimizers": optimizers,
                                               "python_random": state["rng"]["python"],
                                               "numpy_random": state["rng"]["numpy"]})
@@ -300,6 +303,33 @@ def checkpoint_problem(directory: str | os.PathLike) -> str | None:
     return None
 
 
+def optimizer_tensors(state_dict: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A torch optimizer ``state_dict()`` as (tensors "<param index>.<name>" → tensor, its JSON-able rest); the
+    inverse is :func:`optimizer_state`. The one flattening checkpoints and recorded update states use."""
+    tensors = {f"{i}.{k}": v for i, st in state_dict["state"].items() for k, v in st.items()}
+    return tensors, {"param_groups": state_dict["param_groups"]}
+
+
+def optimizer_state(tensors: Mapping[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
+    """Inverse of :func:`optimizer_tensors`: a ``state_dict`` ``load_state_dict`` takes."""
+    per_param: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        if key != "_empty":
+            idx, name_in_state = key.split(".", 1)
+            per_param.setdefault(int(idx), {})[name_in_state] = value
+    return {"state": per_param, "param_groups": meta["param_groups"]}
+
+
+def update_state_record(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The actor's state before an update (``PPOTrainer.actor_state``) as a recorded step's extra tensors (under
+    :data:`UPDATE_STATE`) and the JSON its ``info["update_state"]`` holds; read back by
+    :meth:`StepRecord.update_state`."""
+    optim, meta = optimizer_tensors(state["optimizer"])
+    tensors = {f"{UPDATE_STATE}weights.{k}": v for k, v in state["weights"].items()}
+    tensors.update({f"{UPDATE_STATE}optim.{k}": v for k, v in optim.items()})
+    return tensors, {"optimizer": meta, "scheduler": state["scheduler"]}
+
+
 def read_checkpoint(directory: str | os.PathLike, rank: int = 0) -> dict[str, Any]:
     """A checkpoint folder as ``PPOTrainer.state_dict()`` (inverse of :meth:`Recorder.save_checkpoint`); the torch
     RNG of ``rank`` (rank 0's when the run had fewer ranks)."""
@@ -307,13 +337,8 @@ def read_checkpoint(directory: str | os.PathLike, rank: int = 0) -> dict[str, An
     meta = json.loads((directory / "state.json").read_text())
     workers = {}
     for name, saved in meta["optimizers"].items():
-        per_param: dict[int, dict[str, torch.Tensor]] = {}
-        for key, value in load_file(str(directory / f"optim_{name}.safetensors")).items():
-            if key != "_empty":
-                idx, name_in_state = key.split(".", 1)
-                per_param.setdefault(int(idx), {})[name_in_state] = value
-        workers[name] = {"optimizer": {"state": per_param, "param_groups": saved["param_groups"]},
-                         "scheduler": saved["scheduler"]}
+        optimizer = optimizer_state(load_file(str(directory / f"optim_{name}.safetensors")), saved)
+        workers[name] = {"optimizer": optimizer, "scheduler": saved["scheduler"]}
     rng_file = directory / f"rng_rank{rank}.safetensors"
     rng_torch = load_file(str(rng_file if rng_file.exists() else directory / "rng_rank0.safetensors"))["torch"]
     progress = {k: meta[k] for k in ("global_step", "data_epoch", "data_cursor", "kl_ctrl_value")}
@@ -413,7 +438,24 @@ class StepRecord:
     def batch_tensors(self) -> dict[str, torch.Tensor]:
         """The step's batch after the nine stages: every recorded tensor but the update histories
         (:data:`HISTORIES`)."""
-        return {k: v for k, v in self.tensors.items() if k not in HISTORIES}
+        return {k: v for k, v in self.tensors.items() if k not in HISTORIES and not k.startswith(UPDATE_STATE)}
+
+    def update_state(self) -> dict[str, Any] | None:
+        """The actor's state before this step's update, when the run kept it (``trainer.record_update_state``):
+        ``{"weights": {"actor.<i>": tensor}, "optimizer": state_dict, "scheduler": state_dict}`` — what
+        ``PolicyModels.load_trainable_state`` and ``Worker.load_state_dict`` take, as copies (the optimizer keeps the
+        tensors it is given and steps them in place: the record must stay as recorded). None when not recorded."""
+        meta = self.info.get("update_state")
+        if meta is None:
+            return None
+        weights, optim = {}, {}
+        for key in self.tensors:
+            if key.startswith(UPDATE_STATE + "weights."):
+                weights[key[len(UPDATE_STATE + "weights."):]] = self.tensors[key].clone()
+            elif key.startswith(UPDATE_STATE + "optim."):
+                optim[key[len(UPDATE_STATE + "optim."):]] = self.tensors[key].clone()
+        return {"weights": weights, "optimizer": optimizer_state(optim, meta["optimizer"]),
+                "scheduler": meta["scheduler"]}
 
     @property
     def texts(self) -> dict[str, list[str]]:

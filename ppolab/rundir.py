@@ -52,6 +52,7 @@ RESUMABLE_FIELDS = frozenset({
     "custom_reward_function.timeout_s",
     "trainer.total_training_steps", "trainer.total_epochs", "trainer.run_dir", "trainer.project_name",
     "trainer.experiment_name", "trainer.logger", "trainer.save_freq", "trainer.test_freq", "trainer.record_freq",
+    "trainer.record_update_state",
     "trainer.device", "trainer.resume", "trainer.val_before_train", "trainer.n_gpus_per_node", "trainer.nnodes",
 })
 

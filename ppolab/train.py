@@ -24,7 +24,7 @@ import torch
 from ppolab import distributed
 from ppolab.config import PPOConfig, load_config, to_dict
 from ppolab.errors import RunDirError
-from ppolab.record import Recorder, Run, StepRecord, read_checkpoint, read_json, resume_checkpoint
+from ppolab.record import Recorder, Run, StepRecord, read_checkpoint, read_json, resume_checkpoint, update_state_record
 from ppolab.rundir import check_resume, claim_run_dir, describe_leftovers, leftover_temp_files, new_run_dir, \
     remove_leftovers
 from ppolab.update_plan import PLANS_KEY
@@ -96,11 +96,13 @@ def load_checkpoint(trainer, directory: Path) -> None:
 
 
 # ====================================================================== recording
-def step_record(trainer, batch, histories: dict, metrics: dict, plans: dict | None = None) -> tuple[dict, dict]:
+def step_record(trainer, batch, histories: dict, metrics: dict, plans: dict | None = None,
+                update_state: dict | None = None) -> tuple[dict, dict]:
     """(tensors, info) of a recorded step: the batch after all nine stages plus the actor's log-probs and entropy
     and the critic's vpreds at every optimizer step (``record.HISTORIES``, (updates, N, R), NaN for rows outside
     that mini-batch), and in ``info["update_plans"]`` the plan each worker executed (every rank's rows of every
-    micro-batch, each optimizer step's global counts: ``ppolab.update_plan``)."""
+    micro-batch, each optimizer step's global counts: ``ppolab.update_plan``); with ``update_state`` (the actor's
+    state before its update, ``trainer.record_update_state``) also that state (``record.update_state_record``)."""
     tensors = {k: batch[k] for k in RECORDED_TENSORS if k in batch}
     tensors = {k: (v.to(torch.uint8) if v.dtype == torch.bool else v) for k, v in tensors.items()}
     tensors.update(histories)
@@ -118,6 +120,9 @@ def step_record(trainer, batch, histories: dict, metrics: dict, plans: dict | No
         "metrics": metrics,
         PLANS_KEY: {role: plan.as_dict() for role, plan in (plans or {}).items()},
     }
+    if update_state is not None:
+        extra, info["update_state"] = update_state_record(update_state)
+        tensors.update(extra)
     return tensors, info
 
 
@@ -259,8 +264,10 @@ def _train_claimed(cfg: PPOConfig, info, run_dir: Path, claim, on_step: OnStep |
             summary["val_before"] = trainer.validate()
             recorder.log_metrics(0, summary["val_before"])
         while trainer.global_step < trainer.total_steps:
-            metrics, batch, histories, plans = trainer.step()
-            step = trainer.global_step
+            step = trainer.global_step + 1
+            records = info.is_main and t.record_freq > 0 and (step % t.record_freq == 0 or step == 1
+                                                              or step == trainer.total_steps)
+            metrics, batch, histories, plans = trainer.step(keep_actor_state=records and t.record_update_state)
             if watch is not None:
                 note = watch.see(metrics, *_real_scores(batch), step=step)
                 if note:
@@ -272,10 +279,10 @@ def _train_claimed(cfg: PPOConfig, info, run_dir: Path, claim, on_step: OnStep |
                 metrics.update(trainer.validate())
                 metrics["timing_s/testing"] = time.perf_counter() - start
             record = None
-            if info.is_main and t.record_freq > 0 and (step % t.record_freq == 0 or step == 1
-                                                       or step == trainer.total_steps):
+            if records:
                 recording = step
-                tensors, step_info = step_record(trainer, batch, histories, metrics, plans)
+                tensors, step_info = step_record(trainer, batch, histories, metrics, plans,
+                                                 trainer.actor_state_before)
                 recorder.record_step(step, tensors, step_info)
                 record = StepRecord(step, tensors, step_info)
             recorder.log_metrics(step, metrics)  # from here on the step is part of the run

@@ -17,6 +17,7 @@ comes from ``ppolab.algos``; only ``ppolab.record.Recorder`` writes the run dire
 """
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,7 @@ class PPOTrainer:
         self.dist = dist_info or DistInfo()
         self.dp_rank, self.dp_size = self.dist.rank, self.dist.world_size
         self.local_rows: list[int] | None = None  # this rank's chunk of the balanced batch
+        self.actor_state_before: dict[str, Any] | None = None  # step(keep_actor_state=True)
         seed_everything(cfg.trainer.seed)
         arr = cfg.actor_rollout_ref
         require_engine(arr.rollout.name)  # a missing vllm is reported before the model loads
@@ -290,11 +292,14 @@ class PPOTrainer:
         return self.actor.update(self.local(batch))
 
     # ================================================================== one step
-    def step(self) -> tuple[dict[str, float], Batch, dict[str, torch.Tensor], dict[str, UpdatePlan]]:
+    def step(self, keep_actor_state: bool = False) -> tuple[dict[str, float], Batch, dict[str, torch.Tensor],
+                                                            dict[str, UpdatePlan]]:
         """One training step through the nine stages; returns (metrics, final batch, histories, plans), histories
         holding ``ppolab.record.HISTORIES`` per optimizer step (``ppolab.worker.UpdateHistory``), plans the update
-        plan each worker executed, by role (``ppolab.update_plan``)."""
+        plan each worker executed, by role (``ppolab.update_plan``). ``keep_actor_state``: leave the actor's state
+        from just before its update in ``self.actor_state_before`` (:meth:`actor_state`; None otherwise)."""
         self.global_step += 1
+        self.actor_state_before = None
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {"training/global_step": self.global_step, "training/epoch": self.data_epoch}
         with timer(timing, "step"):
@@ -325,6 +330,8 @@ class PPOTrainer:
                     metrics.update(m)
                     histories.update(h)
             if self.config.trainer.critic_warmup <= self.global_step:
+                if keep_actor_state:  # a copy: Adam changes its moments in place
+                    self.actor_state_before = self.actor_state()
                 with timer(timing, "update_actor"):
                     m, h, plans["actor"] = self.update_actor(batch)
                     metrics.update(m)
@@ -364,6 +371,13 @@ class PPOTrainer:
                          "kl_ctrl_value": self.kl_ctrl_in_reward.value if self.kl_ctrl_in_reward else None},
             "rng": rng_state(),
         }
+
+    def actor_state(self) -> dict[str, Any]:
+        """A copy of what the actor's next update starts from: its trainable weights ("actor.<i>", as
+        ``PolicyModels.trainable_state`` names them), optimizer and scheduler state — what a replay of the update
+        loads (``trainer.record_update_state``, ``ppolab.record.update_state_record``)."""
+        weights = {k: v.clone() for k, v in self.models.trainable_state().items() if k.startswith("actor.")}
+        return {"weights": weights, **copy.deepcopy(self.actor.state_dict())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Inverse of :meth:`state_dict`."""

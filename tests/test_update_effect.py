@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ppolab.numbers.update_effect import CLIP_STATES, step_effect
+from ppolab.numbers.update_effect import CLIP_STATES, replayable_steps, step_effect
 from ppolab.record import Run
 
 from helpers import NO_VAL, TINY
@@ -94,5 +94,63 @@ def test_clip_states_name_every_code():
 def test_later_steps_say_what_the_run_lacks():
     from ppolab.numbers.needs import RunLacks
 
-    with pytest.raises(RunLacks, match="before step 5"):
+    with pytest.raises(RunLacks, match="before step 5.*record_update_state=true"):
         step_effect("grpo_tiny", 5, 0)
+    assert replayable_steps("grpo_tiny") == [1]
+
+
+#: SEVERAL for 3 steps, steps 1–3 recorded with the actor's state before each update.
+KEPT = [*SEVERAL, "trainer.total_training_steps=3", "trainer.record_update_state=true"]
+
+
+@pytest.fixture(scope="module")
+def kept(trained_run) -> Run:
+    return Run(trained_run("grpo_tiny", KEPT))
+
+
+def test_the_recorded_state_before_a_step_is_where_the_previous_step_left_the_actor(kept):
+    """Replaying every optimizer step of step 1 ends exactly (same machine, fp32) at the weights recorded before
+    step 2's update; step 2's recorded state holds Adam's moments of the 4 steps taken, step 1's none."""
+    assert replayable_steps(kept) == [1, 2, 3]
+    last = step_effect(kept, 1, 3)
+    state = kept.step(2).update_state()
+    after = last["after"]
+    assert len(after) == len(state["weights"])
+    for i, a in enumerate(after):
+        assert torch.equal(a, state["weights"][f"actor.{i}"]), last["names"][i]
+    assert all(float(s["step"]) == 4 for s in state["optimizer"]["state"].values())
+    assert kept.step(1).update_state()["optimizer"]["state"] == {}
+    n = sum(v.numel() for v in state["weights"].values())
+    extra = sum(v.numel() * v.element_size() for k, v in kept.step(2).tensors.items() if k.startswith("update_state."))
+    assert n * 12 <= extra <= n * 12 + 8 * len(state["weights"])  # weights + exp_avg + exp_avg_sq (+ step counts)
+
+
+def test_a_later_step_replays_from_its_recorded_state(kept):
+    """Optimizer step k of steps 2 and 3, replayed from the recorded state, leaves the model computing the log-probs
+    the training's forward recorded at optimizer step k + 1."""
+    worst = 0.0
+    for step in (2, 3):
+        recorded = kept.step(step).tensors["actor_log_probs"]
+        for k in range(recorded.shape[0] - 1):
+            e = step_effect(kept, step, k)
+            nxt = step_effect(kept, step, k + 1)["rows"]
+            mask = e["mask"][nxt] > 0
+            worst = max(worst, float((e["log_prob_after"][nxt][mask] - recorded[k + 1][nxt][mask]).abs().max()))
+        # the state's log-probs before the first optimizer step are the ones the trainer recorded as old
+        first = step_effect(kept, step, 0)
+        old = kept.step(step).tensors["old_log_probs"]
+        m = first["mask"] > 0
+        assert float((first["log_prob_before"][m] - old[m]).abs().max()) < 1e-5
+    assert worst < 1e-5, worst
+
+
+def test_the_explorer_offers_every_replayable_step(kept):
+    from ppolab.widgets.update_effect import update_effect_explorer
+
+    w = update_effect_explorer(kept)
+    assert list(w.controls["step"].options) == [1, 2, 3]
+    w.controls["opt_step"].value = 3
+    w.controls["step"].value = 2
+    assert w.state["step"] == 2 and w.state["effect"]["step"] == 2 and w.state["opt_step"] == 3
+    torch.testing.assert_close(w.state["effect"]["delta"], step_effect(kept, 2, 3)["delta"], equal_nan=True)
+    assert "step" not in update_effect_explorer("grpo_tiny").controls  # only step 1 replays there: no control

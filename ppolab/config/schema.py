@@ -335,6 +335,11 @@ class TrainerConfig:
     """Validate every N steps; -1 = never."""
     record_freq: int = 1
     """Record the step's tensors for the labs every N steps; -1 = never."""
+    record_update_state: bool = False
+    """ppolab only: with each recorded step, also record the actor's trainable weights and optimizer state (Adam's
+    moments, its step count, the learning-rate schedule) as they were before that step's update, so lab 18 can
+    replay any recorded step's optimizer steps, not only step 1's. Costs 3 × 4 bytes per trainable weight and
+    recorded step (LoRA: ≈ 0.55 MB at the tiny shape); off by default."""
     device: str = "auto"
     """auto (cuda if available), cpu or cuda."""
     resume: bool = False

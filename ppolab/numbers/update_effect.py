@@ -74,8 +74,9 @@ def _batch(r: Run, step: int) -> Batch:
 
 def step_effect(run: Run | str | os.PathLike | None = None, step: int = 1, opt_step: int = 0) -> dict[str, Any]:
     """What actor optimizer step ``opt_step`` of recorded step ``step`` did (module docstring). One replay measures
-    every optimizer step up to ``opt_step`` on its way, and each is cached per run, step and optimizer step. Raises
-    :class:`RunLacks` for a step other than 1 (its starting weights are not recorded)."""
+    every optimizer step up to ``opt_step`` on its way, and each is cached per run, step and optimizer step. Step 1
+    starts from the seeded adapter; a later step from the state recorded with it (``trainer.record_update_state``),
+    else :class:`RunLacks` (:func:`replayable_steps` lists the steps that can be replayed)."""
     r = resolve_run(run)
     key = (str(r.path.resolve()), step)
     done = _CACHE.setdefault(key, {})
@@ -90,6 +91,15 @@ def loss_terms(actor: Any) -> tuple[str, ...]:
     return tuple(t for t, on in zip(algos.LOSS_TERMS, (True, actor.entropy_coeff != 0, actor.use_kl_loss)) if on)
 
 
+def replayable_steps(run: Run | str | os.PathLike | None = None) -> list[int]:
+    """The recorded steps whose actor update can be replayed: step 1 (the seeded start a fresh trainer holds) and
+    every step recorded with the actor's state before it (``trainer.record_update_state``) — those with an actor
+    update."""
+    r = resolve_run(run)
+    return [k for k in r.steps if (k == 1 or r.step(k).update_state() is not None)
+            and "actor_log_probs" in r.step(k).tensors]
+
+
 def n_optimizer_steps(run: Run | str | os.PathLike | None = None, step: int = 1) -> int:
     """The actor's optimizer steps at recorded step ``step`` (its update plan)."""
     r = resolve_run(run)
@@ -100,11 +110,15 @@ def _replay_through(r: Run, step: int, opt_step: int, done: dict[int, dict[str, 
     from ppolab.replay import REPLAY_LOCK, gradients, restore, run_models
     from ppolab.worker import ActorWorker
 
-    if step != 1:
+    if step not in r.steps:
+        raise RunLacks(f"a recorded step {step} (recorded: {r.steps})", r)
+    record = r.step(step)
+    state = record.update_state()
+    if state is None and step != 1:
         raise RunLacks(f"the actor's weights and Adam state before step {step} (only step 1 starts from the seeded "
-                       "adapter a fresh trainer holds)", r)
-    if "actor_log_probs" not in r.step(step).tensors:
-        raise RunLacks("an actor update at step 1 (critic warm-up?)", r)
+                       "adapter a fresh trainer holds; train with trainer.record_update_state=true to keep them)", r)
+    if "actor_log_probs" not in record.tensors:
+        raise RunLacks(f"an actor update at step {step} (critic warm-up?)", r)
     cfg = r.ppo_config()
     plan = recorded_plan(r.step(step), cfg, "actor")
     if not 0 <= opt_step < len(plan.steps):
@@ -122,6 +136,9 @@ def _replay_through(r: Run, step: int, opt_step: int, done: dict[int, dict[str, 
         worker = ActorWorker(a, models, temperature=cfg.actor_rollout_ref.rollout.temperature,
                              rollout_n=cfg.actor_rollout_ref.rollout.n)  # AdamW + warm-up, as the trainer built it
         try:
+            if state is not None:  # where the training stood before this step's update (record_update_state)
+                restore(params, [state["weights"][f"actor.{i}"] for i in range(len(params))])
+                worker.load_state_dict(state)
             lp_before = worker.infer(batch, reading)["log_probs"]
             present = loss_terms(a)
             for k in range(opt_step + 1):  # the steps in the recorded order, each measured on the way
@@ -182,7 +199,7 @@ def _measure(r, step, opt_step, plan, batch, names, before, after, used, terms, 
         "epoch": plan.steps[opt_step].epoch, "mini_batch": plan.steps[opt_step].mini_batch,
         "rows": rows.tolist(), "in_mini_batch": in_mini, "mask": mask,
         "log_prob_before": lp_before, "log_prob_after": lp_after, "delta": delta, **token,
-        "names": names, "params": params, "grads": used, "before": before,
+        "names": names, "params": params, "grads": used, "before": before, "after": after,
         "update": [a_ - b for a_, b in zip(after, before)],
         "clip_coef": _clip_coef(r, raw_norm),
         "terms": {k: v["grads"] for k, v in terms.items()}, "term_losses": {k: v["loss"] for k, v in terms.items()},

@@ -1,6 +1,7 @@
 """``update_effect_explorer`` (lab 18, the chapter's title question): what one optimizer step of the actor did to
 every token and to every parameter tensor. A view of :func:`ppolab.numbers.update_effect.step_effect` — the
-worker's own update, replayed on recorded step 1 — which computes every number shown.
+worker's own update, replayed from the recorded state before the step (step 1: the seeded adapter; a later step:
+``trainer.record_update_state``) — which computes every number shown.
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import plotly.graph_objects as go
 import torch
 
 from ppolab.i18n import tr
-from ppolab.numbers.update_effect import CLIP_STATES, clip_state_name, layer_of, n_optimizer_steps, step_effect
+from ppolab.numbers.update_effect import (CLIP_STATES, clip_state_name, layer_of, n_optimizer_steps, replayable_steps,
+                                          step_effect)
 from ppolab.record import Run
 from ppolab.widgets.common import _box, _fmt, as_array, on_move, resolve_run
 
@@ -34,32 +36,63 @@ def _per_layer(names: list[str], tensors: list[torch.Tensor]) -> dict[str, float
     return {k: v ** 0.5 for k, v in out.items()}
 
 
-def update_effect_explorer(run: Run | str | None = None, opt_step: int = 0, term: str = "total") -> W.VBox:
-    """Lab 18: pick an optimizer step of recorded step 1 and a loss term.
+def _step_effects(r: Run, step: int) -> list[dict[str, Any]]:
+    """Every optimizer step of recorded ``step``, from one replay (cached by the numbers layer)."""
+    n = n_optimizer_steps(r, step)
+    step_effect(r, step, n - 1)  # one replay measures every optimizer step on its way
+    return [step_effect(r, step, k) for k in range(n)]
+
+
+def _labels(effects: list[dict[str, Any]]) -> list[str]:
+    return [tr("opt step {k} (epoch {e}, mini-batch {m})").format(k=k, e=e["epoch"], m=e["mini_batch"])
+            for k, e in enumerate(effects)]
+
+
+def update_effect_explorer(run: Run | str | None = None, opt_step: int = 0, term: str = "total",
+                           step: int | None = None) -> W.VBox:
+    """Lab 18: pick a recorded step (where the run can replay more than step 1), an optimizer step of it and a loss
+    term.
 
     Figures: ``tokens`` (Δ log π of every token against its advantage, coloured by its clip state at that
     optimizer step; the rest of the batch in grey), ``layers`` (per layer: ‖Δθ‖, and the chosen term's share of
     the gradient norm). The readout lists the tokens that moved most, decoded with the run's tokenizer, in their
-    responses. Every optimizer step is replayed once, at construction; a move only redraws."""
+    responses. A step's optimizer steps are replayed once, when it is first shown; a move only redraws.
+    ``step``: default 1 — the replayable steps are step 1 and those recorded with ``trainer.record_update_state``."""
     r = resolve_run(run)
-    n = n_optimizer_steps(r, 1)
-    step_effect(r, 1, n - 1)  # one replay measures every optimizer step on its way
-    effects = [step_effect(r, 1, k) for k in range(n)]
+    steps = replayable_steps(r)
+    if not steps:
+        from ppolab.numbers.needs import RunLacks
+
+        raise RunLacks("a recorded step with an actor update that can be replayed (step 1, or a step recorded with "
+                       "trainer.record_update_state=true)", r)
+    step = steps[0] if step is None else step
+    if step not in steps:
+        raise ValueError(f"step={step!r} cannot be replayed on this run; replayable steps: {steps} (a later step "
+                         "needs trainer.record_update_state=true)")
+    effects = _step_effects(r, step)
+    n = len(effects)
     terms = ["total", *[t for t in ("pg", "entropy", "kl") if any(t in e["terms"] for e in effects)]]
     if term not in terms:
         raise ValueError(f"term={term!r}; this run's loss has the terms {', '.join(terms)}")
     if not 0 <= opt_step < n:
         raise ValueError(f"opt_step={opt_step!r} is out of range; allowed: 0 … {n - 1}")
-    rec = r.step(1)
     tok = r.tokenizer()
-    texts = (rec.texts or {}).get("responses", [""] * rec.tensors["responses"].shape[0])
-    labels = [tr("opt step {k} (epoch {e}, mini-batch {m})").format(k=k, e=e["epoch"], m=e["mini_batch"])
-              for k, e in enumerate(effects)]
+    shown: dict[str, Any] = {}  # the step on screen: its record, effects and labels
+
+    def show_step(k: int) -> None:
+        shown["step"], shown["effects"] = k, _step_effects(r, k)  # cached: a step shown before costs no replay
+        shown["labels"], shown["rec"] = _labels(shown["effects"]), r.step(k)
+        texts = (shown["rec"].texts or {}).get("responses")
+        shown["texts"] = texts or [""] * shown["rec"].tensors["responses"].shape[0]
+
+    show_step(step)
     controls = {
-        "opt_step": W.Dropdown(options=[(label, k) for k, label in enumerate(labels)], value=opt_step,
+        "opt_step": W.Dropdown(options=[(label, k) for k, label in enumerate(shown["labels"])], value=opt_step,
                                description=tr("optimizer step")),
         "term": W.Dropdown(options=[(tr(t), t) for t in terms], value=term, description=tr("loss term")),
     }
+    if len(steps) > 1:  # a run recorded with its update states: every such step can be replayed
+        controls = {"step": W.Dropdown(options=steps, value=step, description=tr("step")), **controls}
     f_tokens = go.FigureWidget(layout=dict(
         title=tr("Δ log π of each token after the optimizer step, against its advantage"), height=380,
         xaxis_title=tr("advantage A"), yaxis_title=tr("Δ log π (after − before)")))
@@ -75,9 +108,17 @@ def update_effect_explorer(run: Run | str | None = None, opt_step: int = 0, term
     readout, top = W.HTML(), W.HTML()
     state: dict[str, Any] = {}
 
+    def pick_step(change) -> None:  # another step: replay it (once), then offer its optimizer steps
+        show_step(change["new"])
+        opt = controls["opt_step"]
+        keep = min(opt.value, len(shown["labels"]) - 1)  # the same optimizer step where the new step has it
+        opt.options = [(label, k) for k, label in enumerate(shown["labels"])]  # (this resets the value to 0)
+        opt.value = keep
+
     @on_move
     def update(*_):
         k, t = controls["opt_step"].value, controls["term"].value
+        effects, labels, rec, texts = shown["effects"], shown["labels"], shown["rec"], shown["texts"]
         e = effects[k]
         mask, rows = e["mask"] > 0, e["in_mini_batch"].unsqueeze(-1).expand_as(e["mask"])
         delta, adv, clip = e["delta"], e["advantages"], e["clip_state"]
@@ -116,10 +157,12 @@ def update_effect_explorer(run: Run | str | None = None, opt_step: int = 0, term
         top.value = (f"<b>{tr('the tokens this optimizer step moved most')}</b><table><tr><th>{tr('row')}</th>"
                      f"<th>{tr('position')}</th><th>{tr('token')}</th><th>{tr('response')}</th><th>Δ log π</th>"
                      f"<th>A</th><th>{tr('clip state')}</th></tr>" + "".join(lines) + "</table>")
-        state.update(opt_step=k, term=t, effect=e, counts=counts)
+        state.update(step=shown["step"], opt_step=k, term=t, effect=e, counts=counts)
 
+    if "step" in controls:
+        controls["step"].observe(pick_step, names="value")  # first: the options change before the redraw
     for c in controls.values():
         c.observe(update, names="value")
     update()
     return _box([W.HBox(list(controls.values())), readout, f_tokens, f_layers, top], controls,
-                {"tokens": f_tokens, "layers": f_layers}, state=state, record=rec)
+                {"tokens": f_tokens, "layers": f_layers}, state=state, record=shown["rec"])
