@@ -371,8 +371,7 @@ def balance_metrics(seq_lens: IntSeq, partitions: list[list[int]], prefix: str =
 
 
 def plan_dynamic_micro_batches(seq_lens: IntSeq, max_token_len: int, min_num_micro_batch: int | None = None,
-                               num_batches_divided_by: int | None = None, *, prompt_lens: IntSeq | None = None,
-                               response_lens: IntSeq | None = None) -> list[list[int]]:
+                               num_batches_divided_by: int | None = None) -> list[list[int]]:
     """Index lists of the ``use_dynamic_bsz`` micro-batches of one local mini-batch (verl `rearrange_micro_batches`,
     0.9.1), on one data-parallel rank; several ranks: :func:`plan_dynamic_micro_batches_dp`.
 
@@ -384,26 +383,22 @@ def plan_dynamic_micro_batches(seq_lens: IntSeq, max_token_len: int, min_num_mic
     the smallest sit at both ends (pipeline warm-up and cool-down). Indices inside a micro-batch are ascending. Undo
     the order with :func:`restore_order`.
 
-    ``prompt_lens`` / ``response_lens`` (B,) (effective lengths, summing to ``seq_lens``): also bound what a padded
-    micro-batch materialises. verl removes padding, so its budget is the token sum; ppolab pads each micro-batch to
-    its longest prompt and response, so a partition holds rows × (max prompt + max response) token slots
-    (:func:`padded_tokens`). When a partition's padded size exceeds the budget, the same retry adds micro-batches;
-    where every padded size is already within it (every shipped run's recorded steps) the partitions are exactly
-    verl's.
+    The budget bounds the *token sum*, as in verl, which removes padding. ppolab pads a micro-batch to its own
+    longest prompt and response, so it may hold more token slots than the budget; it does not cut more
+    micro-batches for that (the count, the partitions and every per-micro-batch metric stay verl's); the forward
+    bounds its memory inside the micro-batch instead, where a large vocabulary makes it matter
+    (``ppolab.roles.forward_response``: log-probs and entropy a slice of positions at a time, inference passes a few
+    rows at a time).
     """
     lens = [int(x) for x in _as_list(seq_lens)]
     if not lens:
         raise ValueError("seq_lens is empty")
-    return plan_dynamic_micro_batches_dp(
-        [lens], max_token_len, min_num_micro_batch, num_batches_divided_by,
-        rank_prompt_lens=None if prompt_lens is None else [prompt_lens],
-        rank_response_lens=None if response_lens is None else [response_lens])[0]
+    return plan_dynamic_micro_batches_dp([lens], max_token_len, min_num_micro_batch, num_batches_divided_by)[0]
 
 
 def plan_dynamic_micro_batches_dp(rank_seq_lens: Sequence[IntSeq], max_token_len: int,
-                                  min_num_micro_batch: int | None = None, num_batches_divided_by: int | None = None, *,
-                                  rank_prompt_lens: Sequence[IntSeq] | None = None,
-                                  rank_response_lens: Sequence[IntSeq] | None = None) -> list[list[list[int]]]:
+                                  min_num_micro_batch: int | None = None,
+                                  num_batches_divided_by: int | None = None) -> list[list[list[int]]]:
     """Every data-parallel rank's ``use_dynamic_bsz`` micro-batches, ``[rank][micro-batch] → row indices``, with the
     count agreed over the ranks as verl's engine does (`rearrange_micro_batches` with a dp_group and
     ``same_micro_num_in_dp=True``, 0.9.1): the first count is the MAX over the ranks (all_reduce MAX), and the fit
@@ -433,22 +428,9 @@ def plan_dynamic_micro_batches_dp(rank_seq_lens: Sequence[IntSeq], max_token_len
     if num_micro > rows:
         raise ValueError(f"{num_micro} micro-batches requested (min_num_micro_batch / num_batches_divided_by"
                          f"{' / another rank' if len(ranks) > 1 else ''}) but only {rows} rows")
-    if (rank_prompt_lens is None) != (rank_response_lens is None):
-        raise ValueError("give both prompt_lens and response_lens, or neither")
-    padded: list[tuple[list[int], list[int]]] | None = None
-    if rank_prompt_lens is not None:
-        padded = []
-        for lens, p, r in zip(ranks, rank_prompt_lens, rank_response_lens, strict=True):
-            p_lens, r_lens = [int(x) for x in _as_list(p)], [int(x) for x in _as_list(r)]
-            if len(p_lens) != len(lens) or len(r_lens) != len(lens):
-                raise ValueError(f"prompt_lens / response_lens have {len(p_lens)} / {len(r_lens)} entries for "
-                                 f"{len(lens)} rows")
-            padded.append((p_lens, r_lens))
 
     def fits(k: int, part: list[int]) -> bool:
-        if sum(ranks[k][i] for i in part) > max_token_len:
-            return False
-        return padded is None or padded_tokens(part, *padded[k]) <= max_token_len
+        return sum(ranks[k][i] for i in part) <= max_token_len
 
     workloads = [calculate_workload(lens).tolist() for lens in ranks]
     step = num_batches_divided_by or 1  # verl keeps the count a multiple of the VPP size while it retries
@@ -456,7 +438,7 @@ def plan_dynamic_micro_batches_dp(rank_seq_lens: Sequence[IntSeq], max_token_len
         plans = [get_seqlen_balanced_partitions(w, num_micro, equal_size=False) for w in workloads]
         # KK balances workload, not tokens, so a partition can overshoot the token budget; 0.9.1 retries with
         # more micro-batches — on every rank while any rank overshoots. It always ends: at num_micro = B every
-        # partition is one row, whose padded size is its own length ≤ max_token_len.
+        # partition is one row, whose length is ≤ max_token_len.
         if all(fits(k, part) for k, parts in enumerate(plans) for part in parts):
             break
         if num_micro + step > rows:
@@ -468,12 +450,6 @@ def plan_dynamic_micro_batches_dp(rank_seq_lens: Sequence[IntSeq], max_token_len
         parts.sort(key=lambda p: (sum(workloads[k][i] for i in p), p[0]), reverse=True)
         out.append(parts[::2][::-1] + parts[1::2])
     return out
-
-
-def padded_tokens(rows: Sequence[int], prompt_lens: Sequence[int], response_lens: Sequence[int]) -> int:
-    """Token slots a micro-batch of ``rows`` occupies once padded to its own longest prompt and response:
-    len(rows) × (max prompt + max response) — the width ppolab's forward really runs (``engine.trimmed_inputs``)."""
-    return len(rows) * (max(prompt_lens[i] for i in rows) + max(response_lens[i] for i in rows))
 
 
 def restore_order(micro_indices: list[list[int]]) -> list[int]:

@@ -154,9 +154,7 @@ def micro_batches(batch: Any, micro_batch_size: int | None, max_token_len: int |
 
 
 def _dynamic(dp_lengths: Sequence[tuple[list[int], list[int]]], max_token_len: int | None) -> list[list[list[int]]]:
-    return plan_dynamic_micro_batches_dp([[p + r for p, r in zip(*lens)] for lens in dp_lengths], max_token_len,
-                                         rank_prompt_lens=[lens[0] for lens in dp_lengths],
-                                         rank_response_lens=[lens[1] for lens in dp_lengths])
+    return plan_dynamic_micro_batches_dp([[p + r for p, r in zip(*lens)] for lens in dp_lengths], max_token_len)
 
 
 def plan_update(ranks: Sequence[RankRows], config: Any, batching: InferBatching, *, role: str,

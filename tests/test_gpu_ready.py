@@ -1,5 +1,5 @@
 """Ready for a real GPU, proven on a CPU (issue 18): device and backend choice per rank, log-probs at a real
-vocabulary without full-size float32 copies, token budgets that bound the padded micro-batch, sampling exactly as
+vocabulary without full-size float32 copies, token budgets that count tokens as verl does (not padded slots), sampling exactly as
 configured, the GPU smoke script and the CI workflow. Nothing here needs a GPU; ``.github/workflows/ci.yml`` runs
 the GPU side on a GPU runner."""
 from __future__ import annotations
@@ -216,73 +216,36 @@ def test_the_config_field_is_verls_key_and_off_by_default():
     assert "enable_gradient_checkpointing" in ModelConfig.__dataclass_fields__
 
 
-# ------------------------------------------------------------------------ 3. token budgets bound the padded width
-def recorded_steps():
-    from safetensors.torch import load_file
+# ------------------------------------------------------------------- 3. token budgets count tokens, as verl's do
+def test_a_padded_micro_batch_over_the_budget_is_not_cut_further():
+    """verl's budget bounds the token sum (it removes padding). Four rows whose sum (66) fits a 70-token budget are
+    one micro-batch there; ppolab pads them to the longest prompt (30) and response (30), 4 × 60 = 240 slots, and
+    still runs them as one micro-batch (the count, the partitions and the per-micro-batch metrics stay verl's): the
+    forward bounds its memory inside the micro-batch."""
+    from types import SimpleNamespace
 
-    for run in sorted((ROOT / "data" / "runs").iterdir()):
-        if not (run / "config.json").is_file():
-            continue
-        meta = json.loads((run / "config.json").read_text())
-        for f in sorted((run / "steps").glob("step_*.safetensors")):
-            yield run.name, meta, load_file(str(f))
-
-
-def test_shipped_runs_keep_their_micro_batches_under_the_padded_budget():
-    """Every recorded step of every shipped run: where a dynamic token budget decided micro-batches (actor or
-    critic updates, log-prob passes), the plan with the padded bound is the plan the run was trained with — every
-    micro-batch's rows × (longest prompt + longest response) was already within ppo_max_token_len_per_gpu. Runs
-    with fixed micro-batches never call the planner. (Only recorded steps hold the masks: steps 1, 5, 10, ….)"""
-    from ppolab.batching import mini_batch_indices, padded_tokens, plan_dynamic_micro_batches
-
-    checked = 0
-    for name, meta, t in recorded_steps():
-        cfg, plan = meta["config"], meta["batch_plan"]
-        arr = cfg["actor_rollout_ref"]
-        budgets = []
-        if arr["actor"]["use_dynamic_bsz"]:
-            budgets.append(("actor", arr["actor"]["ppo_max_token_len_per_gpu"], plan["global_mini_batch"],
-                            arr["actor"]["shuffle"], arr["actor"]["data_loader_seed"], plan["ppo_epochs"]))
-        if cfg.get("critic", {}).get("use_dynamic_bsz") and "values" in t:
-            budgets.append(("critic", cfg["critic"]["ppo_max_token_len_per_gpu"], plan["global_mini_batch"],
-                            cfg["critic"]["shuffle"], cfg["critic"]["data_loader_seed"], cfg["critic"]["ppo_epochs"]))
-        for key in ("rollout", "ref"):
-            if arr[key]["log_prob_use_dynamic_bsz"]:
-                n = len(t["responses"])
-                budgets.append((key, arr[key]["log_prob_max_token_len_per_gpu"], n, False, 0, 1))
-        assert meta["world_size"] == 1 or not budgets  # dp=1: the recorded order is the rank's order
-        p_lens = t["prompt_mask"].sum(-1).long().tolist()
-        r_lens = t.get("response_attention_mask", t["response_mask"]).sum(-1).long().tolist()
-        lens = [a + b for a, b in zip(p_lens, r_lens)]
-        for _, budget, mini_rows, shuffle, seed, epochs in budgets:
-            for minis in mini_batch_indices(len(lens), mini_rows, epochs, shuffle, seed):
-                for rows in minis:
-                    sub = [lens[i] for i in rows]
-                    before = plan_dynamic_micro_batches(sub, budget)
-                    after = plan_dynamic_micro_batches(sub, budget, prompt_lens=[p_lens[i] for i in rows],
-                                                       response_lens=[r_lens[i] for i in rows])
-                    assert after == before, name
-                    assert all(padded_tokens(part, [p_lens[i] for i in rows], [r_lens[i] for i in rows]) <= budget
-                               for part in after)
-                    checked += 1
-    assert checked >= 14  # grpo_tool_tiny: 7 recorded steps × 2 mini-batches, dynamic actor budget
-
-
-def test_a_budget_the_padded_micro_batch_exceeds_splits_it_further():
-    """Four rows whose token sum (66) fits a 70-token budget, so verl's rule gives one micro-batch; padded to the
-    longest prompt (30) and the longest response (30) it would be 4 × 60 = 240 slots. The padded bound splits it
-    until every micro-batch's padded size fits."""
-    from ppolab.batching import padded_tokens, plan_dynamic_micro_batches
+    from ppolab.batching import plan_dynamic_micro_batches
+    from ppolab.update_plan import micro_batches
 
     p_lens, r_lens = [1, 1, 1, 30], [30, 1, 1, 1]
     lens = [a + b for a, b in zip(p_lens, r_lens)]
     assert plan_dynamic_micro_batches(lens, 70) == [[0, 1, 2, 3]]
-    parts = plan_dynamic_micro_batches(lens, 70, prompt_lens=p_lens, response_lens=r_lens)
-    assert sorted(i for p in parts for i in p) == [0, 1, 2, 3] and len(parts) > 1
-    assert all(padded_tokens(p, p_lens, r_lens) <= 70 for p in parts)
-    assert padded_tokens([0, 3], p_lens, r_lens) == 2 * 60
-    with pytest.raises(ValueError, match="both"):
-        plan_dynamic_micro_batches(lens, 70, prompt_lens=p_lens)
+    batch = SimpleNamespace(__len__=lambda: 4, lengths=lambda: (p_lens, r_lens))
+    assert micro_batches(batch, None, 70, dp_lengths=[(p_lens, r_lens)]) == [[0, 1, 2, 3]]
+
+
+def test_the_critic_engine_cuts_verls_count_at_the_smallest_budget():
+    """Exercise 12.5's case (ppo_fire_tiny, step 1, rank 0's first critic mini-batch: 8 rows, 181 tokens) at a
+    48-token budget: verl 0.9.1's rearrange_micro_batches cuts 4 micro-batches (ceil(181 / 48) = 4, and the KK
+    partitions fit); a planner that also bounded the padded size cut 6."""
+    from ppolab.exercises.lab12 import critic_budget_case
+    from ppolab.numbers.critic_engine import critic_micro_batches
+
+    case = critic_budget_case("ppo_fire_tiny")
+    assert (case["rows"], case["tokens"], case["budget"]) == (8, 181, 48)
+    parts = critic_micro_batches("ppo_fire_tiny", update=0, rank=0, step=1, max_token_len=48)
+    assert len(parts) == 4
+    assert sorted(i for p in parts for i in p) == list(range(8))
 
 
 # ----------------------------------------------------------------------- 4. sampling is what the config says

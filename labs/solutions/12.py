@@ -4,7 +4,7 @@ import math
 
 from ppolab.batching import mini_batch_indices, plan_dynamic_micro_batches
 from ppolab.update_plan import micro_batches
-from ppolab.exercises.lab12 import critic_mini_batch
+from ppolab.exercises.lab12 import critic_budget_case, critic_mini_batch
 from ppolab.numbers.aggregation import recorded_seq_lens
 from ppolab.record import resolve_run
 
@@ -26,7 +26,8 @@ def dynamic_count(run=None, budget=128, fit_loop=True):
     return len(plan_dynamic_micro_batches(lens, budget))
 
 
-def critic_counts(run=None, budget=48, micro=2, follow_top_level=False):
+def critic_counts(run=None, budget=48, micro=None, follow_top_level=False):
+    micro = critic_budget_case(run)["micro"] if micro is None else micro  # the prompt names it
     mb, _ = critic_mini_batch(run)
     budget = max(budget, max(mb.seq_lens()))  # a budget holds every row
     engine = micro_batches(mb, micro if follow_top_level else None, budget)  # V1: the one token budget

@@ -70,7 +70,9 @@ def _e4(run=None) -> int:
     return len(plan_dynamic_micro_batches(recorded_seq_lens(rec, rec.info["batch_plan"]["local_mini_batch"]), 128))
 
 
-#: Exercise 12.5's overrides: a fixed critic micro-batch of 2 rows, and the token budget the V1 critic engine reads.
+#: Exercise 12.5's overrides: a fixed critic micro-batch of 2 rows (3, 4, … where 2 rows would cut as many
+#: micro-batches as the engine: the two counts must differ to tell them apart), and the token budget the V1 critic
+#: engine reads.
 CRITIC_MICRO, CRITIC_BUDGET = 2, 48
 
 
@@ -89,9 +91,14 @@ def critic_mini_batch(run=None):
 def critic_budget_case(run=None) -> dict:
     """Exercise 12.5's numbers: the fixed micro-batch, the budget (:data:`CRITIC_BUDGET`, or the longest row of the
     mini-batch when that is longer — a budget must hold every row), the mini-batch's rows and tokens."""
+    from ppolab.numbers.critic_engine import critic_micro_batches
+
     mb, _ = critic_mini_batch(run)
     lens = mb.seq_lens()
-    return {"micro": CRITIC_MICRO, "budget": max(CRITIC_BUDGET, max(lens)), "rows": len(lens), "tokens": sum(lens)}
+    budget = max(CRITIC_BUDGET, max(lens))
+    engine = len(critic_micro_batches(run, update=0, rank=0, step=1, max_token_len=budget))
+    micro = next((m for m in range(CRITIC_MICRO, len(lens) + 1) if -(-len(lens) // m) != engine), CRITIC_MICRO)
+    return {"micro": micro, "budget": budget, "rows": len(lens), "tokens": sum(lens)}
 
 
 @exercise("12.5", "Predict, then verify — the critic as verl V1 wires it (§11.6): recorded step 1, rank 0's first "
