@@ -134,7 +134,8 @@ def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequen
     ``config``: a :class:`PPOConfig`, a preset name (``grpo_tiny`` default, ``ppo_gae_tiny``, …) or a YAML path;
     ``overrides``: verl-style ``["actor_rollout_ref.actor.clip_ratio=0.1", ...]`` or a dict.
     ``on_step(step, metrics, record)`` is called after every step (``record`` is the recorded step or None)
-    — a notebook can live-plot with it. A KeyboardInterrupt stops cleanly: the run dir stays loadable, at
+    — a notebook can live-plot with it — and, when validation runs before training, once at step 0 with its
+    metrics (``record`` None). A KeyboardInterrupt stops cleanly: the run dir stays loadable, at
     the last step whose metrics were logged. A ``trainer.run_dir`` that already holds a run is refused
     unless ``trainer.resume=true`` (before any model loads; nothing in it changes).
     """
@@ -263,6 +264,8 @@ def _train_claimed(cfg: PPOConfig, info, run_dir: Path, claim, on_step: OnStep |
         if checkpoint is None and t.val_before_train and trainer.val_data and info.is_main:
             summary["val_before"] = trainer.validate()
             recorder.log_metrics(0, summary["val_before"])
+            if on_step is not None:  # step 0: where the curves start (val/accuracy before any update)
+                on_step(0, dict(summary["val_before"]), None)
         while trainer.global_step < trainer.total_steps:
             step = trainer.global_step + 1
             records = info.is_main and t.record_freq > 0 and (step % t.record_freq == 0 or step == 1

@@ -459,3 +459,13 @@ def test_registries_hold_exactly_the_vocabulary_and_algos_never_imports_config()
     code = ("import sys, ppolab.algos; bad = [m for m in sys.modules if m.startswith('ppolab.config')]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+def test_verls_real_train_batch_size_check():
+    """verl 0.9.1 validate_config: without the actor's use_dynamic_bsz, train_batch_size × n must divide over the GPUs
+    (real_train_batch_size % n_gpus == 0) — a check beside train_batch_size ≥ ppo_mini_batch_size."""
+    odd = ["data.train_batch_size=3", "actor_rollout_ref.rollout.n=3", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"]
+    with pytest.raises(ConfigError, match=r"3×3 = 9 trajectories is not divisible by the 2 GPUs"):
+        load_config("grpo_tiny", odd, world_size=2)
+    load_config("grpo_tiny", odd, world_size=1)
+    load_config("grpo_tiny", [*odd, "actor_rollout_ref.actor.use_dynamic_bsz=true"], world_size=3)

@@ -270,6 +270,23 @@ def test_the_form_line_says_what_was_expected_and_what_was_given(cached_truth):
         "  expected a sequence of length 2, got a list of length 3."
 
 
+def test_a_list_for_a_number_and_a_percentage_for_a_fraction_get_their_lines(cached_truth):
+    """A list where a number is expected is named (the form test of a sequence once ran for every expected form and
+    raised on a number, so the line was lost); a share given in per cent is told to divide by 100 — and only a
+    share that would be right as a fraction, so a wrong value is not told it is merely in per cent."""
+    from ppolab.exercises import _form_line
+
+    cached_truth("03.2")
+    assert check("03.2", [0.1, 0.2]).message.split("\n")[1] == "  expected a number, got a list of length 2."
+    assert _form_line([1, 2], 0.25, False) == "  expected a number, got a list of length 2."
+    assert _form_line(25.0, 0.25, False) == ("  expected a fraction between 0 and 1, got 25 — a percentage? "
+                                             "Give it as 25 / 100.")
+    assert _form_line(25, 0.25, False) is not None
+    assert _form_line(37.0, 0.25, False) is None  # wrong either way: only the hints
+    assert _form_line(0.3, 0.25, False) is None
+    assert _form_line(25.0, 25.0, False) is None  # a count of 25 is no percentage
+
+
 def test_check_speaks_chinese_about_forms(cached_truth):
     import re
 

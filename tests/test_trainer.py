@@ -186,7 +186,8 @@ def test_train_records_a_loadable_run(tmp_path):
     seen = []
     run = ppolab.train("grpo_tiny", [*SMALL, "trainer.total_training_steps=2", f"trainer.run_dir={tmp_path}"],
                        on_step=lambda step, metrics, record: seen.append((step, record)), progress=False)
-    assert [s for s, _ in seen] == [1, 2] and all(r is not None for _, r in seen)
+    assert [s for s, _ in seen] == [0, 1, 2] and seen[0][1] is None  # step 0: the validation before training
+    assert all(r is not None for _, r in seen[1:])
     assert run.path == tmp_path and run.steps == [1, 2]
     loaded = ppolab.load_run(tmp_path)
     assert loaded.steps == [1, 2] and list(loaded.metrics.index) == [0, 1, 2]

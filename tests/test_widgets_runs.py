@@ -234,13 +234,18 @@ def test_live_training_two_steps():
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "data.val_max_samples=16",
             "trainer.total_training_steps=2", f"trainer.run_dir={d}"], on_step=lambda s, m, r: seen.append(s))
         run = w.start()
-        assert seen == [1, 2] and w.run is run
+        assert seen == [0, 1, 2] and w.run is run  # step 0: the validation before training
         frame = run.metrics
         score, acc, clip = w.figures["live"].data
         assert list(score.x) == [1, 2]
         assert list(score.y) == pytest.approx(frame.loc[[1, 2], "critic/score/mean"].tolist())
         assert list(clip.y) == pytest.approx(frame.loc[[1, 2], "actor/pg_clipfrac"].tolist())
-        assert list(acc.y) == pytest.approx(frame["val/accuracy"].dropna().loc[1:].tolist())
+        assert list(acc.x)[0] == 0 and list(acc.y) == pytest.approx(frame["val/accuracy"].dropna().tolist())
+        # one widget, one run: a second click (queued while it trained) starts nothing, and says why
+        assert w.controls["start"].disabled and len(w.history) == 2
+        w.controls["start"].click()
+        assert w.start() is run and seen == [0, 1, 2] and len(w.history) == 2
+        assert "trains one run" in w.children[0].children[1].value
     with pytest.raises(ValueError, match="metrics"):
         live_training(metrics=())
 

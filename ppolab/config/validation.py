@@ -140,6 +140,10 @@ def _check_batches(c: _Checks, p: str) -> None:
     if tb < c.get(f"{p}.ppo_mini_batch_size") and not dyn:
         c.errors.extend(_batch_errors(c, p))
         return
+    if not critic and not dyn and (tb * n) % c.world_size:  # verl/utils/config.py::validate_config (FSDP)
+        c.errors.append(f"data.train_batch_size × {_R}.n = {tb}×{n} = {tb * n} trajectories is not divisible by the "
+                        f"{c.world_size} GPUs (verl's check: real_train_batch_size % n_gpus == 0 without "
+                        f"{p}.use_dynamic_bsz): change data.train_batch_size or {_R}.n")
     # A step whose tb×n rows do not fill whole mini-batches is padded with synthetic rows (verl V1 padding_utils,
     # chapter §9): the planner checks the padded batch; _notices says how many rows are added.
     try:

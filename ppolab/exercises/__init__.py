@@ -404,15 +404,20 @@ def _form_problem(answer: Any, expected: Any) -> str | None:
     expected = _plain_expected(expected)
     kind = _kind(expected)
     given = _answer_for(answer, kind)
-    fits = {"bool": isinstance(given, bool),
-            "number": isinstance(given, (int, float)) and not isinstance(given, bool),
-            "string": isinstance(given, str), "dict": isinstance(given, dict),
-            "set": isinstance(given, (set, frozenset, list, tuple)),
-            "sequence": isinstance(given, (list, tuple))
-            and (len(given) == len(expected) or not isinstance(expected, tuple))}.get(kind, True)
+    fits = {"bool": lambda: isinstance(given, bool),  # each test only for its own kind (len() of a number raises)
+            "number": lambda: isinstance(given, (int, float)) and not isinstance(given, bool),
+            "string": lambda: isinstance(given, str), "dict": lambda: isinstance(given, dict),
+            "set": lambda: isinstance(given, (set, frozenset, list, tuple)),
+            "sequence": lambda: isinstance(given, (list, tuple))
+            and (len(given) == len(expected) or not isinstance(expected, tuple))}.get(kind, lambda: True)()
     if not fits:
         return tr("expected {expected}, got {given}").format(expected=_expected_form(expected),
                                                              given=_given_form(answer))
+    if kind == "number" and isinstance(expected, float) and 0 <= expected <= 1 and 1 < given <= 100 \
+            and math.isclose(given / 100, expected, rel_tol=0.02, abs_tol=5e-4):
+        # a share given in per cent: say so, rather than a bare "not yet"
+        return tr("expected a fraction between 0 and 1, got {given} — a percentage? Give it as {given} / 100"
+                  ).format(given=f"{given:g}")
     if kind == "sequence" and len(given) == len(expected):
         for i, (a, e) in enumerate(zip(given, expected)):
             inner = _form_problem(a, e)

@@ -1,6 +1,8 @@
 """``live_training``: run ``ppolab.train`` in a notebook cell with a live reward / accuracy / clip-fraction plot."""
 from __future__ import annotations
 
+import html
+
 import ipywidgets as W
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -17,9 +19,11 @@ def live_training(config=None, overrides=None, metrics: tuple[str, ...] = LIVE_M
 
     ``config`` / ``overrides`` go to :func:`ppolab.train` unchanged (preset name, YAML or PPOConfig; verl-style
     overrides); the config is resolved up front, so a bad override raises here. ``metrics``: logged names to
-    plot, one panel each. ``on_step(step, metrics, record)`` is called after the plot updates. ``start()`` runs
-    training synchronously in the calling cell and returns the :class:`ppolab.record.Run`, also kept as ``.run``;
-    ``.history`` holds every step's metrics. Controls: ``start`` (Button). Figures: ``live``.
+    plot, one panel each — from step 0, the validation before training, when the config runs it.
+    ``on_step(step, metrics, record)`` is called after the plot updates. ``start()`` runs training synchronously
+    in the calling cell and returns the :class:`ppolab.record.Run`, also kept as ``.run``; ``.history`` holds every
+    step's metrics. One widget trains one run: after it, the button stays disabled ("trained") and a further
+    ``start()`` or click only says so. Controls: ``start`` (Button). Figures: ``live``.
     """
     from ppolab.train import resolve_config
 
@@ -39,7 +43,8 @@ def live_training(config=None, overrides=None, metrics: tuple[str, ...] = LIVE_M
     limit = cfg.trainer.total_training_steps or tr("{n} epochs").format(n=cfg.trainer.total_epochs)
 
     def step_cb(step, m, record):
-        history.append({"step": step, **m})
+        if step > 0:
+            history.append({"step": step, **m})
         with fig.batch_update():
             for trace, name in zip(fig.data, metrics):
                 if name in m and m[name] is not None:
@@ -54,17 +59,28 @@ def live_training(config=None, overrides=None, metrics: tuple[str, ...] = LIVE_M
     def start(*_):
         import ppolab.train as train_module
 
-        button.disabled = True
+        if box.run is not None or box.training:  # one widget, one run: a second click (queued while the first
+            # trained) must not start another run behind the learner's back
+            status.value = tr("this widget trains one run ({path}); run its cell again to train another").format(
+                path=box.run.path if box.run is not None else tr("training now"))
+            return box.run
+        button.disabled, box.training = True, True
         status.value = tr("training…")
         try:
             box.run = train_module.train(cfg, on_step=step_cb, progress=progress)
-        finally:
+        except BaseException as e:  # the reason on the widget, not only in the log console
+            status.value = tr("stopped: {error}").format(error=html.escape(f"{type(e).__name__}: {e}"[:300]))
             button.disabled = False
+            raise
+        finally:
+            box.training = False
+        button.description, button.icon = tr("trained"), "check"
         status.value = tr("done: {n} steps → <code>{path}</code>").format(n=len(history), path=box.run.path)
         return box.run
 
     button.on_click(start)
     box = W.VBox([W.HBox([button, status]), fig])
     box.controls, box.figures, box.config, box.history, box.run = {"start": button}, {"live": fig}, cfg, history, None
+    box.training = False
     box.start = start
     return box
