@@ -97,6 +97,12 @@ class Sign(str):
     def __reduce__(self):  # copies rebuild from the template, not from the filled text
         return _sign, (self.template, self.fields)
 
+    def __str__(self) -> str:  # print(sign) and a printed list of signs speak the notebook's language;
+        return sign_text(self)  # == and the str value stay the English line
+
+    def __repr__(self) -> str:
+        return repr(sign_text(self))
+
 
 def _sign(template: str, fields: dict[str, Any]) -> Sign:
     return Sign(template, **fields)

@@ -60,7 +60,7 @@ def _logged(run=None, key="actor/entropy"):
 SOLUTIONS = {
     "15.1": zero_advantage_share,
     "15.2": lone_correct,
-    "15.3": "actor/entropy collapsed",
+    "15.3": "actor/entropy",
     "15.4": kl_over_pg,
     "15.5": old_entropy,
 }
@@ -72,7 +72,7 @@ WRONG = {
     # the biased std (÷ n); no std normalisation; the raw score
     "15.2": [lambda: lone_correct(unbiased=False), lambda: lone_correct(normalise=False), 1.0],
     # the metrics that look busy but stay in range
-    "15.3": ["actor/pg_clipfrac persistently high", "actor/ppo_kl large", "actor/grad_norm spikes"],
+    "15.3": ["actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm"],
     # the raw kl_loss (no coefficient); means instead of medians; the whole run instead of its second half
     "15.4": [lambda run=None: kl_over_pg(run, coef=False), lambda run=None: kl_over_pg(run, reducer="mean"),
              lambda run=None: kl_over_pg(run, half=False)],

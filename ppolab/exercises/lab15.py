@@ -52,18 +52,18 @@ def _e2() -> float:
 
 
 @exercise("15.3", "A colleague sends made-up numbers from the second half of a run (ppolab.exercises.lab15.SNIPPET). "
-                  "Which warning fires? Answer the beginning of warning_signs' line, up to the opening parenthesis "
-                  "(e.g. \"actor/ppo_kl large\").",
+                  "Which warning fires? Answer the metric its warning_signs line is about — the line's first word, "
+                  "e.g. \"actor/ppo_kl\" (the same in every language the lines are shown in).",
           hints=("Compare the first and the last values of each column: which metric changes by an order of "
                  "magnitude, and what does the chapter call that?",
                  "warning_signs(snippet): the entropy check compares the mean of the last 10 % with the first 10 % "
-                 "(ratio below THRESHOLDS['entropy_collapse_ratio'])."),
+                 "(ratio below THRESHOLDS['entropy_collapse_ratio']); answer the metric it names."),
           context=("frame",))
 def _e3(frame=None) -> str:
     from ppolab.numbers.metrics import warning_signs
 
     found = warning_signs(SNIPPET if frame is None else frame)
-    return found[0].split(" (")[0] if len(found) == 1 else f"{len(found)} warnings"
+    return found[0].split(" ")[0] if len(found) == 1 else f"{len(found)} warnings"
 
 
 @exercise("15.4", "Over the second half of the training steps of the run (default grpo_tiny): the median of "
