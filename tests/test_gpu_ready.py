@@ -1,7 +1,7 @@
 """Ready for a real GPU, proven on a CPU (issue 18): device and backend choice per rank, log-probs at a real
-vocabulary without full-size float32 copies, token budgets that count tokens as verl does (not padded slots), sampling exactly as
-configured, the GPU smoke script and the CI workflow. Nothing here needs a GPU; ``.github/workflows/ci.yml`` runs
-the GPU side on a GPU runner."""
+vocabulary without full-size float32 copies, token budgets that count tokens as verl does (not padded slots),
+sampling exactly as configured, the GPU smoke script and the CI workflow. Nothing here needs a GPU;
+``.github/workflows/ci.yml`` runs the GPU side on a GPU runner."""
 from __future__ import annotations
 
 import json

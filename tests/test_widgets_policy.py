@@ -235,3 +235,26 @@ def test_kl_explorer_rejects_bad_arguments():
         kl_explorer("grpo_tiny", kl_type="full")
     with pytest.raises(ValueError, match="series"):
         kl_explorer("grpo_tiny", series="actor/reward_kl_penalty")
+
+
+def test_the_clip_explorer_fires_on_a_run_whose_own_clip_never_binds(trained_run):
+    """Lab 04 on a fresh ppo_gae_tiny run (ε = 0.2: no recorded optimizer step clips a token): the explorer still
+    opens, at the optimizer step that moved furthest, with a narrower ε at which tokens do clip, and says so in one
+    line; on ppo_fire_tiny it opens on its own case at the run's ε."""
+    from helpers import FRESH
+
+    from ppolab.numbers.cases import clip_case, clip_fire_case, fire_line
+    from ppolab.numbers.needs import RunLacks
+
+    run = trained_run("ppo_gae_tiny", FRESH)
+    with pytest.raises(RunLacks):
+        clip_case(run)
+    case = clip_fire_case(run)
+    assert case["narrowed"] and 0.01 <= case["eps"] < case["run_eps"] == 0.2
+    assert "ε = 0.2" in fire_line(case) and f"ε = {case['eps']}" in fire_line(case)
+    w = clip_explorer(run, step=case["step"], opt_step=case["opt_step"], eps_low=case["eps"], eps_high=case["eps"])
+    assert w.state["n_clipped"] > 0
+    w.controls["eps_low"].value = w.controls["eps_high"].value = 0.2  # the run's own ε: nothing clips
+    assert w.state["n_clipped"] == 0
+    shipped = clip_fire_case("ppo_fire_tiny")
+    assert not shipped["narrowed"] and shipped["eps"] is None and fire_line(shipped) is None

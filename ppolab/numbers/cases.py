@@ -7,6 +7,7 @@ states. A run in which the mechanism never shows raises :class:`~ppolab.numbers.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from functools import lru_cache
 
@@ -74,6 +75,45 @@ def clip_case(r: Run, prefer: tuple[int, int] | None = None) -> Case:
     if found is None:
         raise RunLacks("a PPO clip that binds (clipped tokens at an optimizer step after the first)", r)
     return {"step": found[0], "opt_step": found[1], "eps": actor_config(r).clip_ratio}
+
+
+@_cached
+def clip_fire_case(r: Run, prefer: tuple[int, int] | None = None) -> Case:
+    """Where lab 04's explorer opens so that the clip fires on this run: :func:`clip_case` with the run's ε where
+    the clip binds at some recorded optimizer step (``eps`` None: the run's own); else the optimizer step whose
+    tokens moved furthest in their advantage's direction, with the narrower ε (``eps``, the same on both sides)
+    at which about half of that drift is clipped — at least one token — and ``narrowed`` True. Raises
+    :class:`RunLacks` only where no optimizer step after the first moved the policy at all."""
+    try:
+        return {**clip_case(r, prefer), "eps": None, "narrowed": False}
+    except RunLacks:
+        pass
+    require(r, "opt_steps")
+
+    def pushed(s: int, k: int) -> float:  # the largest move along the advantage: r − 1 for A > 0, 1 − r for A < 0
+        b, terms = _clip_terms(r, s, k)
+        real = (b["response_mask"] > 0) & (b["advantages"] != 0)
+        drift = torch.where(b["advantages"] > 0, terms["ratio"] - 1, 1 - terms["ratio"])
+        return float(drift[real].max()) if real.any() else 0.0
+    found = _pick(None, _opt_pairs(r, first_opt=1), pushed)
+    if found is None or pushed(*found) < 0.02:
+        raise RunLacks("an optimizer step after the first that moved the policy (the ratio is 1 at the first: more "
+                       "mini-batches or ppo_epochs give one)", r)
+    eps = max(0.01, math.floor(100 * pushed(*found) / 2) / 100)  # the slider's 0.01 grid; half the largest move
+    return {"step": found[0], "opt_step": found[1], "eps": eps, "narrowed": True,
+            "run_eps": actor_config(r).clip_ratio}
+
+
+def fire_line(case: Case) -> str | None:
+    """The line that says a finder opened an explorer at a what-if setting of its own (``narrowed`` cases of
+    :func:`clip_fire_case`), in the notebook's language; None for a case at the run's own settings."""
+    from ppolab.i18n import tr
+
+    if not case.get("narrowed"):
+        return None
+    return tr("at this run's ε = {run_eps} the clip binds at no recorded optimizer step; the explorer opens at "
+              "recorded step {step}, optimizer step {opt_step}, with ε = {eps} — half the largest move there — so "
+              "that it does (a what-if on the run's real tokens)").format(**case)
 
 
 @_cached
