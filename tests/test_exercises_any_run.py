@@ -91,6 +91,7 @@ def full_protocol(ex_id: str, run) -> str:
     return "right" if right.ok else "not yet"
 
 
+@pytest.mark.slow  # with the any-run matrix in .ci/run: the README command stays within its 10 minutes
 @pytest.mark.spread
 @pytest.mark.parametrize("preset", ["grpo_tiny", "ppo_gae_tiny"])
 def test_every_exercise_on_a_fresh_run(trained_run, preset):

@@ -131,6 +131,7 @@ def run_memory_bench(chunked: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # a real vocabulary's forward and backward (≈ 27 s): .ci/run runs it after the README command
 def test_one_micro_batch_at_a_real_vocabulary_stays_within_two_logit_copies_and_four_chunks():
     """Peak memory of one micro-batch's log-prob + entropy forward and backward (4 rows × 65 positions × 151,936,
     a 151 MiB float32 logits tensor), measured as the rise of the peak RSS of a fresh process.

@@ -16,7 +16,8 @@ the ranks averaged (up to float rounding).
                           # this optimizer step did not train
     e["coefficient"]      # (N, R) ∂ pg_loss / ∂ log π of each token of the step (0 where its clip binds)
     e["params"]           # per trainable tensor: ‖grad‖, ‖Δθ‖, ‖lr·grad‖ (a plain SGD step), cos(Δθ, −grad)
-    e["terms"]            # loss term → per-tensor gradients of that term alone (separate backward passes)
+    e["terms"]            # loss term → per-tensor gradients of that term alone (the entropy bonus and the KL loss:
+                          # backward passes of their own; pg: the step's gradient minus theirs)
 """
 from __future__ import annotations
 
@@ -144,7 +145,7 @@ def _replay_through(r: Run, step: int, opt_step: int, done: dict[int, dict[str, 
             for k in range(opt_step + 1):  # the steps in the recorded order, each measured on the way
                 before = [p.detach().clone() for p in params]
                 terms = {}
-                for term in present if len(present) > 1 else ():  # each term alone: a backward pass of its own
+                for term in present[1:]:  # the entropy bonus and the KL loss alone: a backward pass each
                     worker.terms = (term,)
                     _, loss = worker.backward_of(batch, steps[k])
                     terms[term] = {"loss": loss, "grads": gradients(params)}
@@ -152,9 +153,14 @@ def _replay_through(r: Run, step: int, opt_step: int, done: dict[int, dict[str, 
                 metrics = worker.optimizer_step_of(batch, steps[k], params)  # the real step, Adam and all
                 # what Adam consumed: the mini-batch gradient after the global-norm clip (verl: clip_grad)
                 used = gradients(params)
-                if len(present) == 1:  # the loss is that one term: its gradient is the step's, before the clip
-                    coef = _clip_coef(r, float(metrics["actor/grad_norm"]))
-                    terms[present[0]] = {"loss": float(metrics["actor/loss"]), "grads": [g / coef for g in used]}
+                # pg: the step's gradient before the clip minus the other terms' (gradients add over the terms:
+                # the loss is their sum) — a pass fewer than a backward of its own; pg is the large term, so the
+                # difference loses no digits that matter (the small terms keep passes of their own)
+                coef = _clip_coef(r, float(metrics["actor/grad_norm"]))
+                others = [terms[t] for t in present[1:]]
+                terms = {"pg": {"loss": float(metrics["actor/loss"]) - sum(o["loss"] for o in others),
+                                "grads": [g / coef - sum(o["grads"][i] for o in others) for i, g in enumerate(used)]},
+                         **terms}
                 after = [p.detach().clone() for p in params]
                 lp_after = worker.infer(batch, reading)["log_probs"]
                 lr = float(worker.optimizer.param_groups[0]["lr"])
