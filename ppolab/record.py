@@ -442,9 +442,10 @@ class StepRecord:
 
     def update_state(self) -> dict[str, Any] | None:
         """The actor's state before this step's update, when the run kept it (``trainer.record_update_state``):
-        ``{"weights": {"actor.<i>": tensor}, "optimizer": state_dict, "scheduler": state_dict}`` — what
-        ``PolicyModels.load_trainable_state`` and ``Worker.load_state_dict`` take, as copies (the optimizer keeps the
-        tensors it is given and steps them in place: the record must stay as recorded). None when not recorded."""
+        ``{"weights": {"actor.<i>": tensor}, "optimizer": state_dict, "scheduler": state_dict}`` — the actor's
+        weights in ``actor_parameters()`` order and what ``Worker.load_state_dict`` takes, as copies (the optimizer
+        keeps the tensors it is given and steps them in place: the record must stay as recorded). None when not
+        recorded."""
         meta = self.info.get("update_state")
         if meta is None:
             return None

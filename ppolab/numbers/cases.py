@@ -96,10 +96,11 @@ def clip_fire_case(r: Run, prefer: tuple[int, int] | None = None) -> Case:
         drift = torch.where(b["advantages"] > 0, terms["ratio"] - 1, 1 - terms["ratio"])
         return float(drift[real].max()) if real.any() else 0.0
     found = _pick(None, _opt_pairs(r, first_opt=1), pushed)
-    if found is None or pushed(*found) < 0.02:
+    largest = pushed(*found) if found is not None else 0.0
+    if largest < 0.02:
         raise RunLacks("an optimizer step after the first that moved the policy (the ratio is 1 at the first: more "
                        "mini-batches or ppo_epochs give one)", r)
-    eps = max(0.01, math.floor(100 * pushed(*found) / 2) / 100)  # the slider's 0.01 grid; half the largest move
+    eps = max(0.01, math.floor(100 * largest / 2) / 100)  # the slider's 0.01 grid; half the largest move
     return {"step": found[0], "opt_step": found[1], "eps": eps, "narrowed": True,
             "run_eps": actor_config(r).clip_ratio}
 

@@ -97,7 +97,7 @@ def replayable_steps(run: Run | str | os.PathLike | None = None) -> list[int]:
     every step recorded with the actor's state before it (``trainer.record_update_state``) — those with an actor
     update."""
     r = resolve_run(run)
-    return [k for k in r.steps if (k == 1 or r.step(k).update_state() is not None)
+    return [k for k in r.steps if (k == 1 or "update_state" in r.step(k).info)  # the JSON says; no tensor is read
             and "actor_log_probs" in r.step(k).tensors]
 
 

@@ -69,14 +69,6 @@ def update_effect_explorer(run: Run | str | None = None, opt_step: int = 0, term
     if step not in steps:
         raise ValueError(f"step={step!r} cannot be replayed on this run; replayable steps: {steps} (a later step "
                          "needs trainer.record_update_state=true)")
-    effects = _step_effects(r, step)
-    n = len(effects)
-    terms = ["total", *[t for t in ("pg", "entropy", "kl") if any(t in e["terms"] for e in effects)]]
-    if term not in terms:
-        raise ValueError(f"term={term!r}; this run's loss has the terms {', '.join(terms)}")
-    if not 0 <= opt_step < n:
-        raise ValueError(f"opt_step={opt_step!r} is out of range; allowed: 0 … {n - 1}")
-    tok = r.tokenizer()
     shown: dict[str, Any] = {}  # the step on screen: its record, effects and labels
 
     def show_step(k: int) -> None:
@@ -86,6 +78,13 @@ def update_effect_explorer(run: Run | str | None = None, opt_step: int = 0, term
         shown["texts"] = texts or [""] * shown["rec"].tensors["responses"].shape[0]
 
     show_step(step)
+    n = len(shown["effects"])
+    terms = ["total", *[t for t in ("pg", "entropy", "kl") if any(t in e["terms"] for e in shown["effects"])]]
+    if term not in terms:
+        raise ValueError(f"term={term!r}; this run's loss has the terms {', '.join(terms)}")
+    if not 0 <= opt_step < n:
+        raise ValueError(f"opt_step={opt_step!r} is out of range; allowed: 0 … {n - 1}")
+    tok = r.tokenizer()
     controls = {
         "opt_step": W.Dropdown(options=[(label, k) for k, label in enumerate(shown["labels"])], value=opt_step,
                                description=tr("optimizer step")),
@@ -100,7 +99,7 @@ def update_effect_explorer(run: Run | str | None = None, opt_step: int = 0, term
                          marker=dict(color="lightgrey", size=4))
     for name, colour in zip(CLIP_STATES, COLOURS):
         f_tokens.add_scatter(x=[], y=[], mode="markers", name=tr(name), marker=dict(color=colour, size=6))
-    layer_names = list(_per_layer(effects[0]["names"], effects[0]["grads"]))
+    layer_names = list(_per_layer(shown["effects"][0]["names"], shown["effects"][0]["grads"]))
     f_layers = go.FigureWidget(layout=dict(title=tr("per layer: ‖Δθ‖ and the gradient of the chosen term"),
                                            height=340, barmode="group", yaxis_title=tr("norm")))
     f_layers.add_bar(x=layer_names, y=[0.0] * len(layer_names), name=tr("‖Δθ‖ (the optimizer step)"))
