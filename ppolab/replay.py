@@ -108,13 +108,16 @@ def replay_rows(run: Run | str | os.PathLike | None = None, step: int = 1, mini_
 def replay_actor_update(run: Run | str | os.PathLike | None = None, step: int = 1, *,
                         micro_batch_size: int | None = None, use_dynamic_bsz: bool = False,
                         max_token_len: int | None = None, loss_agg_mode: str | None = None,
-                        loss_scale_factor: Any = KEEP, mini_batch: int = 0, strict: bool = True) -> dict[str, Any]:
+                        loss_scale_factor: Any = KEEP, mini_batch: int = 0, strict: bool = True,
+                        loss_mode: str | None = None) -> dict[str, Any]:
     """One optimizer step of the actor worker's update on the recorded rows of ``mini_batch`` of ``step``.
 
     Settings default to the run's own (``micro_batch_size=None`` → ``ppo_micro_batch_size_per_gpu``;
     ``max_token_len=None`` → ``ppo_max_token_len_per_gpu``; ``loss_scale_factor`` omitted → the run's value,
-    ``None`` → the padded-width fallback). ``strict``: only step 1, mini-batch 0 replays the run's real state
-    (module docstring); anything else raises ``ValueError`` unless ``strict=False``.
+    ``None`` → the padded-width fallback; ``loss_mode=None`` → the run's ``policy_loss.loss_mode``, else another
+    registered one, e.g. a learner's loss plugged in by ``ppolab.numbers.capstone_loss.plug_in``). ``strict``: only
+    step 1, mini-batch 0 replays the run's real state (module docstring); anything else raises ``ValueError`` unless
+    ``strict=False``.
 
     Returns a dict: ``grads`` (list of tensors, one per actor parameter, the accumulated gradient of the
     mini-batch loss), ``update`` (weights after − before; = −grads with SGD lr = 1), ``metrics`` (the update's
@@ -136,7 +139,7 @@ def replay_actor_update(run: Run | str | os.PathLike | None = None, step: int = 
     batch = Batch(dict(batch.tensors))  # a shallow copy: the batch cached for later replays is never written into
     cfg = r.ppo_config()
     a, n = _replay_config(r, len(rows), micro_batch_size, use_dynamic_bsz, max_token_len, loss_agg_mode,
-                          loss_scale_factor)
+                          loss_scale_factor, loss_mode)
     micro = None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu
     settings = {"micro_batch_size": micro, "use_dynamic_bsz": a.use_dynamic_bsz,
                 "max_token_len": a.ppo_max_token_len_per_gpu, "loss_agg_mode": a.loss_agg_mode,
@@ -180,7 +183,7 @@ def _replay_batch(r: Run, step: int, mini_batch: int) -> tuple[list[int], Batch]
 
 
 def _replay_config(r: Run, n_rows: int, micro_batch_size, use_dynamic_bsz, max_token_len, loss_agg_mode,
-                   loss_scale_factor):
+                   loss_scale_factor, loss_mode=None):
     """(the replay's actor config: a changed copy of the recorded one, rollout.n)."""
     cfg = r.ppo_config()
     a, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
@@ -197,6 +200,8 @@ def _replay_config(r: Run, n_rows: int, micro_batch_size, use_dynamic_bsz, max_t
         changes["loss_agg_mode"] = loss_agg_mode
     if loss_scale_factor is not KEEP:
         changes["loss_scale_factor"] = loss_scale_factor
+    if loss_mode is not None:
+        changes["policy_loss"] = dataclasses.replace(a.policy_loss, loss_mode=loss_mode)
     return dataclasses.replace(a, **changes), n
 
 

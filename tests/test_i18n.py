@@ -39,6 +39,10 @@ ALLOWED = {
     # padded 2 ("padded horizon"), wave 2, DP 4 ("DP rank"), surrogate 2, tensor 1; and the labs' own words
     # "attend" (the chapter: 参与 attention) and "adapter" (LoRA adapter)
     "engine", "forward", "budget", "shaping", "padded", "wave", "DP", "surrogate", "tensor", "attend", "adapter",
+    # and the forms issue 35 asked for (labs/GLOSSARY.md): global mini-batch 5, dynamic batching 4, synthetic padding
+    # 行 2, score, clamp 9
+    "global", "dynamic", "batching", "synthetic", "score", "clamp",
+    "worker",  # verl's trainer/worker split (the chapter: worker 23)
 }
 
 

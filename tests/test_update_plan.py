@@ -30,6 +30,8 @@ PLANNING = {"mini_batch_indices", "fixed_micro_batches", "plan_dynamic_micro_bat
             "DataLoader"}
 #: Where they may be called: the planner, and the module that defines the partitioners (its own internals).
 PLANNER = {"ppolab/update_plan.py", "ppolab/batching.py"}
+#: Modules that build counts of no real update (so nothing to read from a plan), each with the reason.
+SYNTHETIC = {"ppolab/numbers/capstone_loss.py": "lab 17 part II's hidden grading cases: made-up global counts"}
 WORKER_CLASSES = {"Worker", "ActorWorker", "CriticWorker", "ReferenceWorker"}
 
 
@@ -62,7 +64,7 @@ def test_no_module_but_the_planner_builds_a_plan():
     offenders = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = str(path.relative_to(ROOT))
-        if rel in PLANNER:
+        if rel in PLANNER or rel in SYNTHETIC:
             continue
         calls = planning_calls(path.read_text(encoding="utf-8"))
         if calls:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import nbformat
@@ -64,3 +65,33 @@ def test_a_stale_translation_is_reported(tmp_path, monkeypatch, capsys):
     problems: list[str] = []
     build_zh_labs.build_lab(lab, ENGLISH[lab], problems)
     assert any(cell_id in p and "stale" in p for p in problems), problems
+
+
+# -- the same numbers in both editions ------------------------------------------------------------------------------
+_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?=st\b|nd\b|rd\b|th\b|(?![\w]))")
+_WORDS = {w: str(i) for i, w in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen "
+    "eighteen nineteen twenty".split())}
+
+
+def numbers_of(text: str, english: bool = False) -> set[str]:
+    """The numbers a text states: its digits (16, 0.07, the 16th), and in English its number words (four, all-zero)."""
+    found = set(_NUMBER.findall(text))
+    if english:
+        found |= {_WORDS[w.lower()] for w in re.findall(r"[A-Za-z]+", text) if w.lower() in _WORDS}
+    return found
+
+
+@pytest.mark.parametrize("lab", sorted(build_zh_labs.english_labs()))
+def test_each_translated_cell_states_the_numbers_of_its_english_cell(lab):
+    en = {c.id: c.source for c in nbformat.read(build_zh_labs.english_labs()[lab], as_version=4).cells
+          if c.cell_type == "markdown"}
+    cells = (build_zh_labs.load_translation(lab) or {}).get("cells", {})
+    bad = []
+    for cid, entry in cells.items():
+        if cid in en:
+            missing = numbers_of(en[cid]) - numbers_of(entry["zh"])
+            extra = numbers_of(entry["zh"]) - numbers_of(en[cid], english=True)
+            if missing or extra:
+                bad.append(f"cell {cid}: only in English {sorted(missing)}, only in Chinese {sorted(extra)}")
+    assert not bad, f"lab {lab}: the editions state different numbers:\n" + "\n".join(bad)

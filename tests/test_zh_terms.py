@@ -359,3 +359,41 @@ def test_prose_names_controls_as_the_ui_does() -> None:
     bad = [f"{where}: {p}" for where, text, en in zh_texts() if en is None
            for p in control_name_problems(text, labels)]
     assert not bad, "\n".join(bad[:40])
+
+
+# -- bold and italic render next to Chinese punctuation --------------------------------------------------------------
+_MATH = re.compile(r"\$\$.*?\$\$|\$[^$\n]+\$", re.S)
+# What is left of an emphasis marker once CommonMark has rendered the text: `**`, or a `*` touching a word on one side
+_LEFT_MARKER = re.compile(r"\*\*|(?<![\s*])\*(?![\s*])|(?<=\s)\*(?=\S)|(?<=\S)\*(?=\s)")
+
+
+def unrendered_emphasis(markdown: str) -> list[str]:
+    """The emphasis markers CommonMark (markdown-it, as JupyterLab's renderer follows the same flanking rules) leaves
+    as literal asterisks in ``markdown``: ``**加粗（注）**之后`` does not render — a closing ``**`` after a punctuation
+    mark must be followed by a space or punctuation — while ``**加粗**（注）之后`` does. LaTeX and code are left out."""
+    import html
+
+    from markdown_it import MarkdownIt
+
+    out = MarkdownIt("commonmark").render(_MATH.sub("X", markdown))
+    out = re.sub(r"<code>.*?</code>|<pre>.*?</pre>", " ", out, flags=re.S)
+    plain = html.unescape(re.sub(r"<[^>]+>", "", out))
+    return [plain[max(0, m.start() - 16):m.end() + 16] for m in _LEFT_MARKER.finditer(plain)]
+
+
+def test_emphasis_checker_catches_planted_problems() -> None:
+    assert unrendered_emphasis("作为**假设（合成）**展示")
+    assert unrendered_emphasis("看*这里（注）*之后")
+    assert not unrendered_emphasis("作为**假设**（合成）展示，*斜体*也行；$a*b$ 与 `x**2` 不算")
+
+
+@pytest.mark.parametrize("edition", ["en", "zh"])
+def test_bold_and_italic_render_in_every_lab(edition: str) -> None:
+    labs = ROOT / "labs" / ("zh" if edition == "zh" else "")
+    bad = []
+    for path in sorted(labs.glob("[0-9][0-9]_*.ipynb")):
+        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+            if cell["cell_type"] == "markdown":
+                left = unrendered_emphasis("".join(cell["source"]))
+                bad += [f"{path.name} cell {cell.get('id')}: …{s}…" for s in left]
+    assert not bad, "emphasis markers that do not render (put the punctuation outside the markers):\n" + "\n".join(bad)

@@ -79,7 +79,7 @@ def _is_effect_response_mask_count(run=None):
 SOLUTIONS = {
     "02.1": bypass_ppo_kl,
     "02.2": bypass_extra_tokens,
-    "02.3": lambda run=None: round(bypass_max_gap(run), 3),
+    "02.3": lambda run=None: round(bypass_max_gap(run), 4),
     "02.4": largest_ratio,
     "02.5": is_effect,
 }

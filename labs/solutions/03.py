@@ -5,6 +5,7 @@ import math
 from ppolab import algos
 from ppolab.exercises.lab03 import second_epoch_case
 from ppolab.numbers import optimizer_step_batch, step_tensors
+from ppolab.numbers.clamp import clamp_case
 
 
 def max_ratio(run=None, opt_step=None):
@@ -49,9 +50,14 @@ def largest_abs_log_ratio(run=None, steps=None, signed=False):
     return round(best, 3)
 
 
-SOLUTIONS["03.5"] = largest_abs_log_ratio
-# the clamp's bound (as if it acted); the ratio e^|Δ| instead of the log-ratio; the first recorded step only; the
-# largest signed log-ratio (the biggest drift on these runs is downwards)
-WRONG["03.5"] = [20.0, lambda run=None: math.exp(largest_abs_log_ratio(run)),
-                 lambda run=None: largest_abs_log_ratio(run, steps=[1]),
-                 lambda run=None: largest_abs_log_ratio(run, signed=True)]
+def step_largest(run=None, signed=False):
+    """The learner's loop over the optimizer steps of the recorded step the prompt names."""
+    return largest_abs_log_ratio(run, steps=[clamp_case(run)["step"]], signed=signed)
+
+
+SOLUTIONS["03.5"] = step_largest
+# the clamp's bound (as if it acted); the ratio e^|Δ| instead of the log-ratio; the whole run's largest (the lab
+# prints it); the largest signed log-ratio (the biggest drift on these runs is downwards)
+WRONG["03.5"] = [20.0, lambda run=None: math.exp(step_largest(run)),
+                 lambda run=None: largest_abs_log_ratio(run),
+                 lambda run=None: step_largest(run, signed=True)]

@@ -8,7 +8,7 @@ from ppolab import algos
 from ppolab.exercises.lab07 import step1_entropy
 from ppolab.models import load_tokenizer_and_model
 from ppolab.numbers.steps import optimizer_step_batch
-from ppolab.numbers.temperature import first_step_loss, mean_first_ratio, run_temperature
+from ppolab.numbers.temperature import first_step_loss, run_temperature
 from ppolab.record import resolve_run
 from ppolab.roles import forward_response
 
@@ -32,16 +32,18 @@ def _first_batch(run):
     return r, b, model, ids, attn, t["responses"].shape[1]
 
 
-def ratio_without_temperature(run=None, temperature=1.0, mean_over_all=False):
-    """The learner's code: π_θ's log-probs from logits divided by ``temperature`` (1.0: not divided at all)."""
+def ratio_without_temperature(run=None, temperature=1.0, mean_over_all=False, share_below=True):
+    """The learner's code: π_θ's log-probs from logits divided by ``temperature`` (1.0: not divided at all); the
+    share of valid tokens whose ratio is below 1 (``share_below=False``: the mean ratio, which the lab prints)."""
     r, b, model, ids, attn, R = _first_batch(run)
     with torch.no_grad():
         lp = forward_response(model, ids, attn, R, temperature).log_probs
     m = b["response_mask"]
     ratio = torch.exp(torch.clamp(lp - b["old_log_probs"], -20, 20))
+    x = (ratio < 1).float() if share_below else ratio
     if mean_over_all:
-        return ratio.mean().item()
-    return algos.masked_mean(ratio, m).item()
+        return x.mean().item()
+    return algos.masked_mean(x, m).item()
 
 
 def bonus_shift(run=None, temperature=None, sign=-1.0, mode=None):
@@ -75,11 +77,12 @@ WRONG = {
     "07.4": [lambda run=None: 1 / entropy_ratio(run),
              lambda run=None: resolve_run(run).metrics["actor/entropy"].dropna().iloc[-1]
              / resolve_run(run).metrics["actor/entropy"].dropna().iloc[0]],
-    # with the temperature (exactly 1); T applied as a multiplier (z·T = z / (1/T)); old/new instead of new/old;
-    # a mean over every position, padding included
-    "07.5": [1.0, lambda run=None: mean_first_ratio(run, 1 / run_temperature(run or TEMP_RUN)),
-             lambda run=None: 1 / ratio_without_temperature(run),
-             lambda run=None: ratio_without_temperature(run, mean_over_all=True)],
+    # with the temperature (no token below 1); T applied as a multiplier (z·T = z / (1/T)); the share above 1; a
+    # share over every position, padding included; the mean ratio the lab prints
+    "07.5": [0.0, lambda run=None: ratio_without_temperature(run, 1 / run_temperature(run or TEMP_RUN)),
+             lambda run=None: 1 - ratio_without_temperature(run),
+             lambda run=None: ratio_without_temperature(run, mean_over_all=True),
+             lambda run=None: ratio_without_temperature(run, share_below=False)],
     # a bonus added, not subtracted; the entropy of the undivided logits (T skipped); token-sum instead of the
     # run's token-mean; as if no entropy were computed (calculate_entropy off, entropy_coeff 0)
     "07.6": [lambda run=None: bonus_shift(run, sign=1.0), lambda run=None: bonus_shift(run, temperature=1.0),

@@ -34,28 +34,32 @@ def recorded_token_k1(run=None):
     return (lt - lr)[src["mask"]].mean().item()
 
 
-def my_next_beta(run=None):
-    """What a learner writes: β of the case step (logged), the KL recomputed from its tensors, one update."""
+def my_next_beta(run=None, horizon=None):
+    """What a learner writes: β of the case step (logged), the KL recomputed from its tensors, one update with the
+    horizon the prompt names (``horizon``: another one, e.g. the run's own)."""
     r = resolve_run(run or RUN)
     c = e2_case(r)
     ctrl_cfg = r.config["algorithm"]["kl_ctrl"]
     ctrl = AdaptiveKLController(r.metrics.loc[c["step"], "actor/reward_kl_penalty_coeff"], ctrl_cfg["target_kl"],
-                                ctrl_cfg["horizon"])
-    ctrl.update(my_current_kl(r, c["step"]), len(r.step(c["step"]).tensors["responses"]))
+                                c["what_if"] if horizon is None else horizon)
+    ctrl.update(my_current_kl(r, c["step"]), len(r.step(c["step"]).tensors["responses"]))  # the run's estimator
     return ctrl.value
 
 
-def beta_shortcut(run=None, factor=None):
-    """β of the case step times a factor: 1 + 0.2·n/horizon (the clipped error's step, 1.05 here), or ``factor``."""
+def beta_shortcut(run=None, factor=None, sign=1.0):
+    """β of the case step times a factor: 1 ± 0.2·n/horizon at the what-if horizon (the clipped error's step, ×1.1
+    or ×0.9 here), or ``factor``."""
     r = resolve_run(run or RUN)
     c = e2_case(r)
     beta = r.metrics.loc[c["step"], "actor/reward_kl_penalty_coeff"]
-    return beta * (factor if factor is not None else 1 + 0.2 * c["rows"] / c["horizon"])
+    return beta * (factor if factor is not None else 1 + sign * 0.2 * c["rows"] / c["what_if"])
 
 
-def my_current_kl(run=None, step=None):
+def my_current_kl(run=None, step=None, estimator=None):
+    """The statistic apply_kl_penalty feeds the controller, with the run's estimator (or ``estimator``)."""
     t = resolve_run(run or RUN).step(e1_case(run)["step"] if step is None else step).tensors
-    kld = kl_penalty(t["old_log_probs"], t["ref_log_prob"], "kl") * t["loss_mask"]
+    name = estimator or resolve_run(run or RUN).config["algorithm"]["kl_penalty"]
+    kld = kl_penalty(t["old_log_probs"], t["ref_log_prob"], name) * t["loss_mask"]
     return torch.mean(masked_mean(kld, t["loss_mask"], axis=-1)).item()
 
 
@@ -66,7 +70,7 @@ def pooled_kl(run=None, step=None):
 
 
 SOLUTIONS = {
-    "08.1": my_current_kl,
+    "08.1": lambda run=None: my_current_kl(run, estimator=e1_case(run)["other"]),
     "08.2": my_next_beta,
     "08.3": 0.001 * (1 - 0.2 * 64 / 1000),
     "08.4": {"reward-side": "old_log_probs", "loss-side": "log_prob"},
@@ -90,15 +94,23 @@ WRONG = {
     "08.7": [("k3", "k3"), ("k1", "k1"), ("k1", "k3")],
     # the estimators unbiased in value; k2 alone; all of them
     "08.8": [{"k1", "k3"}, {"k2"}, {"k1+", "k3+"}, {"k1", "abs", "k2", "k3", "k1+", "abs+", "k2+", "k3+"}],
-    # the rejection-rewritten response_mask; the padding rows left out of the mean; k3 instead of the run's k1;
-    # all tokens pooled instead of a mean of per-sequence means
-    "08.1": [lambda run=None: reward_kl_statistic(run, e1_case(run)["step"], mask="response_mask"),
-             lambda run=None: reward_kl_statistic(run, e1_case(run)["step"], real_rows_only=True),
-             lambda run=None: reward_kl_statistic(run, e1_case(run)["step"], kl_penalty="k3"),
+    # the rejection-rewritten response_mask; the padding rows left out of the mean; the run's own estimator (the
+    # logged value); all tokens pooled instead of a mean of per-sequence means
+    "08.1": [lambda run=None: reward_kl_statistic(run, e1_case(run)["step"], mask="response_mask",
+                                                  kl_penalty=e1_case(run)["other"]),
+             lambda run=None: reward_kl_statistic(run, e1_case(run)["step"], real_rows_only=True,
+                                                  kl_penalty=e1_case(run)["other"]),
+             lambda run=None: resolve_run(run or RUN).metrics.loc[e1_case(run)["step"], "actor/reward_kl_penalty"],
+             lambda run=None: my_current_kl(run),
              lambda run=None: pooled_kl(run)],
-    # the clipped-error shortcut (β·1.05: as if KL/target − 1 were clipped to +0.2); 0.95·β; no update at all;
-    # the rejection-rewritten response_mask; n_steps = the 60 real rows; the padding rows left out of the mean
-    "08.2": [beta_shortcut, lambda run=None: beta_shortcut(run, 0.95), lambda run=None: beta_shortcut(run, 1.0),
-             lambda run=None: next_beta(run, mask="response_mask"), lambda run=None: next_beta(run, n_steps=60),
-             lambda run=None: next_beta(run, real_rows_only=True)],
+    # the clipped-error shortcut (β·1.1: as if KL/target − 1 were clipped to +0.2); 0.9·β; no update at all;
+    # the rejection-rewritten response_mask; n_steps = the 60 real rows; the padding rows left out of the mean;
+    # the run's own horizon (the β the log holds for the next step, copied or recomputed)
+    "08.2": [beta_shortcut, lambda run=None: beta_shortcut(run, sign=-1.0), lambda run=None: beta_shortcut(run, 1.0),
+             lambda run=None: next_beta(run, mask="response_mask", horizon=e2_case(run)["what_if"]),
+             lambda run=None: next_beta(run, n_steps=60, horizon=e2_case(run)["what_if"]),
+             lambda run=None: next_beta(run, real_rows_only=True, horizon=e2_case(run)["what_if"]),
+             lambda run=None: resolve_run(run or RUN).metrics.loc[e2_case(run)["next"],
+                                                                  "actor/reward_kl_penalty_coeff"],
+             lambda run=None: my_next_beta(run, horizon=e2_case(run)["horizon"])],
 }

@@ -32,7 +32,8 @@ def row_masks(run=None):
     t = tensors(run)
     row = masks_row_case(run)["row"]
     attention = t["response_attention_mask"] if "response_attention_mask" in t else t["response_mask"]
-    return int(attention[row].sum()), int(t["response_mask"][row].sum()), int(t["loss_mask"][row].sum())
+    return (int(t["prompt_mask"][row].sum() + attention[row].sum()), int(t["response_mask"][row].sum()),
+            int(t["loss_mask"][row].sum()))
 
 
 SOLUTIONS = {
@@ -65,8 +66,12 @@ WRONG = {
              lambda run=None: int((tensors(run)["loss_mask"].bool() & ~tensors(run)["response_mask"].bool())
                                   .any(-1).sum())],
     # the padded width as "attended"; the denominator re-normalised over the numerator; one mask for all three;
-    # loss_mask for all three
-    "10.5": [lambda run=None: (tensors(run)["responses"].shape[1], *row_masks(run)[1:]),
+    # loss_mask for all three; the response part only as "attended"; (a) and (c) swapped
+    "10.5": [lambda run=None: (tensors(run)["prompts"].shape[1] + tensors(run)["responses"].shape[1],
+                               *row_masks(run)[1:]),
+             lambda run=None: (row_masks(run)[0] - int(tensors(run)["prompt_mask"][masks_row_case(run)["row"]].sum()),
+                               *row_masks(run)[1:]),
+             lambda run=None: row_masks(run)[::-1],
              lambda run=None: (row_masks(run)[0], row_masks(run)[1], row_masks(run)[1]),
              lambda run=None: (row_masks(run)[1],) * 3, lambda run=None: (row_masks(run)[2],) * 3],
     # no shift; the shift the wrong way; the response index j itself; the old j = 4 of this exercise

@@ -1,7 +1,7 @@
 """Solutions to lab 11's exercises (kept out of the notebook). A callable solution is the code a learner
 would write; it is called with the exercise's context (e.g. ``run``)."""
 from ppolab.exercises.lab11 import (first_mini_batch, longest_case, longest_share, mini_batch, ones_seq_mean,
-                                    ones_token_mean, padding_case)
+                                    padding_case, rejection_case)
 from ppolab.numbers import step_tensors
 
 
@@ -11,8 +11,8 @@ def length_ratio(run=None):
     return (lengths.max() / lengths.min()).item()
 
 
-def kept_over_counted(run=None):
-    b = mini_batch(run, 0)
+def kept_over_counted(run=None, opt_step=None):
+    b = mini_batch(run, rejection_case(run)["opt_step"] if opt_step is None else opt_step)
     return round((b["response_mask"].sum() / b["loss_mask"].sum()).item(), 4)
 
 
@@ -45,9 +45,9 @@ WRONG = {
     # the fallback B_agg (non-empty rows only) gives 1; the inverse; B_agg = all 64 rows of the step
     "11.2": [1.0, lambda run=None: ones_seq_mean(run, fixed=False), lambda run=None: 1 / ones_seq_mean(run),
              lambda run=None: ones_seq_mean(run) * 16 / 64],
-    # re-normalised over the survivors (1.0); the rejected share; the inverse ratio
-    "11.3": [1.0, lambda run=None: 1 - ones_token_mean(run, 0),
-             lambda run=None: 1 / ones_token_mean(run, 0)],
+    # the survivors' own count (1); the rejected share; the inverse; optimizer step 0 (the lab prints it)
+    "11.3": [1.0, lambda run=None: 1 - kept_over_counted(run),
+             lambda run=None: 1 / kept_over_counted(run), lambda run=None: kept_over_counted(run, 0)],
     # the pair swapped; both modes weighing rows alike; both weighing tokens alike; the longest rows ranked and
     # counted by loss_mask (rejected tokens included)
     "11.4": [lambda run=None: top_k_shares(run)[::-1], lambda run=None: (top_k_shares(run)[1],) * 2,

@@ -16,8 +16,9 @@ def zero_advantage_share(run=None, per_token=False):
     return round(float(zero[real].float().mean()), 3)
 
 
-def lone_correct(unbiased=True, normalise=True):
-    scores = torch.tensor([1.0, 0, 0, 0, 0, 0, 0, 0], dtype=torch.float64)
+def lone_correct(unbiased=True, normalise=True, n=5):
+    scores = torch.zeros(n, dtype=torch.float64)
+    scores[0] = 1.0
     centred = scores[0] - scores.mean()
     return float(centred / (scores.std(unbiased=unbiased) + 1e-6)) if normalise else float(centred)
 
@@ -70,7 +71,8 @@ WRONG = {
     # "GRPO advantages are never exactly 0"; the token-weighted share; the share of right answers
     "15.1": [0.0, lambda run=None: zero_advantage_share(run, per_token=True), 0.781],
     # the biased std (÷ n); no std normalisation; the raw score
-    "15.2": [lambda: lone_correct(unbiased=False), lambda: lone_correct(normalise=False), 1.0],
+    "15.2": [lambda: lone_correct(unbiased=False), lambda: lone_correct(normalise=False), 1.0,
+             lambda: lone_correct(n=8)],  # the group of 8: the top of this run's boxes, logged as advantages/max
     # the metrics that look busy but stay in range
     "15.3": ["actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm"],
     # the raw kl_loss (no coefficient); means instead of medians; the whole run instead of its second half

@@ -117,12 +117,12 @@ def bypass_first_ratio(run=None, step: int | None = None) -> torch.Tensor:
 
 @exercise("02.3", "Predict, then verify: on the vLLM bf16 run, recorded step 1, optimizer step 0, the decoupled "
                   "ratio π_θ/π_old is 1 on every token. With bypass mode the denominator is π_rollout instead: what "
-                  "is the largest |r − 1| over the valid tokens of that optimizer step's rows? (3 decimals)",
+                  "is the largest |r − 1| over the valid tokens of that optimizer step's rows? (4 decimals)",
           hints=("At optimizer step 0 the actor has not moved yet: π_θ equals the trainer's π_old, so the bypass "
                  "ratio is π_old/π_rollout on those tokens — the bf16 training–inference gap, as a ratio.",
                  "r = exp(clamp(actor_log_probs[0] − rollout_log_probs, ±20)) on the rows where actor_log_probs[0] "
                  "is not NaN, masked by response_mask; answer (r − 1).abs().max()."),
-          rel=0.0, abs=5.1e-4, context=("run",), needs=("rollout_gap",), default_run="grpo_tiny_vllm_bf16")
+          rel=0.0, abs=5.1e-5, context=("run",), needs=("rollout_gap",), default_run="grpo_tiny_vllm_bf16")
 def _e3(run=None) -> float:
     return (bypass_first_ratio(run) - 1).abs().max().item()
 

@@ -58,16 +58,22 @@ def _e4() -> float:
     return lp.grad.item()
 
 
-@exercise("03.5", "The clamp on this run's own tensors: over the real response tokens of EVERY recorded optimizer step "
-                  "of the run (every recorded step, every actor_log_probs[k]), what is the largest "
+def _clamp_case(run=None) -> dict:
+    from ppolab.numbers.clamp import clamp_case
+
+    return clamp_case(run)
+
+
+@exercise("03.5", "The clamp on this run's own tensors: over the real response tokens of every optimizer step of "
+                  "recorded step {step} (every actor_log_probs[k] of that step), what is the largest "
                   "|log_prob − old_log_prob|? (3 decimals) Compare it with the clamp's 20.",
           hints=("π_θ of optimizer step k is actor_log_probs[k] (NaN outside its mini-batch), π_old is old_log_probs. "
                  "Take the absolute log-ratio on the tokens with response_mask = 1 of real rows, over all of them.",
-                 "max over s in run.steps, k: (b['log_prob'] − b['old_log_probs']).abs()[b['response_mask'] > 0].max() "
-                 "with b = optimizer_step_batch(run.step(s), k); ppolab.numbers.largest_log_ratio(run) gives it and "
-                 "where it is."),
-          rel=0.0, abs=5.1e-4, context=("run",), needs=("steps",))
+                 "max over k: (b['log_prob'] − b['old_log_probs']).abs()[b['response_mask'] > 0].max() with "
+                 "b = optimizer_step_batch(run.step({step}), k); ppolab.numbers.largest_log_ratio(run, steps=[{step}]) "
+                 "gives it and where it is."),
+          rel=0.0, abs=5.1e-4, context=("run",), needs=("steps",), case=_clamp_case)
 def _e5(run=None) -> float:
     from ppolab.numbers.clamp import largest_log_ratio
 
-    return largest_log_ratio(run)["value"]
+    return largest_log_ratio(run, steps=[_clamp_case(run)["step"]])["value"]

@@ -98,23 +98,26 @@ def _e4(run=None) -> float:
 
 @exercise("07.5", "Predict, then verify: π_θ that forgets the temperature. At the first optimizer step of recorded "
           "step {step} (π_θ is still π_old), recompute π_θ's log-probs from the logits NOT divided by the rollout "
-          "temperature T = {T}, and give the masked mean of the ratio exp(log π_θ − old_log_probs) over that "
-          "optimizer step's valid tokens ({rows} rows).",
+          "temperature T = {T}: on what share of that optimizer step's valid tokens ({rows} rows) is the ratio "
+          "exp(log π_θ − old_log_probs) below 1? (3 decimals)",
           hints=("With the temperature the ratio is exactly 1 on every token. Without it π_θ is softmax(z) while "
                  "π_old sampled from softmax(z / T): for T < 1 which one gives the sampled, mostly likely, tokens "
-                 "the higher probability?",
+                 "the higher probability? (The mean the next cell prints hides it: a few rare tokens get ratios "
+                 "far above 1.)",
                  "forward_response(model, ids, attn, R, 1.0).log_probs on optimizer_step_batch(rec, 0)['rows'] "
                  "(ppolab.roles; at step 1 the model is the base model), then "
-                 "masked_mean(ppo_clip_terms(old, lp, adv, ε, ε)['ratio'], response_mask) — "
-                 "ppolab.numbers.temperature.mean_first_ratio(run, 1.0) (chapter §6, verl "
+                 "masked_mean((ppo_clip_terms(old, lp, adv, ε, ε)['ratio'] < 1).float(), response_mask) — "
+                 "first_ratio(run, 1.0) in ppolab.numbers.temperature gives the ratios (chapter §6, verl "
                  "transformer_impl.py::prepare_model_outputs)."),
-          rel=1e-4, abs=1e-6, context=("run",), needs=("step1", "opt_steps"), case=_temperature_case,
+          rel=0.0, abs=5e-4, context=("run",), needs=("step1", "opt_steps"), case=_temperature_case,
           default_run="grpo_temp_tiny")
 def _e5(run=None) -> float:
-    from ppolab.numbers.temperature import mean_first_ratio
+    from ppolab.algos import masked_mean
+    from ppolab.numbers.temperature import first_ratio
 
     _temperature_case(run)  # a run sampled at T = 1 lacks this (skipping T changes nothing there)
-    return mean_first_ratio(run, 1.0)
+    f = first_ratio(run, 1.0)
+    return masked_mean((f["ratio"] < 1).double(), f["response_mask"].double()).item()
 
 
 @exercise("07.6", "The entropy bonus in the loss: at the first optimizer step of recorded step {step}, by how much "

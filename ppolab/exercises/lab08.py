@@ -104,13 +104,18 @@ def _e3(run=None) -> float:
     return exact_kl(lp_theta, lp_ref).mean().item()
 
 
+def _step1(run=None) -> dict:
+    """Exercise 08.6's recorded step: step 1 (the base model sampled it; §7.3's π_ref)."""
+    return {"step": 1}
+
+
 @exercise("08.6", f"Predict, then verify: tokens sampled from π_ref instead of π_θ (T_θ = {T_THETA}). The mean over "
           "the positions of recorded step 1 of E_{a∼π_ref}[k1] (3 decimals).",
           hints=("k1 = log π_θ(a) − log π_ref(a). Average it under π_ref, not π_θ: what KL is that, and in which "
                  "direction, and with which sign?",
                  "E_{a∼π_ref}[log π_θ(a) − log π_ref(a)] = −KL(π_ref‖π_θ): Σ_a π_ref(a)·(lp_theta − lp_ref)(a), "
                  "averaged over positions."),
-          rel=0.0, abs=5e-4, context=("run",), needs=("step1",), default_run=RUN)
+          rel=0.0, abs=5e-4, context=("run",), needs=("step1",), case=_step1, default_run=RUN)
 def _e4(run=None) -> float:
     lp_theta, lp_ref = _lps(run)
     return (lp_ref.exp() * (lp_theta - lp_ref)).sum(-1).mean().item()
@@ -151,60 +156,75 @@ def _e6(run=None) -> set[str]:
 
 
 def e1_case(run=None) -> dict:
-    """Exercise 08.1's step: recorded step 3, or the run's first recorded step; with its number of rows."""
+    """Exercise 08.1's step: recorded step 3, or the run's first recorded step; with its number of rows, the run's
+    reward-side ``estimator`` and the ``other`` one the exercise asks for (k3 = low_var_kl, or k1 = kl for a run that
+    already uses k3): the log holds the run's own statistic, not the other one."""
+    from ppolab.algos.kl import canonical_kl_name
+
+    r = _run(run)
     c = recorded_step_case(run, 3, default=RUN)
-    return {**c, "rows": int(_run(run).step(c["step"]).tensors["responses"].shape[0])}
+    own = r.ppo_config().algorithm.kl_penalty
+    other = "kl" if canonical_kl_name(own) in ("k3", "k3+") else "low_var_kl"
+    return {**c, "rows": int(r.step(c["step"]).tensors["responses"].shape[0]), "estimator": own, "other": other}
 
 
 @exercise("08.1", "Recompute actor/reward_kl_penalty of recorded step {step} — the KL statistic apply_kl_penalty "
-          "fed the "
-          "adaptive controller — from the recorded old_log_probs, ref_log_prob and the right mask.",
+          "fed the adaptive controller — from the recorded old_log_probs, ref_log_prob and the right mask, with the "
+          "run's estimator ({estimator}), and compare yours with the log. Then answer what a run with "
+          "algorithm.kl_penalty = {other} would have fed the controller at that step, from the same tensors.",
           hints=("Stage 7 applies the reward KL BEFORE rejection sampling rewrites response_mask: which recorded mask "
-                 "is the one it saw? And verl averages per sequence first, then over every row of the batch.",
-                 "kld = kl_penalty(old_log_probs, ref_log_prob, 'kl') * loss_mask; "
+                 "is the one it saw? And verl averages per sequence first, then over every row of the batch. Only "
+                 "the estimator changes in the answer; the mask and the averaging stay.",
+                 "kld = kl_penalty(old_log_probs, ref_log_prob, '{other}') * loss_mask; "
                  "torch.mean(masked_mean(kld, loss_mask, axis=-1)) over all {rows} rows, padding rows (0) included "
                  "(verl ray_trainer.py::apply_kl_penalty, chapter §7.1)."),
           rel=1e-5, abs=1e-9, context=("run",), needs=("kl_in_reward", "reference"), case=e1_case, default_run=RUN)
 def _e8(run=None) -> float:
     # float32 tensors summed in another order (a learner may work in float64): agreement to ~1e-7 relative
-    return reward_kl_statistic(run, e1_case(run)["step"])
+    c = e1_case(run)
+    return reward_kl_statistic(run, c["step"], kl_penalty=c["other"])
 
 
 def e2_case(run=None) -> dict:
     """Exercise 08.2's step: a recorded step where the adaptive controller is proportional (the error
-    KL/target − 1 inside ±0.2, not clipped) and the next step logged β — step 3 of ppo_fire_tiny."""
-    return proportional_kl_case(run, 3, default=RUN)
+    KL/target − 1 inside ±0.2, not clipped) and the next step logged β — step 3 of ppo_fire_tiny — and the
+    ``what_if`` horizon the exercise asks about: half the run's (the log holds β at the run's own)."""
+    c = proportional_kl_case(run, 3, default=RUN)
+    half = c["horizon"] / 2
+    return {**c, "what_if": int(half) if float(half).is_integer() else half}
 
 
 def next_beta(run=None, step: int | None = None, mask: str = "loss_mask", real_rows_only: bool = False,
-              n_steps: int | None = None) -> float:
+              n_steps: int | None = None, horizon: float | None = None) -> float:
     """β after the controller's update at recorded step ``step``: AdaptiveKLController started at the β that step
     used (its logged actor/reward_kl_penalty_coeff), updated with :func:`reward_kl_statistic` recomputed from the
     step's tensors and ``n_steps`` (default: the step's rows, padding rows included), as
-    ray_trainer.py::apply_kl_penalty does."""
+    ray_trainer.py::apply_kl_penalty does; with the run's ``horizon`` unless another is given."""
     r = _run(run)
     s = e2_case(r)["step"] if step is None else step
     ctrl_cfg = r.ppo_config().algorithm.kl_ctrl
     beta = float(r.metrics.loc[s, "actor/reward_kl_penalty_coeff"])
     ctrl = algos.AdaptiveKLController(init_kl_coef=beta, target_kl=float(ctrl_cfg.target_kl),
-                                      horizon=float(ctrl_cfg.horizon))
+                                      horizon=float(ctrl_cfg.horizon if horizon is None else horizon))
     rows = int(r.step(s).tensors["responses"].shape[0]) if n_steps is None else n_steps
     ctrl.update(current_kl=reward_kl_statistic(r, s, mask=mask, real_rows_only=real_rows_only), n_steps=rows)
     return ctrl.value
 
 
 @exercise("08.2", "Predict, then verify: recorded step {step} used the β logged as its "
-          "actor/reward_kl_penalty_coeff and then fed the adaptive controller the KL statistic of 08.1. Which β "
-          "does the reward-side penalty of step {next} use? Compute it from the step's tensors and the run's "
-          "algorithm.kl_ctrl (target_kl {target_kl}, horizon {horizon}).",
+          "actor/reward_kl_penalty_coeff and then fed the adaptive controller the KL statistic of 08.1 (the run's "
+          "own estimator). From the step's tensors and the run's algorithm.kl_ctrl (target_kl {target_kl}, horizon "
+          "{horizon}) compute the β the reward-side penalty of step {next} uses, and check it against the log. Then "
+          "answer: which β would step {next} use had algorithm.kl_ctrl.horizon been {what_if}?",
           hints=("Is the error KL/target − 1 of this step inside ±0.2? Then nothing is clipped and the size of the "
-                 "KL matters, not just its sign. n_steps counts the rows apply_kl_penalty saw — padding rows too.",
-                 "β_{next} = β_{step} · (1 + clip(KL / target_kl − 1, −0.2, 0.2) · n_steps / horizon), KL = your "
-                 "08.1 statistic (loss_mask: the mask before rejection sampling), n_steps = {rows} rows — "
-                 "AdaptiveKLController(β_{step}, target_kl, horizon).update(KL, n_steps) (verl "
+                 "KL matters, not just its sign. n_steps counts the rows apply_kl_penalty saw — padding rows too. "
+                 "The horizon divides the step the controller takes, not the error.",
+                 "β_{next} = β_{step} · (1 + clip(KL / target_kl − 1, −0.2, 0.2) · n_steps / {what_if}), KL = your "
+                 "08.1 statistic with the run's estimator (loss_mask: the mask before rejection sampling), n_steps = "
+                 "{rows} rows — AdaptiveKLController(β_{step}, target_kl, {what_if}).update(KL, n_steps) (verl "
                  "core_algos.py::AdaptiveKLController.update, chapter §7.1)."),
           rel=1e-7, abs=1e-12, context=("run",), needs=("adaptive_kl", "reference"), case=e2_case, default_run=RUN)
 def _e2_beta(run=None) -> float:
     # the KL is a float32 statistic recomputed in another order (~1e-7 relative); inside the proportional band it
     # moves β by e·n/horizon, so β agrees to ~1e-9 relative: rel 1e-7 still refuses n = 60 rows (3.7e-4 off)
-    return next_beta(run)
+    return next_beta(run, horizon=e2_case(run)["what_if"])

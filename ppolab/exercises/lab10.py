@@ -138,20 +138,24 @@ def attended(run=None) -> torch.Tensor:
 
 
 def three_masks(run=None, row: int | None = None) -> tuple[int, int, int]:
-    """(attended, numerator, token-mean denominator) token counts of ``row`` (default: :func:`masks_row_case`'s)."""
+    """(attended positions of the whole sequence — prompt and response —, numerator tokens, token-mean denominator
+    tokens) of ``row`` (default: :func:`masks_row_case`'s)."""
     t = _record(run).tensors
     row = masks_row_case(run)["row"] if row is None else row
-    return (int(attended(run)[row].sum()), int(t["response_mask"][row].sum()), int(t["loss_mask"][row].sum()))
+    return (int(t["prompt_mask"][row].sum()) + int(attended(run)[row].sum()), int(t["response_mask"][row].sum()),
+            int(t["loss_mask"][row].sum()))
 
 
-@exercise("10.5", "Row {row} of the first recorded step: how many of its response tokens (a) does every forward pass "
-          "attend to, (b) enter the numerator of every loss, (c) count in token-mean's denominator (the engine's "
-          "batch_num_tokens)? A triple of counts.",
-          hints=("Three masks, three jobs (the table \"Three masks\"): response_attention_mask, response_mask, "
-                 "loss_mask. Rejection rewrites only one of them; a tool observation is 0 in two.",
-                 "(int(response_attention_mask[{row}].sum()), int(response_mask[{row}].sum()), "
-                 "int(loss_mask[{row}].sum())) — where the run recorded no response_attention_mask, it equals "
-                 "response_mask (chapter §9)."),
+@exercise("10.5", "Row {row} of the first recorded step: (a) how many positions of its whole sequence — prompt and "
+          "response — does every forward pass attend to, and of its response tokens, how many (b) enter the "
+          "numerator of every loss, (c) count in token-mean's denominator (the engine's batch_num_tokens)? A triple "
+          "of counts.",
+          hints=("Three masks, three jobs (the table \"Three masks\"): the attention mask (prompt_mask, then "
+                 "response_attention_mask), response_mask, loss_mask. Rejection rewrites only one of them; a tool "
+                 "observation is 0 in two; the prompt is attended but never in a loss.",
+                 "(int(prompt_mask[{row}].sum() + response_attention_mask[{row}].sum()), "
+                 "int(response_mask[{row}].sum()), int(loss_mask[{row}].sum())) — where the run recorded no "
+                 "response_attention_mask, it equals response_mask (chapter §9)."),
           context=("run",), case=masks_row_case, default_run=RUN)
 def _e5(run=None) -> tuple[int, int, int]:
     return three_masks(run)

@@ -86,16 +86,35 @@ def ones_seq_mean(run=None, opt_step: int | None = None, fixed: bool = True) -> 
     return algos.agg_loss(torch.ones_like(m), m, "seq-mean-token-mean", global_batch_size=gbs).item()
 
 
-@exercise("11.3", "Predict, then verify: every token loss ℓ = 1 on the global mini-batch of actor optimizer step 0 of "
-          "the first recorded step. What does token-mean return with the engine's batch_num_tokens = Σ loss_mask of "
-          "that mini-batch? (4 decimals)",
+def rejection_case(run=None) -> dict:
+    """Exercise 11.3's actor optimizer step of the first recorded step: of those whose rows differ from optimizer
+    step 0's (the lab prints step 0), the one whose mini-batch lost the most tokens to rejection sampling; step 0
+    when every optimizer step trains the same rows."""
+    from ppolab.numbers import step_tensors
+
+    t = step_tensors(run, None, RUN).tensors
+    first = mini_batch(run, 0)["rows"]
+    others = [k for k in range(t["actor_log_probs"].shape[0])
+              if not torch.equal(mini_batch(run, k)["rows"], first)]
+
+    def rejected(k: int) -> float:
+        b = mini_batch(run, k)
+        return float(b["loss_mask"].sum() - b["response_mask"].sum())
+
+    return {"opt_step": max(others, key=lambda k: (rejected(k), -k)) if others else 0}
+
+
+@exercise("11.3", "Predict, then verify: every token loss ℓ = 1 on the global mini-batch of actor optimizer step "
+          "{opt_step} of the first recorded step. What does token-mean return with the engine's batch_num_tokens = "
+          "Σ loss_mask of that mini-batch? (4 decimals)",
           hints=("The numerator counts the tokens response_mask keeps; does the denominator lose the tokens rejection "
                  "sampling dropped?",
                  "Σ response_mask / Σ loss_mask over the mini-batch = agg_loss(ones, response_mask, 'token-mean', "
-                 "batch_num_tokens=loss_mask.sum()) (chapter §9, §10.1)."),
-          rel=0.0, abs=1e-4, context=("run",), default_run=RUN)
+                 "batch_num_tokens=loss_mask.sum()) on mini_batch(run, {opt_step}) (ppolab.exercises.lab11; chapter "
+                 "§9, §10.1)."),
+          rel=0.0, abs=1e-4, context=("run",), case=rejection_case, default_run=RUN)
 def _e3(run=None) -> float:
-    return ones_token_mean(run, 0)
+    return ones_token_mean(run, rejection_case(run)["opt_step"])
 
 
 @exercise("11.1", "Predict, then verify: in the global mini-batch of optimizer step 0 of the first recorded step, the "

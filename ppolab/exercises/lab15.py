@@ -16,6 +16,13 @@ SNIPPET = pd.DataFrame({
 }, index=pd.Index(range(51, 59), name="step"))
 
 
+def _last_step(run=None) -> dict:
+    """Exercise 15.1's recorded step: the run's last."""
+    from ppolab.numbers import resolve_run
+
+    return {"step": resolve_run(run).steps[-1]}
+
+
 @exercise("15.1", "Predict, then verify: at the run's last recorded step, what share of the real trajectories has "
                   "an advantage of exactly 0 on every response token? (3 decimals)",
           hints=("In GRPO a trajectory's advantage is (score − group mean) / (group std + ε). When is the "
@@ -23,7 +30,7 @@ SNIPPET = pd.DataFrame({
                  "at 0 of the advantage boxes.",
                  "share = mean over real rows of all(advantages[row][response_mask[row] == 1] == 0), rows with at "
                  "least one response token; for GRPO = 8 × (number of groups whose 8 scores are equal) / 128."),
-          rel=0.0, abs=5e-4, context=("run",))
+          rel=0.0, abs=5e-4, context=("run",), case=_last_step)
 def _e1(run=None) -> float:
     from ppolab.numbers import real_rows, resolve_run
 
@@ -35,18 +42,19 @@ def _e1(run=None) -> float:
     return float(zero[real].float().mean())
 
 
-@exercise("15.2", "The top of GRPO's advantage distribution: a group of 8 in which exactly one answer scores 1 and "
-                  "seven score 0. What advantage does the right answer get (norm_adv_by_std_in_grpo = true, "
-                  "ε = 1e-6, torch's default unbiased std)? (4 decimals)",
-          hints=("Group mean 1/8; the numerator is 1 − 1/8. The std is torch.std of the eight scores: the unbiased "
+@exercise("15.2", "The top of GRPO's advantage distribution, and how it depends on the group size: a group of 5 "
+                  "(rollout.n = 5, not the shipped run's 8) in which exactly one answer scores 1 and four score 0. "
+                  "What advantage does the right answer get (norm_adv_by_std_in_grpo = true, ε = 1e-6, torch's default "
+                  "unbiased std)? (4 decimals)",
+          hints=("Group mean 1/5; the numerator is 1 − 1/5. The std is torch.std of the five scores: the unbiased "
                  "one, dividing by n − 1.",
-                 "A = (1 − 1/8) / (std([1, 0, 0, 0, 0, 0, 0, 0]) + 1e-6) — compute_grpo_outcome_advantage on that "
+                 "A = (1 − 1/5) / (std([1, 0, 0, 0, 0]) + 1e-6) — compute_grpo_outcome_advantage on that "
                  "group, the first row."),
           rel=0.0, abs=5e-5)
 def _e2() -> float:
-    scores = torch.zeros(8, 1, dtype=torch.float64)
+    scores = torch.zeros(5, 1, dtype=torch.float64)
     scores[0, 0] = 1.0
-    adv, _ = algos.compute_grpo_outcome_advantage(scores, torch.ones_like(scores), [0] * 8, epsilon=1e-6,
+    adv, _ = algos.compute_grpo_outcome_advantage(scores, torch.ones_like(scores), [0] * 5, epsilon=1e-6,
                                                   norm_adv_by_std_in_grpo=True)
     return float(adv[0, 0])
 

@@ -141,9 +141,11 @@ def _logged_row(r: Run, step: int) -> dict[str, float]:
 
 
 def capstone_step(run: Run | str | None = None) -> int:
-    """The recorded step the capstone rebuilds: where the dual clip bit most (logged pg_clipfrac_lower), then where
-    the clip bit most (pg_clipfrac); on the shipped ppo_fire_tiny, step 18 (dual clip, clip, rejection, padding
-    rows and the adaptive β all fire there)."""
+    """The recorded step the capstone rebuilds: one whose every rank ran at least two micro-batches per optimizer step
+    where the run has such a step (a sum over micro-batches then differs from a mean), then where the dual clip bit
+    most (logged pg_clipfrac_lower), then where the clip bit most (pg_clipfrac); on the shipped ppo_fire_tiny (one
+    micro-batch per rank at every step), step 18: dual clip, clip, rejection, padding rows and the adaptive β all
+    fire there."""
     return int(_step_case(run, default=SHIPPED)["step"])
 
 
@@ -152,10 +154,16 @@ def _step_case(r: Run) -> dict[str, int]:
     require(r, default=SHIPPED)
     m = r.metrics
 
-    def score(s: int) -> tuple[float, float, int]:
+    cfg = r.ppo_config()
+
+    def several_micro_batches(s: int) -> bool:
+        plan = recorded_plan(r.step(s), cfg, "actor")
+        return all(len(rank) >= 2 for opt in plan.steps for rank in opt.micro_batches)
+
+    def score(s: int) -> tuple[bool, float, float, int]:
         row = m.loc[s] if s in m.index else {}
         get = lambda k: float(row.get(k, 0.0) or 0.0) if len(row) else 0.0  # noqa: E731
-        return (get("actor/pg_clipfrac_lower"), get("actor/pg_clipfrac"), -s)
+        return (several_micro_batches(s), get("actor/pg_clipfrac_lower"), get("actor/pg_clipfrac"), -s)
     return {"step": max(r.steps, key=score)}
 
 

@@ -202,12 +202,12 @@ def recorded_step_case(r: Run, prefer: int) -> Case:
 @_cached
 def critic_case(r: Run, prefer: int = 3) -> Case:
     """Critic optimizer step ``prefer`` of the first recorded step (its last one when it took fewer), the last
-    critic optimizer step, the run's ε_v and DP ranks."""
+    critic optimizer step, the run's ε_v and DP ranks, and that recorded ``step``."""
     require(r, "critic", "critic_updates")
     rec = r.step(r.steps[0])
     n = int(rec.tensors["critic_vpreds"].shape[0])
     return {"update": min(prefer, n - 1), "last": n - 1, "eps_v": r.ppo_config().critic.cliprange_value,
-            "dp": int(rec.info.get("dp_size", 1) or 1)}
+            "dp": int(rec.info.get("dp_size", 1) or 1), "step": r.steps[0]}
 
 
 def _pad_rows_in(r: Run, s: int, k: int) -> int:

@@ -1,0 +1,395 @@
+"""Lab 17, part II — your loss trains the model (chapter §1, §3–§5, §8, §10, §12–§13).
+
+The learner writes three plain-torch functions and they are graded by what they do, never by a number:
+
+* a **policy loss** with verl's registry signature ``fn(old_log_prob, log_prob, advantages, response_mask,
+  loss_agg_mode, config, rollout_is_weights=None, *, global_batch_info=None) -> (pg_loss, metrics)``, plugged into
+  the real trainer as ``actor.policy_loss.loss_mode`` through the same registry verl's ``vanilla`` lives in
+  (:func:`plug_in`; the trainer does not change for it);
+* the **actor loss** a micro-batch backpropagates, ``fn(pg_loss, entropy, log_prob, ref_log_prob, response_mask,
+  config, *, global_batch_info=None) -> loss`` (pg − entropy_coeff·H + kl_loss_coef·KL, §5);
+* a **value loss** ``fn(vpreds, returns, values, response_mask, cliprange_value, loss_agg_mode, *,
+  global_batch_info=None) -> (vf_loss, vf_clipfrac)`` (§8).
+
+Three grades, each stopping at the first case that differs and naming the part of the loss it exercises:
+
+(a) :func:`grade_hidden` — randomised batches the learner never sees, in stages that each add one mechanism (the
+    surrogate, the clip, the dual clip, the mask with padding rows, every ``loss_agg_mode``, the global counts of a
+    micro-batch's share, the dp factor, rollout IS weights, the entropy bonus, the loss-side KL, the value clip):
+    loss, gradient and metrics against :mod:`ppolab.algos`, the functions the trainer runs;
+(b) :func:`grade_replay` — the policy loss plugged in, one optimizer step of a recorded run replayed through the
+    actor worker (:func:`ppolab.replay.replay_actor_update`, the seeded adapter of step 1): the learner's gradient
+    against the worker's own, tensor by tensor;
+(c) :func:`grade_training` — a short ``grpo_tiny`` run trained with the learner's loss against the same run
+    trained with ``vanilla``: step 1 equal, the curves within stated bands.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ppolab import algos
+from ppolab.algos import LOSS_AGG_MODES
+from ppolab.algos.aggregation import GlobalBatchInfo
+from ppolab.algos.policy_loss import POLICY_LOSS_REGISTRY, register_policy_loss
+from ppolab.config import ActorConfig
+from ppolab.i18n import tr
+
+#: The ``policy_loss.loss_mode`` name the learner's policy loss is plugged in under.
+LEARNER = "learner"
+#: (a) agreement with ppolab.algos: float64 inputs, so only the order of sums differs.
+REL, ABS = 1e-6, 1e-9
+#: (b) the replayed gradient: the worker's float32 forward, summed in the learner's order.
+REPLAY_REL = 1e-4
+#: (c) the short run: step 1 (same rollouts, the loss decides) and the bands of the curves after it (sampling
+#: diverges once the weights differ in the last bit, so later steps agree in distribution, not exactly).
+TRAIN_STEPS, STEP1_REL, SCORE_BAND, ENTROPY_REL = 20, 1e-4, 0.15, 0.15
+_PLUGGED: set[str] = set()
+
+
+def plug_in(fn: Callable, name: str = LEARNER) -> str:
+    """Register ``fn`` as ``actor.policy_loss.loss_mode = name`` (re-running the cell replaces an earlier function
+    plugged in under ``name``; ppolab's own losses cannot be replaced). Returns ``name``."""
+    if name in POLICY_LOSS_REGISTRY and name not in _PLUGGED:
+        raise ValueError(f"{name!r} is one of ppolab's policy losses; plug yours in under another name")
+    POLICY_LOSS_REGISTRY.pop(name, None)
+    register_policy_loss(name)(fn)
+    _PLUGGED.add(name)
+    return name
+
+
+# ---------------------------------------------------------------------------------------------- (a) hidden cases
+@dataclasses.dataclass
+class Case:
+    """One hidden batch: what it exercises (``stage``), the tensors (float64, (bs, T)), the config and counts."""
+    stage: str
+    what: str
+    t: dict[str, torch.Tensor]
+    config: ActorConfig
+    info: GlobalBatchInfo
+    is_weights: torch.Tensor | None = None
+
+
+#: The stages of (a), in order: the part of the loss each adds, as the hint names it.
+STAGES = {
+    "surrogate": "the surrogate −A·r with r = exp(log_prob − old_log_prob), token-mean, nothing clipped (§3)",
+    "clip": "the clip: max(−A·r, −A·clip(r, 1 − ε_low, 1 + ε_high)), ε_low and ε_high apart (§4.1–§4.4)",
+    "dual clip": "the dual clip: where A < 0, min(that, −A·clip_ratio_c) (§4.5)",
+    "mask": "the mask: padding rows and positions outside response_mask hold junk and must not count (§9)",
+    "aggregation": "loss_agg_mode: token-mean, token-sum, seq-mean-token-sum, seq-mean-token-mean, "
+                   "seq-mean-token-sum-norm (§10)",
+    "global counts": "a micro-batch's share of the global mini-batch: divide by global_batch_info.batch_num_tokens "
+                     "or global_batch_size, not by this micro-batch's own counts — the shares are summed over "
+                     "micro-batches (§10, §13)",
+    "dp factor": "× global_batch_info.dp_size: the ranks' gradients are averaged (§12–§13)",
+    "rollout IS": "rollout_is_weights multiply the clipped per-token loss, before aggregation (§3)",
+    "metrics": "actor/pg_clipfrac, actor/ppo_kl, actor/pg_clipfrac_lower: masked means over the micro-batch (§15)",
+    "entropy": "the entropy bonus: loss = pg − entropy_coeff·agg(H) — a bonus lowers the loss (§5, §6)",
+    "kl loss": "the loss-side KL: + kl_loss_coef·agg(kl_penalty(log_prob, ref_log_prob, kl_loss_type)) — π_θ "
+               "against π_ref, not π_old (§5, §7.2)",
+    "value clip": "the value clip: ½·max((V − G)², (clip(V, V_old ± ε_v) − G)²), vf_clipfrac where the clipped "
+                  "error is strictly larger (§8)",
+    "value aggregation": "the value loss aggregated like the policy loss: loss_agg_mode, global counts, dp factor "
+                         "(§8, §10, §13)",
+}
+
+
+def _batch(g: torch.Generator, bs: int, T: int, drift: float, pad_rows: int = 0, junk: bool = False) -> dict:
+    lengths = torch.randint(1, T + 1, (bs,), generator=g)
+    lengths[bs - pad_rows:] = 0
+    mask = (torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)).double()
+    if not pad_rows and not junk:
+        mask = torch.ones(bs, T, dtype=torch.float64)
+    old = -torch.rand(bs, T, generator=g, dtype=torch.float64) * 3 - 0.05
+    lp = old + torch.randn(bs, T, generator=g, dtype=torch.float64) * drift
+    if junk:  # outside the mask: what a padded position holds in a real batch — anything finite
+        lp = torch.where(mask > 0, lp, old + 4.0)
+    return {"old_log_prob": old, "log_prob": lp, "advantages": torch.randn(bs, T, generator=g, dtype=torch.float64),
+            "response_mask": mask, "entropy": torch.rand(bs, T, generator=g, dtype=torch.float64) * 2,
+            "ref_log_prob": old + torch.randn(bs, T, generator=g, dtype=torch.float64) * 0.4,
+            "vpreds": torch.randn(bs, T, generator=g, dtype=torch.float64),
+            "returns": torch.randn(bs, T, generator=g, dtype=torch.float64),
+            "values": torch.randn(bs, T, generator=g, dtype=torch.float64) * 0.5}
+
+
+def hidden_cases(seed: int = 20261202) -> list[Case]:
+    """The hidden batches of (a), stage by stage (:data:`STAGES`); each stage adds one mechanism to the last."""
+    g = torch.Generator().manual_seed(seed)
+    cases = []
+
+    def add(stage, what, n, *, drift=0.05, pad=0, junk=False, modes=("token-mean",), counts=False, dp=1, c=3.0,
+            low=0.2, high=0.2, is_w=False, scale=None, **cfg):
+        for i in range(n):
+            bs, T = int(torch.randint(3, 7, (1,), generator=g)), int(torch.randint(4, 10, (1,), generator=g))
+            t = _batch(g, bs, T, drift, pad, junk)
+            mode = modes[i % len(modes)]
+            tokens, rows = float(t["response_mask"].sum()), bs
+            info = GlobalBatchInfo(dp_size=dp, batch_num_tokens=tokens * 3 + 5 if counts else None,
+                                   global_batch_size=rows * 3 + 1 if counts else (rows if dp > 1 else None),
+                                   loss_scale_factor=scale)
+            if not counts and dp > 1:
+                info = dataclasses.replace(info, batch_num_tokens=tokens)
+            config = ActorConfig(clip_ratio=low, clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=c,
+                                 loss_agg_mode=mode, **cfg)
+            w = torch.rand(bs, T, generator=g, dtype=torch.float64) * 2 if is_w else None
+            shape = tr("{bs} rows × {T} tokens").format(bs=bs, T=T)
+            cases.append(Case(stage, tr("{what}; {mode}; {shape}").format(what=tr(what), mode=mode, shape=shape), t,
+                              config, info, w))
+
+    add("surrogate", "small moves, every token valid", 3)
+    add("clip", "large moves, ε_low 0.2, ε_high 0.28", 3, drift=0.6, high=0.28, c=100.0)
+    add("dual clip", "large moves, clip_ratio_c 1.5", 3, drift=1.2, high=0.28, c=1.5)
+    add("mask", "padding rows, junk outside the mask", 3, drift=0.6, pad=2, junk=True, c=1.5)
+    add("aggregation", "every loss_agg_mode, local counts", 10, drift=0.6, pad=1, junk=True, c=1.5,
+        modes=LOSS_AGG_MODES, scale=None)
+    add("aggregation", "seq-mean-token-sum-norm with loss_scale_factor 8", 2, drift=0.6, pad=1, junk=True, c=1.5,
+        modes=("seq-mean-token-sum-norm",), scale=8.0)
+    add("global counts", "a micro-batch of a larger global mini-batch", 10, drift=0.6, pad=1, junk=True, c=1.5,
+        modes=LOSS_AGG_MODES, counts=True)
+    add("dp factor", "2 DP ranks", 5, drift=0.6, pad=1, junk=True, c=1.5, modes=LOSS_AGG_MODES, counts=True, dp=2)
+    add("rollout IS", "rollout IS weights", 3, drift=0.6, pad=1, junk=True, c=1.5, modes=LOSS_AGG_MODES[:3],
+        counts=True, dp=2, is_w=True)
+    add("entropy", "entropy_coeff 0.05", 3, drift=0.6, pad=1, junk=True, c=1.5, modes=LOSS_AGG_MODES[:3],
+        counts=True, dp=2, entropy_coeff=0.05)
+    add("kl loss", "use_kl_loss, kl_loss_coef 0.1, low_var_kl", 3, drift=0.6, pad=1, junk=True, c=1.5,
+        modes=LOSS_AGG_MODES[:3], counts=True, dp=2, entropy_coeff=0.05, use_kl_loss=True, kl_loss_coef=0.1,
+        kl_loss_type="low_var_kl")
+    add("kl loss", "use_kl_loss, kl_loss_coef 0.1, kl (k1)", 2, drift=0.6, pad=1, junk=True, c=1.5,
+        modes=("token-mean",), counts=True, dp=2, use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="kl")
+    add("value clip", "ε_v 0.2", 3, drift=0.6, pad=1, junk=True)
+    add("value aggregation", "every loss_agg_mode, global counts, 2 DP ranks", 5, pad=1, junk=True,
+        modes=LOSS_AGG_MODES, counts=True, dp=2)
+    return cases
+
+
+class Unanswered(Exception):
+    """A learner's function that still returns None (its body is ``...``)."""
+
+
+def _answer(out: Any, name: str) -> Any:
+    if out is None:
+        raise Unanswered(name)
+    return out
+
+
+def _grad(loss: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    (g,) = torch.autograd.grad(loss, x, allow_unused=True)
+    return torch.zeros_like(x) if g is None else g
+
+
+def _run_case(case: Case, policy_loss: Callable, actor_loss: Callable | None, value_loss: Callable | None,
+              reference: bool) -> dict[str, Any]:
+    """Loss, gradient and metrics of one hidden case through the learner's functions (or ppolab.algos)."""
+    t, cfg, info = case.t, case.config, case.info
+    if case.stage.startswith("value"):
+        vp = t["vpreds"].clone().requires_grad_(True)
+        args = (vp, t["returns"], t["values"], t["response_mask"], 0.2, cfg.loss_agg_mode)
+        if reference:
+            loss, frac = algos.compute_value_loss(*args, **info.as_kwargs())
+        else:
+            loss, frac = _answer(value_loss(*args, global_batch_info=info), "value_loss")
+        return {"loss": float(loss.detach()), "grad": _grad(loss, vp),
+                "metrics": {"critic/vf_clipfrac": float(frac)}}
+    lp = t["log_prob"].clone().requires_grad_(True)
+    fn = POLICY_LOSS_REGISTRY["vanilla"] if reference else policy_loss
+    pg, metrics = _answer(fn(t["old_log_prob"], lp, t["advantages"], t["response_mask"], cfg.loss_agg_mode, cfg,
+                             case.is_weights, global_batch_info=info), "policy_loss")
+    loss = pg
+    if case.stage in ("entropy", "kl loss"):
+        ent, ref = t["entropy"], t["ref_log_prob"]
+        if reference:
+            terms, _ = algos.ppo_loss_terms(cfg, old_log_prob=t["old_log_prob"], log_prob=lp,
+                                            advantages=t["advantages"], response_mask=t["response_mask"],
+                                            entropy=ent, ref_log_prob=ref, global_batch_info=info)
+            loss = sum(terms.values())
+        else:
+            loss = _answer(actor_loss(pg, ent, lp, ref, t["response_mask"], cfg, global_batch_info=info), "actor_loss")
+    keys = ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower")
+    return {"loss": float(loss.detach()), "grad": _grad(loss, lp),
+            "metrics": {k: float(metrics[k]) for k in keys if k in (metrics or {})}}
+
+
+def _close(a: float, b: float, rel: float = REL, abs_: float = ABS) -> bool:
+    return math.isfinite(a) and abs(a - b) <= abs_ + rel * abs(b)
+
+
+def grade_hidden(policy_loss: Callable, actor_loss: Callable | None = None,
+                 value_loss: Callable | None = None) -> dict[str, Any]:
+    """(a): every hidden case through the learner's functions and ppolab.algos. Returns ``ok``, the ``stage`` and
+    ``case`` of the first difference, ``line`` (one line: the case, what differs, the part to look at) and
+    ``cases`` (how many agreed). A function left out (None) skips its stages."""
+    done = 0
+    for i, case in enumerate(hidden_cases()):
+        if (case.stage in ("entropy", "kl loss") and actor_loss is None) or \
+                (case.stage.startswith("value") and value_loss is None):
+            continue
+        want = _run_case(case, policy_loss, actor_loss, value_loss, reference=True)
+        try:
+            got = _run_case(case, policy_loss, actor_loss, value_loss, reference=False)
+        except Unanswered as e:
+            return {"ok": False, "stage": None, "case": None, "cases": done, "answered": False,
+                    "line": tr("not answered yet: {name} returns None — write its body").format(name=e)}
+        except Exception as e:  # noqa: BLE001 — the learner's code: one line, not a traceback
+            return _fail(case, i, done, tr("your function raised {error}").format(
+                error=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]}"))
+        if not _close(got["loss"], want["loss"]):
+            ratio = f" (×{got['loss'] / want['loss']:.4g})" if want["loss"] else ""
+            return _fail(case, i, done, tr("loss {got}, ppolab.algos {want}").format(
+                got=f"{got['loss']:.6g}", want=f"{want['loss']:.6g}") + ratio)
+        g, w = got["grad"], want["grad"]
+        if g.shape != w.shape or not torch.allclose(g, w, rtol=1e-5, atol=1e-9):
+            return _fail(case, i, done, tr("the loss agrees but its gradient does not (a .detach() or a masked "
+                                           "position that still carries gradient?)"))
+        for k, v in want["metrics"].items():
+            if k not in got["metrics"] or not _close(got["metrics"][k], v):
+                return _fail(dataclasses.replace(case, stage="metrics"), i, done,
+                             tr("{key}: yours {got}, ppolab.algos {want}").format(
+                                 key=k, got=got["metrics"].get(k, "—"), want=f"{v:.6g}"))
+        done += 1
+    return {"ok": True, "stage": None, "case": None, "cases": done,
+            "line": tr("(a) right: {n} hidden cases agree with ppolab.algos (loss, gradient, metrics)").format(n=done)}
+
+
+def _fail(case: Case, i: int, done: int, what: str) -> dict[str, Any]:
+    return {"ok": False, "stage": case.stage, "case": i, "cases": done,
+            "line": tr("(a) not yet — hidden case {i} ({stage}: {what}): {detail}. Look at {part}").format(
+                i=i, stage=case.stage, what=case.what, detail=what, part=tr(STAGES[case.stage]))}
+
+
+# ---------------------------------------------------------------------------------------------- (b) one replayed step
+def grade_replay(policy_loss: Callable, run: Any = None, name: str = LEARNER) -> dict[str, Any]:
+    """(b): the learner's policy loss plugged in as ``loss_mode = name``, optimizer step 0 of recorded step 1
+    replayed through the actor worker (the seeded adapter, the run's own micro-batches and global counts), its
+    gradient against the same replay with the run's own loss_mode: ``ok``, ``rel`` (largest |Δ| of a gradient
+    entry over the largest entry of the worker's), ``tensors``, ``metrics`` (both replays' actor/* metrics) and
+    ``line``."""
+    from ppolab.replay import replay_actor_update
+
+    plug_in(policy_loss, name)
+    want = replay_actor_update(run)
+    try:
+        got = replay_actor_update(run, loss_mode=name)
+    except Exception as e:  # noqa: BLE001 — the learner's code inside the worker: one line
+        return {"ok": False, "rel": math.inf, "tensors": 0, "metrics": {},
+                "line": tr("(b) not yet — the worker raised {error} inside your loss").format(
+                    error=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]}")}
+    scale = max(float(w.abs().max()) for w in want["grads"]) or 1.0
+    rel = max(float((g - w).abs().max()) for g, w in zip(got["grads"], want["grads"])) / scale
+    keys = [k for k in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl") if k in want["metrics"]]
+    metrics = {k: (got["metrics"].get(k, math.nan), want["metrics"][k]) for k in keys}
+    ok = rel <= REPLAY_REL and all(_close(a, b, REPLAY_REL, 1e-7) for a, b in metrics.values())
+    n = len(want["grads"])
+    line = (tr("(b) right: the worker's gradient of optimizer step 0 with your loss equals its own on all {n} "
+               "adapter tensors (largest difference {rel} of the largest entry)").format(n=n, rel=f"{rel:.1e}") if ok
+            else tr("(b) not yet — optimizer step 0 of step 1 replayed with your loss: the gradient differs by {rel} "
+                    "of its largest entry").format(rel=f"{rel:.2g}")
+            + "".join("; " + tr("{key}: yours {got}, the worker's {want}").format(key=k, got=f"{a:.6g}",
+                                                                                  want=f"{b:.6g}")
+                      for k, (a, b) in metrics.items() if not _close(a, b, REPLAY_REL, 1e-7)))
+    return {"ok": ok, "rel": rel, "tensors": n, "metrics": metrics, "line": line}
+
+
+# ---------------------------------------------------------------------------------------------- (c) a short run
+_REFERENCE: dict[tuple, Path] = {}
+
+
+def short_run(loss_mode: str, out: Path, steps: int = TRAIN_STEPS):
+    """``grpo_tiny`` for ``steps`` steps with ``actor.policy_loss.loss_mode = loss_mode``, no validation, no
+    recording, into ``out``; the same seed, data order and first rollouts whatever the loss."""
+    import ppolab
+
+    return ppolab.train("grpo_tiny", [f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}",
+                                      f"trainer.total_training_steps={steps}", "trainer.test_freq=-1",
+                                      "trainer.val_before_train=false", "trainer.record_freq=-1",
+                                      f"trainer.run_dir={out}"], progress=False)
+
+
+def grade_training(policy_loss: Callable, name: str = LEARNER, steps: int = TRAIN_STEPS,
+                   root: Path | None = None) -> dict[str, Any]:
+    """(c): ``grpo_tiny`` trained ``steps`` steps with the learner's policy loss and with ``vanilla`` (trained once
+    per process). Step 1 — the same rollouts, so the loss alone decides — must agree within ``STEP1_REL`` on
+    actor/pg_loss, actor/pg_clipfrac and actor/ppo_kl; afterwards sampling differs once the weights differ in their
+    last bit, so the curves must stay within bands: mean |Δ critic/score/mean| ≤ ``SCORE_BAND`` and mean
+    actor/entropy within ``ENTROPY_REL``. Returns ``ok``, ``curves`` ({metric: (yours, vanilla)}) and ``line``."""
+    plug_in(policy_loss, name)
+    root = Path(root or tempfile.mkdtemp(prefix="ppolab-capstone-"))
+    key = (steps,)
+    if key not in _REFERENCE or not _REFERENCE[key].exists():
+        _REFERENCE[key] = Path(short_run("vanilla", root / "vanilla", steps).path)
+    from ppolab.record import load_run
+
+    ref = load_run(_REFERENCE[key]).metrics
+    mine = load_run(short_run(name, root / f"{name}-{len(list(root.glob(f'{name}-*')))}", steps).path).metrics
+    first = {k: (float(mine.loc[1, k]), float(ref.loc[1, k]))
+             for k in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl")}
+    curves = {k: (mine[k].dropna().tolist(), ref[k].dropna().tolist()) for k in ("critic/score/mean", "actor/entropy")}
+    score_gap = sum(abs(a - b) for a, b in zip(*curves["critic/score/mean"])) / steps
+    ent_mine, ent_ref = (sum(c) / len(c) for c in curves["actor/entropy"])
+    bad = [tr("step 1 {key}: yours {got}, vanilla {want}").format(key=k, got=f"{a:.6g}", want=f"{b:.6g}")
+           for k, (a, b) in first.items() if not _close(a, b, STEP1_REL, 1e-7)]
+    if score_gap > SCORE_BAND:
+        bad.append(tr("critic/score/mean is {gap} apart on average (band {band})").format(
+            gap=f"{score_gap:.3f}", band=SCORE_BAND))
+    if abs(ent_mine - ent_ref) > ENTROPY_REL * abs(ent_ref):
+        bad.append(tr("mean actor/entropy {got} vs {want} (band ±{band})").format(
+            got=f"{ent_mine:.4g}", want=f"{ent_ref:.4g}", band=f"{ENTROPY_REL:.0%}"))
+    line = (tr("(c) right: {steps} steps of grpo_tiny trained with your loss — step 1 equal, score curves {gap} "
+               "apart on average, entropy {got} vs {want}").format(steps=steps, gap=f"{score_gap:.3f}",
+                                                                   got=f"{ent_mine:.4g}", want=f"{ent_ref:.4g}")
+            if not bad else tr("(c) not yet — ") + "; ".join(bad))
+    return {"ok": not bad, "first": first, "curves": curves, "line": line}
+
+
+# ---------------------------------------------------------------------------------------------- all three, in order
+@dataclasses.dataclass
+class Grade:
+    """What :func:`grade` found: truthy when every grade it ran is right; shows as its lines in a notebook."""
+    ok: bool
+    lines: list[str]
+    results: dict[str, dict[str, Any]]
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __repr__(self) -> str:
+        return "\n".join(self.lines)
+
+
+def _unanswered(fn: Callable | None, what: str) -> str | None:
+    """One line when ``fn`` is given but is not a function (a number, the result of calling it)."""
+    if fn is None or callable(fn):
+        return None
+    return tr("{what} is not a function: pass the function itself").format(what=what)
+
+
+def grade(policy_loss: Callable, actor_loss: Callable | None = None, value_loss: Callable | None = None, *,
+          run: Any = None, train: bool = True) -> Grade:
+    """Grade the learner's losses: (a) on the hidden cases; if right, (b) one replayed optimizer step of ``run``
+    (its recorded step 1; skipped, with a line, on a run without one); if right and ``train``, (c) a short run. A
+    later grade runs only when the earlier ones are right, so the first line that says "not yet" names the part to
+    fix. Never raises for the learner's code."""
+    for fn, what in ((policy_loss, "policy_loss"), (actor_loss, "actor_loss"), (value_loss, "value_loss")):
+        line = _unanswered(fn, what)
+        if line:
+            return Grade(False, [line], {})
+    a = grade_hidden(policy_loss, actor_loss, value_loss)
+    lines, results = [a["line"]], {"a": a}
+    if a["ok"]:
+        from ppolab.record import resolve_run
+
+        r = resolve_run(run)
+        if 1 not in r.steps:
+            lines.append(tr("(b) skipped: {run} recorded no step 1 to replay").format(run=r.path.name))
+        else:
+            results["b"] = b = grade_replay(policy_loss, r)
+            lines.append(b["line"])
+            if b["ok"] and train:
+                results["c"] = c = grade_training(policy_loss)
+                lines.append(c["line"])
+    return Grade(all(x["ok"] for x in results.values()), lines, results)
+
