@@ -2,6 +2,7 @@
 would write; it is called with the exercise's context (e.g. ``run``)."""
 import torch
 
+from ppolab.exercises.lab15 import POLICY_KNOBS, REGULARISER_KNOBS
 from ppolab.record import resolve_run
 
 
@@ -21,6 +22,21 @@ def lone_correct(unbiased=True, normalise=True, n=5):
     scores[0] = 1.0
     centred = scores[0] - scores.mean()
     return float(centred / (scores.std(unbiased=unbiased) + 1e-6)) if normalise else float(centred)
+
+
+def _factors(base=None, knobs=()):
+    """The learner's reading of the curves: each knob's mean over steps 2… over the base's."""
+    from ppolab.numbers import ablations
+
+    r = base if base is not None else "grpo_tiny"
+    runs = ablations.ablation_runs(r, tuple(k for k in knobs if ablations.applies(r, k)))
+    out = {}
+    for k in runs:
+        if k != "base":
+            mine = ablations.curve(runs[k], ablations.KNOBS[k].metric)[1:]
+            base = ablations.curve(runs["base"], ablations.KNOBS[k].metric)[1:]
+            out[k] = sum(mine) / sum(base)
+    return out
 
 
 def kl_over_pg(run=None, coef=True, reducer="median", half=True):
@@ -64,6 +80,8 @@ SOLUTIONS = {
     "15.3": "actor/entropy",
     "15.4": kl_over_pg,
     "15.5": old_entropy,
+    "15.6": lambda: _factors(None, POLICY_KNOBS),
+    "15.7": lambda: _factors(None, REGULARISER_KNOBS),
 }
 
 #: Plausible wrong answers: each must be told "not yet".
@@ -80,6 +98,13 @@ WRONG = {
              lambda run=None: kl_over_pg(run, half=False)],
     # the logged actor/entropy and actor/entropy_loss (read, not computed); the whole batch over response_mask; the
     # update's mask but its own token count as the denominator (as if rejected tokens left batch_num_tokens)
+    # no knob moves anything; each factor inverted (the base over the knob); the intuitions the runs refute
+    "15.6": [lambda: {k: 1.0 for k in _factors(None, POLICY_KNOBS)},
+             lambda: {k: 1 / v for k, v in _factors(None, POLICY_KNOBS).items()},
+             {"clip_ratio": 4.0, "ppo_epochs": 2.0, "loss_agg_mode": 1.0, "bypass_mode": 0.5}],
+    "15.7": [lambda: {k: 1 / v for k, v in _factors(None, REGULARISER_KNOBS).items()},
+             {"kl_loss_coef": 0.1, "kl_path": 1.0, "entropy_coeff": 1.0, "temperature": 0.7},
+             {"kl_loss_coef": 0.9, "kl_path": 1.0, "entropy_coeff": 2.0, "temperature": 0.7}],
     "15.5": [_logged, lambda run=None: _logged(run, "actor/entropy_loss"),
              lambda run=None: old_entropy(run, denominator="response_mask", per_step=False),
              lambda run=None: old_entropy(run, denominator="response_mask"),

@@ -1,0 +1,40 @@
+"""Train the short ablation runs of the shipped grpo_tiny into data/ablations/grpo_tiny/ (lab 15, "predict the
+curve"): the base and one run per knob of ppolab.numbers.ablations.KNOBS, each STEPS steps, then keep only what the
+labs read (config.json, metrics.jsonl, summary.json) and print the bytes and seconds.
+
+    python tools/train_ablations.py            # refuses when data/ablations/grpo_tiny/ exists
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+
+from ppolab.numbers import ablations
+from ppolab.record import load_run
+
+KEEP = {"config.json", "metrics.jsonl", "summary.json"}
+
+
+def main() -> int:
+    out = ablations.SHIPPED
+    if out.exists():
+        print(f"{out} exists; remove it first to train the ablations again", file=sys.stderr)
+        return 1
+    base = load_run(ablations.ROOT / "data" / "runs" / "grpo_tiny")
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for name in ("base", *ablations.KNOBS):
+        start = time.time()
+        path = ablations._train(base, name, () if name == "base" else ablations.KNOBS[name].overrides, tmp / name)
+        for p in path.iterdir():
+            if p.name not in KEEP:
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+        print(f"{name}: {time.time() - start:.1f} s, {sum(p.stat().st_size for p in path.iterdir()):,} bytes")
+    tmp.rename(out)
+    print(f"{out}: {sum(p.stat().st_size for p in out.rglob('*') if p.is_file()):,} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
