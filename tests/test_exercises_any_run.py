@@ -20,9 +20,10 @@ import ppolab
 from ppolab import exercises
 from ppolab.exercises import check, registry
 from ppolab.numbers import RunLacks
-from ppolab.record import SHIPPED_RUNS
+from ppolab.record import SHIPPED_RUNS, resolve_run
 
 from helpers import FRESH
+from test_prompts_name_the_run import step_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 REG = registry()
@@ -81,6 +82,9 @@ def full_protocol(ex_id: str, run) -> str:
     assert not check(ex_id, ..., **kw).answered
     if "lacks" in probe(ex_id, run).message:
         return "lacks"
+    if "run" in ex.context and not isinstance(run, (tuple, list)):  # the prompt names only what this run has
+        text = exercises.prompt(ex_id, run=run)
+        assert not step_problems(text, resolve_run(run)), (ex_id, run, text)
     sol = solutions(ex.lab)
     exercises.reset(ex_id)
     right = check(ex_id, value(sol.SOLUTIONS[ex_id], run), **kw)

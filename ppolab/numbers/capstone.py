@@ -106,8 +106,6 @@ _ZH: dict[str, str] = {
     "  {key}: this run does not log it": "  {key}：这个 run 没有记录它",
     "  {key}: not a number yet": "  {key}：还不是一个数",
     "  {key}: match ({value:.6g})": "  {key}：一致（{value:.6g}）",
-    "  {key}: differs — yours {got:.6g}, logged {want:.6g}: {why}": "  {key}：不一致——你的 {got:.6g}，记录的 "
-                                                                      "{want:.6g}：{why}",
     "  {key}: differs — yours {got:.6g}: {why}": "  {key}：不一致——你的 {got:.6g}：{why}",
     "(no numbers yet)": "（还没有数）",
     "step {step}, your numbers against metrics.jsonl:": "step {step}，你的数与 metrics.jsonl 对比：",
@@ -296,10 +294,10 @@ def _number(x: Any) -> float | None:
 
 def compare_to_logged(answer: dict[str, Any], run: Run | str | None = None, step: int | None = None,
                       opt_step: int | None = None) -> list[str]:
-    """One line per metric of ``answer``: ``match`` (within 1e-4 relative), or ``differs`` with the logged value
-    and a hint (a factor dp_size or a flipped sign is named when the numbers show it). With ``opt_step`` the
-    comparison is with that optimizer step's rebuild (:func:`rebuild_actor_step`; the run logs no per-step values),
-    and its values are not shown."""
+    """One line per metric of ``answer``: ``match`` (within 1e-4 relative, with the value), or ``differs`` with a
+    hint (a factor dp_size or a flipped sign is named when the numbers show it) — never the logged value, which a
+    wrong try would otherwise hand over. With ``opt_step`` the comparison is with that optimizer step's rebuild
+    (:func:`rebuild_actor_step`; the run logs no per-step values)."""
     r = resolve_run(run, SHIPPED)
     s = capstone_step(r) if step is None else step
     want = logged(r, s) if opt_step is None else rebuild_actor_step(r, s, opt_step)
@@ -323,11 +321,8 @@ def compare_to_logged(answer: dict[str, Any], run: Run | str | None = None, step
             why = _t("{dp}× too large: the ranks are averaged, not summed").format(dp=dp)
         elif want[key] and _close(-got, want[key]):
             why = _t("the sign is flipped")
-        if opt_step is None:
-            lines.append(_t("  {key}: differs — yours {got:.6g}, logged {want:.6g}: {why}").format(
-                key=key, got=got, want=want[key], why=why))
-        else:
-            lines.append(_t("  {key}: differs — yours {got:.6g}: {why}").format(key=key, got=got, why=why))
+        # the logged value is shown only once it matches: a wrong try must not hand over the number to copy
+        lines.append(_t("  {key}: differs — yours {got:.6g}: {why}").format(key=key, got=got, why=why))
     return lines
 
 
