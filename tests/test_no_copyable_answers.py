@@ -42,6 +42,10 @@ COINCIDENCES = {
 }
 #: The capstone's part I rebuilds the logged metrics themselves; its counterfactual form comes with part II.
 CAPSTONE_PART_I = {"17.1", "17.2", "17.3", "17.5", "17.6", "17.7"}
+#: Predictions of a rough size (a tolerance of 10 % or more): any number inside the band passes by design, so a
+#: number shown elsewhere may too. Their truths — ratios of two short runs' curve means (lab 15) — are neither
+#: logged nor shown; tests/test_ablations.py checks the curves they are read from.
+PREDICTIONS = {i for i, ex in REG.items() if ex.rel >= 0.1}
 
 
 def shown_numbers(lab: str) -> set[float]:
@@ -83,6 +87,8 @@ def numbers_in(t) -> list[float]:
 def test_no_logged_or_shown_number_is_accepted(ex_id):
     if ex_id in CAPSTONE_PART_I:
         pytest.xfail("lab 17 part I grades the rebuilt log itself (issue 35 §1: the capstone's part II)")
+    if ex_id in PREDICTIONS:
+        pytest.skip(f"{ex_id} asks for a rough size: a band, not a number to copy")
     ex = REG[ex_id]
     values = [v for v in numbers_in(truth(ex_id)) if abs(v - round(v)) > 1e-6]
     if not values:
