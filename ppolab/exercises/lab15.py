@@ -151,8 +151,7 @@ def _effects(base, knobs):
     trains its short runs only when the lab passes that run as ``base``, never as the lab's ``run``."""
     from ppolab.numbers import ablations
 
-    r = base if base is not None else "grpo_tiny"
-    return ablations.effects(r, tuple(k for k in knobs if ablations.applies(r, k)))
+    return ablations.effects(base if base is not None else "grpo_tiny", knobs)  # it leaves out what the run lacks
 
 
 _PREDICT = ("Predict the curve: short runs of {steps} steps, each the base run with one knob changed — {knobs}. For "
