@@ -52,13 +52,34 @@ RUN_ENTRIES = ("metrics.jsonl", "summary.json", "steps", "checkpoints")
 CHECKPOINT_FILES = ("trainable.safetensors", "optim_actor.safetensors", "rng_rank0.safetensors")
 
 
+def _umask() -> int:
+    """The process's umask. Linux shows it in /proc (reading it there leaves it untouched for other threads);
+    elsewhere it is read by setting and restoring it."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def honour_umask(path: Path | str, folder: bool = False) -> None:
+    """Give ``path`` the mode an ordinary ``open``/``mkdir`` would have: mkstemp makes 0600 files and mkdtemp 0700
+    folders whatever the umask, which would keep a run an instructor trains on a shared machine from its learners."""
+    os.chmod(path, (0o777 if folder else 0o666) & ~_umask())
+
+
 def _atomic(path: Path, write) -> None:
-    """Write through ``write(tmp_path)`` then ``os.replace`` onto ``path``."""
+    """Write through ``write(tmp_path)`` then ``os.replace`` onto ``path`` (with the umask's mode, like ``open``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
         write(tmp)
+        honour_umask(tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -104,7 +125,7 @@ def _run_entries(run_dir: str | os.PathLike) -> list[str]:
     """The entries of ``run_dir`` that show a training step happened there (see :data:`RUN_ENTRIES`)."""
     d = Path(run_dir)
     found = []
-    if (d / "metrics.jsonl").is_file() and any(row.get("step", 0) for row in _read_jsonl(d / "metrics.jsonl")):
+    if (d / "metrics.jsonl").is_file() and any(row.get("step", 0) for _, row in _jsonl_rows(d / "metrics.jsonl")):
         found.append("metrics.jsonl")  # step 0 alone is the validation before training
     if (d / "summary.json").is_file():
         try:
@@ -175,6 +196,7 @@ class Recorder:
         tmp = Path(tempfile.mkdtemp(dir=self.run_dir, prefix=f".{TOKENIZER_DIR}.", suffix=".tmp"))
         try:
             tokenizer.save_pretrained(str(tmp))
+            honour_umask(tmp, folder=True)
             os.replace(tmp, self.run_dir / TOKENIZER_DIR)
         finally:
             if tmp.exists():
@@ -238,6 +260,8 @@ class Recorder:
             return directory
         if save_adapters is not None:
             save_adapters(directory / "adapters")
+            for f in (directory / "adapters").rglob("*"):  # safetensors' own writer makes 0600 files
+                honour_umask(f, folder=f.is_dir())
         write_tensors(directory / "trainable.safetensors", state["weights"])
         optimizers = {}
         for name, worker in state["workers"].items():
@@ -250,24 +274,91 @@ class Recorder:
         return directory
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The rows of a JSON-lines file; a line that does not parse is an error naming the file and line."""
+def _jsonl_rows(path: Path):
+    """``(line number, row)`` of a JSON-lines file, read line by line (a regular file only: :func:`regular_file`);
+    a line that does not parse is an error naming the file and line."""
     from ppolab.errors import FileFormatError
+    from ppolab.rundir import regular_file
 
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise FileFormatError(f"{path}, line {number}: not valid JSON ({e.msg}), a torn or edited line; fix or "
-                                  "delete that line (its step's metrics are lost), or " + _REDO) from None
-        if not isinstance(row, dict):
-            raise FileFormatError(f"{path}, line {number}: expected a JSON object of metrics, got "
-                                  f"{type(row).__name__}; fix or delete that line")
-        rows.append(row)
-    return rows
+    with open(regular_file(path), encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise FileFormatError(f"{path}, line {number}: not valid JSON ({e.msg}), a torn or edited line; fix "
+                                      "or delete that line (its step's metrics are lost), or " + _REDO) from None
+            if not isinstance(row, dict):
+                raise FileFormatError(f"{path}, line {number}: expected a JSON object of metrics, got "
+                                      f"{type(row).__name__}; fix or delete that line")
+            step = row.get("step", 0)
+            if isinstance(step, bool) or not isinstance(step, (int, float)) or step != int(step):
+                raise FileFormatError(f"{path}, line {number}: step {step!r} is not a whole number; fix or delete "
+                                      "that line")
+            yield number, row
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file (:func:`_jsonl_rows`)."""
+    return [row for _, row in _jsonl_rows(path)]
+
+
+def _check_jsonl(path: Path) -> None:
+    """Every line of ``path`` parses: a torn line is reported when a run is opened, in constant memory."""
+    for _ in _jsonl_rows(path):
+        pass
+
+
+def _metrics_frame(path: Path):
+    """metrics.jsonl as a DataFrame indexed by step, parsed streaming into one float64 array per metric (8 bytes a
+    value; a list of row dicts costs ~10× that): a 200 MB file stays within a few hundred MB. The dtypes are those
+    pandas gives the rows: a metric logged as a whole number on every row is int64, as a bool on every row bool; a
+    value that is not a number (a string a custom reward logged) keeps its column as objects."""
+    from array import array
+
+    import numpy as np
+    import pandas as pd
+
+    numbers: dict[str, array] = {}
+    kinds: dict[str, set] = {}  # per numeric column: the Python types seen, and "missing"
+    objects: dict[str, list] = {}
+    n = 0
+    for _, row in _jsonl_rows(path):
+        for key, value in row.items():
+            if key in objects:
+                objects[key].append(value)
+                continue
+            col = numbers.get(key)
+            if col is None:
+                col = numbers[key] = array("d", [float("nan")] * n)
+                kinds[key] = {"missing"} if n else set()
+            if value is None or isinstance(value, (int, float)):
+                col.append(float("nan") if value is None else float(value))
+                kinds[key].add("missing" if value is None else type(value))
+            else:  # this column holds something else: objects from now on, the numbers so far included
+                objects[key] = [None if v != v else v for v in col] + [value]
+                del numbers[key], kinds[key]
+        n += 1
+        for key, col in numbers.items():  # a metric this row lacks: NaN
+            if len(col) < n:
+                col.append(float("nan"))
+                kinds[key].add("missing")
+        for col in objects.values():
+            if len(col) < n:
+                col.append(None)
+    data: dict[str, Any] = {}
+    for key, col in numbers.items():
+        values = np.frombuffer(col, dtype=np.float64) if len(col) else np.zeros(0)
+        seen = kinds[key]
+        data[key] = (values.astype(np.int64) if seen == {int} else values.astype(bool) if seen == {bool}
+                     else values)
+    data.update(objects)
+    frame = pd.DataFrame(data, copy=False)
+    if "step" in frame:
+        frame["step"] = frame["step"].astype("int64")
+        frame = frame.set_index("step").sort_index()
+    return frame
 
 
 def _safetensors_problem(path: Path) -> str | None:
@@ -384,7 +475,7 @@ def resume_checkpoint(run_dir: str | os.PathLike, resume: bool) -> tuple[Path | 
         raise RunDirError(f"trainer.resume=true but {run_dir} holds no complete checkpoint to resume from ({why}); "
                           "give a new trainer.run_dir to start over — nothing in it was changed")
     if (run_dir / "metrics.jsonl").exists():
-        _read_jsonl(run_dir / "metrics.jsonl")  # a torn line is reported now, not after the model loaded
+        _check_jsonl(run_dir / "metrics.jsonl")  # a torn line is reported now, not after the model loaded
     if (run_dir / "summary.json").exists():
         read_json(run_dir / "summary.json", "fix or delete it (it is rewritten at the end of the run)")
     notes = [f"{note}; resuming from the previous complete checkpoint {found} instead" for note in skipped]
@@ -468,17 +559,32 @@ class Run:
     """A run directory opened for reading: config, metrics, recorded steps."""
 
     def __init__(self, path: str | os.PathLike):
+        from ppolab.errors import FileFormatError, MissingFileError
+
         self.path = Path(path)
         config_file = self.path / "config.json"
+        if not self.path.exists():
+            import difflib
+
+            near = difflib.get_close_matches(self.path.name, list(SHIPPED_RUNS), n=1)
+            raise MissingFileError(f"{self.path} does not exist" + (f" — did you mean the shipped run {near[0]!r}?"
+                                                                    if near else "")
+                                   + f"; a run is a shipped run's name ({', '.join(SHIPPED_RUNS)}) or the "
+                                   "trainer.run_dir of a run you trained")
+        if not self.path.is_dir():
+            raise FileFormatError(f"{self.path} is a file, not a run directory: give the folder the run was "
+                                  "trained into (its trainer.run_dir)")
         if not config_file.exists():
-            raise FileNotFoundError(
+            raise MissingFileError(
                 f"{self.path} is not a ppolab run directory (no config.json). Shipped runs live in data/runs/; "
                 "make one with python -m ppolab.train trainer.run_dir=<dir>"
             )
         meta = read_json(config_file)
+        if isinstance(meta, dict) and "config" not in meta and ("model_type" in meta or "architectures" in meta):
+            raise FileFormatError(f"{self.path} is a model directory (a {meta.get('model_type', 'model')}'s "
+                                  "config.json), not a run: train on it with actor_rollout_ref.model.path="
+                                  f"{self.path} trainer.run_dir=<dir>, then open <dir>")
         if not isinstance(meta, dict) or "config" not in meta:
-            from ppolab.errors import FileFormatError
-
             raise FileFormatError(f"{config_file} has no 'config' entry: not written by ppolab's recorder; {_REDO}")
         self.config: dict[str, Any] = meta.pop("config")
         self.info: dict[str, Any] = meta
@@ -488,7 +594,7 @@ class Run:
         self._metrics: tuple[Any, Any] | None = None
         self._steps: tuple[int, list[int]] | None = None
         if (self.path / "metrics.jsonl").exists():
-            _read_jsonl(self.path / "metrics.jsonl")  # a torn line is reported when the run is opened
+            _check_jsonl(self.path / "metrics.jsonl")  # a torn line is reported when the run is opened
 
     @property
     def metrics(self):
@@ -498,8 +604,7 @@ class Run:
         path = self.path / "metrics.jsonl"
         stamp = (path.stat().st_mtime_ns, path.stat().st_size) if path.exists() else None
         if self._metrics is None or self._metrics[0] != stamp:  # parsed once per version of the file
-            frame = pd.DataFrame(_read_jsonl(path) if stamp else [])
-            self._metrics = (stamp, frame.set_index("step").sort_index() if "step" in frame else frame)
+            self._metrics = (stamp, _metrics_frame(path) if stamp else pd.DataFrame())
         return self._metrics[1].copy()  # a caller may change its frame without changing another's
 
     @property

@@ -205,11 +205,39 @@ def resume_changes(recorded: dict[str, Any], new: dict[str, Any], recorded_print
 REDO = "re-record the run (python -m ppolab.train with a new trainer.run_dir)"
 
 
-def read_json(path: str | os.PathLike, todo: str = REDO) -> Any:
-    """A JSON file, or :class:`ppolab.errors.FileFormatError` naming it and ``todo``."""
-    from ppolab.errors import FileFormatError
+#: The largest JSON file a reader opens whole (a step's texts and plan are a few MB at a real batch).
+MAX_JSON_BYTES = 256 * 2**20
+
+
+def regular_file(path: str | os.PathLike, limit: int | None = None) -> Path:
+    """``path`` when it is a regular file (after links) of at most ``limit`` bytes, else
+    :class:`ppolab.errors.FileFormatError` naming it: a link to ``/dev/zero``, a FIFO or a folder would be read until
+    memory runs out, or block, before anything could say why."""
+    import stat
+
+    from ppolab.errors import FileFormatError, MissingFileError
 
     path = Path(path)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise MissingFileError(f"{path} is missing") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a device, pipe or socket, not a file"
+        raise FileFormatError(f"{path} is {kind}{' (through a link)' if path.is_symlink() else ''}: a run's "
+                              f"files are plain files; put the file the recorder wrote there") from None
+    if limit is not None and st.st_size > limit:
+        raise FileFormatError(f"{path} is {st.st_size / 2**20:.0f} MB, more than the {limit / 2**20:.0f} MB a "
+                              f"reader opens whole: not a file the recorder wrote") from None
+    return path
+
+
+def read_json(path: str | os.PathLike, todo: str = REDO) -> Any:
+    """A JSON file (a regular file of at most :data:`MAX_JSON_BYTES`), or :class:`ppolab.errors.FileFormatError`
+    naming it and ``todo``."""
+    from ppolab.errors import FileFormatError
+
+    path = regular_file(path, MAX_JSON_BYTES)
     try:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -23,7 +23,7 @@ from ppolab.numbers import RunLacks
 from ppolab.record import SHIPPED_RUNS, resolve_run
 
 from helpers import FRESH
-from test_prompts_name_the_run import step_problems
+from test_prompts_name_the_run import setting_problems, step_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 REG = registry()
@@ -85,6 +85,7 @@ def full_protocol(ex_id: str, run) -> str:
     if "run" in ex.context and not isinstance(run, (tuple, list)):  # the prompt names only what this run has
         text = exercises.prompt(ex_id, run=run)
         assert not step_problems(text, resolve_run(run)), (ex_id, run, text)
+        assert not setting_problems(ex_id, resolve_run(run)), (ex_id, run, setting_problems(ex_id, resolve_run(run)))
     sol = solutions(ex.lab)
     exercises.reset(ex_id)
     right = check(ex_id, value(sol.SOLUTIONS[ex_id], run), **kw)

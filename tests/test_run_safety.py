@@ -465,3 +465,22 @@ def test_the_critic_adapter_wraps_critic_model_target_modules(tmp_path):
                                           "critic.model.target_modules=[q_prj]"])
     with pytest.raises(ConfigError, match="critic.model.target_modules: 'q_prj' is not a layer"):
         PPOTrainer(cfg)
+
+
+# ====================================================================== modes: the umask decides (issue 36)
+@pytest.mark.slow  # one training step (~10 s): in .ci/run's slow phase
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o077])
+def test_every_file_and_folder_of_a_run_honours_the_umask(tmp_path, umask):
+    """A run an instructor trains on a shared machine opens for the learners of the group: the recorder's files
+    get 0666 & ~umask and its folders 0777 & ~umask, as open() and mkdir() give them (mkstemp alone gives 0600)."""
+    old = os.umask(umask)
+    try:
+        run(tmp_path, "trainer.record_freq=1", "trainer.save_freq=1")
+    finally:
+        os.umask(old)
+    root = tmp_path / "run"
+    seen = {p.relative_to(root).parts[0] for p in root.rglob("*")}
+    assert {"metrics.jsonl", "config.json", "steps", "tokenizer", "checkpoints"} <= seen, seen
+    wrong = [f"{p.relative_to(root)} {oct(p.stat().st_mode & 0o777)}" for p in [root, *root.rglob("*")]
+             if p.stat().st_mode & 0o777 != (0o777 if p.is_dir() else 0o666) & ~umask]
+    assert not wrong, f"umask {oct(umask)}: {wrong}"

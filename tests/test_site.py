@@ -213,3 +213,76 @@ def test_precomputed_explorer_equals_live_explorer(site):
         assert all(_close(a, b) for a, b in zip(red, live_red)), key
         seen.add(round(shown, 6))
     assert len(seen) > 3, "the grid's settings do not change pg_clipfrac: the sweep did not move the explorer"
+
+
+# ------------------------------------------------------------------ misuse: the builder's own folder (issue 36)
+def _builder(monkeypatch, fail: set[Path] = frozenset()):
+    """tools/build_site imported in-process, its kernel replaced by reading the notebook unexecuted (fast), and a
+    dead kernel for the notebooks named in ``fail``."""
+    import importlib
+
+    import nbformat
+
+    monkeypatch.syspath_prepend(str(REPO / "tools"))
+    bs = importlib.import_module("build_site")
+
+    def execute(nb_path, spec, timeout=0):
+        if Path(nb_path) in fail:
+            from nbclient.exceptions import DeadKernelError
+            raise DeadKernelError("Kernel died")
+        return nbformat.read(nb_path, as_version=4)
+
+    monkeypatch.setattr(bs, "execute", execute)
+    return bs
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_a_folder_of_the_users_is_never_written_into(tmp_path, monkeypatch, capsys):
+    bs = _builder(monkeypatch)
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "index.html").write_text("my own page")
+    before = _tree(out)
+    assert bs.main([str(out), "--labs", "04"]) == 2
+    assert _tree(out) == before
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(out) in err[0] and "not a site this builder wrote" in err[0], err
+
+
+@pytest.mark.parametrize("labs, shown", [("99", "no lab 99"), ("4x", "'4x'"), ("04,", "''")])
+def test_bad_labs_are_refused_before_anything_is_written(tmp_path, monkeypatch, capsys, labs, shown):
+    bs = _builder(monkeypatch)
+    out = tmp_path / "site"
+    assert bs.main([str(out), "--labs", labs]) == 2
+    assert not out.exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--labs" in err[0] and shown in err[0], err
+
+
+def test_a_dead_kernel_names_its_lab_and_the_rest_is_built(tmp_path, monkeypatch, capsys):
+    zh = next((REPO / "labs" / "zh").glob("04_*.ipynb"))
+    bs = _builder(monkeypatch, fail={zh})
+    out = tmp_path / "site"
+    assert bs.main([str(out), "--labs", "04,11"]) == 1
+    report = json.loads((out / "build.json").read_text())
+    assert list(report["failed"]) == ["zh/04"] and "DeadKernelError" in report["failed"]["zh/04"]
+    assert {"en/04_clipped_objective.html", "zh/11_loss_aggregation.html"} <= set(report["pages"])
+    index = (out / "index.html").read_text()
+    assert "构建失败" in index and "zh/04_clipped_objective.html" not in index and "zh/11_" in index
+    assert "zh/04" in capsys.readouterr().out
+
+
+def test_a_site_of_its_own_is_rebuilt_but_a_changed_page_stops_it(tmp_path, monkeypatch, capsys):
+    bs = _builder(monkeypatch)
+    out = tmp_path / "site"
+    assert bs.main([str(out), "--labs", "11"]) in (0, 1)
+    assert bs.main([str(out), "--labs", "11"]) in (0, 1), capsys.readouterr().err  # its own files: replaced
+    page = out / "en" / "11_loss_aggregation.html"
+    page.write_text(page.read_text() + "<!-- my note -->")
+    before = _tree(out)
+    assert bs.main([str(out), "--labs", "11"]) == 2
+    assert _tree(out) == before
+    assert "11_loss_aggregation.html changed since the last build" in capsys.readouterr().err

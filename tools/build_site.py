@@ -15,11 +15,18 @@ works from ``file://`` or any plain file server and asks no other host for anyth
 
 Exercises show their prompt and a note that checking an answer needs the live lab; the builder never reads
 ``labs/solutions/`` (the notebooks ship unanswered). ``OUT/build.json`` records what was built, how long it took,
-and each page's size.
+each page's size and the SHA-256 of every file the build wrote.
+
+OUT is the builder's own: it builds into a new or empty folder, or into a site it built before, and there it replaces
+only the files its last build wrote and nobody changed since (build.json's hashes). Anything else in OUT — a user's
+``index.html``, a page edited by hand — stops the build before it writes a byte, naming the file. Every argument is
+checked before anything is written. A lab whose kernel dies or whose execution fails is named, the others are built,
+and the index marks it as failed (exit status 1).
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import html
 import json
 import os
@@ -86,6 +93,7 @@ TEXT = {
                          "during real training, and each lab's main explorer can be moved over a few precomputed "
                          "settings. To change anything else, run the lab: {live}.",
         "not_built": "(not built in this site)",
+        "failed": "(its build failed: see build.json)",
         "built": "Built {date} in {secs:.0f} s; {size}.",
     },
     "zh": {
@@ -106,9 +114,14 @@ TEXT = {
                          "每张图都来自真实训练时记录的张量，每个 lab 的主 explorer 可以在几组预先计算的设置之间切换。"
                          "要改动其他任何东西，请运行 lab：{live}。",
         "not_built": "（本站未构建）",
+        "failed": "（构建失败：见 build.json）",
         "built": "构建于 {date}，用时 {secs:.0f} 秒；{size}。",
     },
 }
+
+
+class SiteError(Exception):
+    """A misuse the builder refuses before writing anything: one line naming the argument, folder or file."""
 
 
 # ---------------------------------------------------------------------------------------------- labs
@@ -123,7 +136,8 @@ def lab_notebooks(labs: list[str] | None) -> dict[str, dict[str, Path]]:
     if labs is not None:
         missing = sorted(set(labs) - set(out))
         if missing:
-            raise SystemExit(f"no lab notebook for {', '.join(missing)} under labs/")
+            raise SiteError(f"build_site: --labs: no lab {', '.join(missing)} (the labs are "
+                            f"{', '.join(sorted({p.name[:2] for p in (REPO / 'labs').glob('[0-9][0-9]_*.ipynb')}))})")
     return out
 
 
@@ -507,8 +521,10 @@ def _html_page(title: str, lang: str, body: str, nav: str, root: str, blobs: lis
 
 
 # --------------------------------------------------------------------------------------------- landing
-def course_table(lang: str, built: dict[str, dict[str, Path]], all_labs: dict[str, dict[str, Path]]) -> str:
-    """The table of labs/README.md (labs/zh/README.md), links pointing to the built pages."""
+def course_table(lang: str, built: dict[str, dict[str, Path]], all_labs: dict[str, dict[str, Path]],
+                 failed: set[str] = frozenset()) -> str:
+    """The table of labs/README.md (labs/zh/README.md), links pointing to the built pages; a lab in ``failed``
+    ("NN") is marked as such instead of linked."""
     readme = (REPO / "labs" / ("zh/README.md" if lang == "zh" else "README.md")).read_text(encoding="utf-8")
     rows = [line for line in readme.splitlines() if line.startswith("|")]
     head, body = rows[:2], rows[2:]
@@ -518,7 +534,9 @@ def course_table(lang: str, built: dict[str, dict[str, Path]], all_labs: dict[st
         if not m:
             continue
         nn = m.group(1)
-        if nn in built and lang in built[nn]:
+        if nn in failed:
+            line = re.sub(r"\[([^\]]*)\]\([^)]*\.ipynb\)", lambda mm: f"{mm.group(1)} {TEXT[lang]['failed']}", line)
+        elif nn in built and lang in built[nn]:
             line = re.sub(r"\]\(([^)]*\.ipynb)\)", lambda mm: f"]({lang}/{Path(mm.group(1)).stem}.html)", line)
         else:
             line = re.sub(r"\[([^\]]*)\]\([^)]*\.ipynb\)", lambda mm: f"{mm.group(1)} {TEXT[lang]['not_built']}",
@@ -580,12 +598,55 @@ def default_repo_url() -> str | None:
     return f"{server}/{repo}/blob/{os.environ.get('GITHUB_SHA', 'HEAD')}" if repo else None
 
 
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def check_out(out: Path) -> dict[str, str]:
+    """The files of OUT that a previous build wrote, by relative path → SHA-256 (empty for a new or empty folder).
+    Raises :class:`SiteError` for an OUT that is a file, or holds anything a build of ours did not write or that
+    changed since — the builder replaces no one else's file."""
+    if out.exists() and not out.is_dir():
+        raise SiteError(f"build_site: OUT {out} is a file, not a folder: give a new or empty folder")
+    if not out.exists() or not any(out.iterdir()):
+        return {}
+    record = out / "build.json"
+    try:
+        written = json.loads(record.read_text(encoding="utf-8"))["files"] if record.is_file() else None
+    except (ValueError, KeyError, TypeError):
+        written = None
+    if not isinstance(written, dict):
+        raise SiteError(f"build_site: OUT {out} is not empty and not a site this builder wrote (no build.json with "
+                        f"its files): give a new or empty folder")
+    for f in sorted(out.rglob("*")):
+        if f.is_dir():
+            continue
+        rel = f.relative_to(out).as_posix()
+        if rel == "build.json":
+            continue
+        if rel not in written:
+            raise SiteError(f"build_site: {f} was not written by a build of this site: move it, or give another OUT")
+        if _sha256(f) != written[rel]:
+            raise SiteError(f"build_site: {f} changed since the last build wrote it: move it, or give another OUT")
+    return written
+
+
+def check_args(out: Path, labs: list[str] | None, cache: Path | None) -> dict[str, dict[str, Path]]:
+    """Every argument checked before a byte is written: the labs asked for exist, OUT and the cache are usable
+    folders. Returns the labs to build (:func:`lab_notebooks`)."""
+    check_out(out)
+    if cache is not None and cache.exists() and not cache.is_dir():
+        raise SiteError(f"build_site: --cache {cache} is a file, not a folder")
+    return lab_notebooks(labs)
+
+
 def build(out: Path, labs: list[str] | None = None, binder: str | None = None, log=print,
           cache: Path | None = None, repo_url: str | None = None) -> dict:
     import plotly.offline
     from pygments.formatters import HtmlFormatter
 
     global REPO_URL
+    todo = check_args(out, labs, cache)  # before anything is written
     REPO_URL = repo_url
     t0 = time.time()
     os.environ.pop("PPOLAB_RUN", None)  # the labs' own shipped runs
@@ -599,13 +660,18 @@ def build(out: Path, labs: list[str] | None = None, binder: str | None = None, l
     (out / ".nojekyll").write_text("")
 
     all_labs = lab_notebooks(None)
-    todo = lab_notebooks(labs)
-    report: dict[str, Any] = {"pages": {}, "errors": {}}
+    report: dict[str, Any] = {"pages": {}, "errors": {}, "failed": {}}
     for nn, by_lang in todo.items():
         for lang, nb_path in by_lang.items():
             t1 = time.time()
             spec = EXPLORERS.get(nn)
-            nb = executed(nb_path, spec, cache / lang if cache else None)
+            try:
+                nb = executed(nb_path, spec, cache / lang if cache else None)
+            except Exception as e:  # a dead kernel, a timeout: name the lab, build the others
+                reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+                report["failed"][f"{lang}/{nn}"] = reason
+                log(f"{lang}/{page_name(nb_path)}: FAILED — {reason}")
+                continue
             link_map = {p[lang].name: page_name(p[lang]) for p in todo.values() if lang in p}
             link_map.update({f"../{p['en'].name}": f"../en/{page_name(p['en'])}" for p in todo.values() if "en" in p})
             rel = nb_path.relative_to(REPO).as_posix()
@@ -636,12 +702,13 @@ def build(out: Path, labs: list[str] | None = None, binder: str | None = None, l
 
     secs = time.time() - t0
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    failed = {k.split("/")[1] for k in report["failed"]}
     langs = []
     for lang in ("en", "zh"):
         t = TEXT[lang]
         langs.append(f'<section lang="{t["lang"]}"><h2>{t["title"]}</h2>'
                      f'<p>{t["landing_intro"].format(live=live_text(lang, binder))}</p>'
-                     f'{course_table(lang, todo, all_labs)}</section>')
+                     f'{course_table(lang, todo, all_labs, failed)}</section>')
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     foot = (f'<p class="note">{TEXT["en"]["built"].format(date=stamp, secs=secs, size=human(size))} '
             f'{TEXT["zh"]["built"].format(date=stamp, secs=secs, size=human(size))}</p>')
@@ -650,15 +717,20 @@ def build(out: Path, labs: list[str] | None = None, binder: str | None = None, l
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     report.update(seconds=round(secs, 1), bytes=size, labs=sorted(todo),
                   unknown_tex=sorted(UNKNOWN))
+    # what this build wrote (and the earlier builds' files it kept), so the next build knows what it may replace
+    report["files"] = {f.relative_to(out).as_posix(): _sha256(f) for f in sorted(out.rglob("*"))
+                       if f.is_file() and f.name != "build.json"}
     (out / "build.json").write_text(json.dumps(report, indent=1, ensure_ascii=False), encoding="utf-8")
     log(f"site {out}: {len(report['pages'])} pages + index in {secs:.0f} s, {human(size)}"
-        + (f"; cell errors in {', '.join(report['errors'])}" if report["errors"] else ""))
+        + (f"; cell errors in {', '.join(report['errors'])}" if report["errors"] else "")
+        + (f"; FAILED: {', '.join(report['failed'])}" if report["failed"] else ""))
     return report
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=Path, help="output folder (created; files in it are overwritten)")
+    parser.add_argument("out", type=Path, help="output folder: new, empty, or a site this builder wrote (it replaces "
+                        "only its own unchanged files)")
     parser.add_argument("--labs", help="comma-separated lab numbers, e.g. 04,11 (default: all)")
     parser.add_argument("--binder", default=default_binder(),
                         help="Binder launch URL without ?urlpath (default: $PPOLAB_BINDER_URL or, in GitHub Actions, "
@@ -670,9 +742,21 @@ def main(argv: list[str] | None = None) -> int:
                              "https://github.com/OWNER/REPO/blob/main (default: $PPOLAB_REPO_URL or, in GitHub "
                              "Actions, this commit on GitHub)")
     args = parser.parse_args(argv)
-    labs = [f"{int(x):02d}" for x in args.labs.split(",")] if args.labs else None
-    report = build(args.out, labs, args.binder, cache=args.cache, repo_url=args.repo_url)
-    return 1 if report["errors"] else 0
+    labs = None
+    if args.labs is not None:
+        parts = [x.strip() for x in args.labs.split(",")]
+        bad = [x for x in parts if not re.fullmatch(r"\d{1,2}", x)]
+        if bad or not parts:
+            print(f"build_site: --labs {args.labs!r}: give lab numbers separated by commas, e.g. 04,11 "
+                  f"(not {', '.join(map(repr, bad)) or 'nothing'})", file=sys.stderr)
+            return 2
+        labs = [f"{int(x):02d}" for x in parts]
+    try:
+        report = build(args.out, labs, args.binder, cache=args.cache, repo_url=args.repo_url)
+    except SiteError as e:
+        print(e, file=sys.stderr)
+        return 2
+    return 1 if report["errors"] or report["failed"] else 0
 
 
 if __name__ == "__main__":

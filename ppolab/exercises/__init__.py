@@ -252,6 +252,39 @@ def _scalar(x: Any) -> Any:
     return x.item() if _size(x) == 1 else x
 
 
+def _elements(x: Any, cap: int = 10**7) -> int:
+    """How many numbers ``x`` holds — a tensor's or array's size, a container's items counted recursively (up to
+    ``cap``) — without converting anything."""
+    size = _size(x)
+    if size is not None:
+        return size
+    if isinstance(x, dict):
+        x = list(x.values())
+    if isinstance(x, (list, tuple, set, frozenset)):
+        total = 0
+        for item in x:
+            total += _elements(item, cap - total)
+            if total >= cap:
+                break
+        return max(total, len(x))
+    return 1
+
+
+#: An answer may hold this many more numbers than the truth before it is refused unread (a 4·10⁷-element tensor
+#: converted to lists for the comparison would cost gigabytes).
+ANSWER_SLACK = 1000
+
+
+def _oversized(answer: Any, expected: Any) -> str | None:
+    """The one line for an answer far larger than anything the exercise asks for; None when its size is plausible."""
+    limit = 10 * _elements(expected) + ANSWER_SLACK
+    n = _elements(answer, cap=limit + 1)
+    if n <= limit:
+        return None
+    return tr("  expected {expected}, got {n} or more numbers — far more than the answer holds; give the value the "
+              "exercise asks for.").format(expected=_expected_form(_plain_expected(expected)), n=f"{n:,}")
+
+
 def _listed(x: Any) -> Any:
     """A tensor or array as nested Python lists (``tolist``); anything else unchanged."""
     return x.tolist() if _size(x) is not None and hasattr(x, "tolist") else x
@@ -494,7 +527,11 @@ def check(id: str, answer: Any, **context: Any) -> Verdict:
         return Verdict(id, False, True, tr("{id}: ppolab could not compute the answer ({error}) — a bug in ppolab, "
                                            "please report it.").format(id=id, error=_one_line(e)))
     try:
-        ok, crashed = _matches(answer, expected, ex.rel, ex.abs), False
+        oversized = _oversized(answer, expected)
+    except Exception:  # noqa: BLE001
+        oversized = None
+    try:
+        ok, crashed = (False, False) if oversized else (_matches(answer, expected, ex.rel, ex.abs), False)
     except Exception:  # noqa: BLE001
         ok, crashed = False, True
     if ok:
@@ -508,7 +545,7 @@ def check(id: str, answer: Any, **context: Any) -> Verdict:
         all_hints = ex.hints
     shown = all_hints[: min(tries + 1, len(all_hints))]
     lines = [tr("{id}: not yet.").format(id=id)]
-    form = _form_line(answer, expected, crashed)
+    form = oversized or _form_line(answer, expected, crashed)
     if form is not None:
         lines.append(form)
     lines += [tr("  hint {i}: {hint}").format(i=i + 1, hint=h) for i, h in enumerate(shown)]

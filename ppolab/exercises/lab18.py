@@ -126,7 +126,7 @@ def adam_case(run=None) -> dict:
 
 @exercise("18.3", "Compute — Adam's first step on one tensor: {name} (index {index} of "
                   "step_effect(run, 1, 0)['grads'], {numel} numbers). From that gradient (what AdamW consumed: after "
-                  "the global-norm clip) and AdamW's rule with the run's lr, betas, eps = 1e-8 and weight decay, "
+                  "the global-norm clip) and AdamW's rule (eps = 1e-8) with the run's lr, betas and weight decay, "
                   "compute ‖Δθ‖ of optimizer step 0. Answer a number.",
           hints=("At Adam's first step m̂ = g and v̂ = g² (bias corrections 1 − β): the step is lr·g/(|g| + eps), "
                  "about lr·sign(g) per entry — whatever the size of g. AdamW's decay subtracts lr·wd·θ first.",

@@ -26,8 +26,19 @@ RUN_ENV = "PPOLAB_RUN"
 
 
 def lab_run(default: str) -> str:
-    """The run a lab binds to: ``$PPOLAB_RUN`` when set (a shipped run's name or a path), else ``default``."""
-    return os.environ.get(RUN_ENV) or default
+    """The run a lab binds to: ``$PPOLAB_RUN`` when set (a shipped run's name or a path), else ``default``. A
+    ``$PPOLAB_RUN`` that opens no run stops here, in one line naming the variable as the cause."""
+    own = os.environ.get(RUN_ENV)
+    if not own:
+        return default
+    try:
+        resolve_run(own)
+    except Exception as e:  # noqa: BLE001 — whatever the reader says, the variable is where it came from
+        from ppolab.errors import RunDirError
+
+        raise RunDirError(f"{RUN_ENV}={own!r} (set in the environment) opens no run: {e} — fix or unset "
+                          f"{RUN_ENV}") from None
+    return own
 
 
 def lab_pair(default: tuple[str, str]) -> tuple[str, str]:
@@ -36,6 +47,7 @@ def lab_pair(default: tuple[str, str]) -> tuple[str, str]:
     own = os.environ.get(RUN_ENV)
     if not own:
         return default
+    lab_run(default[0])  # a $PPOLAB_RUN that opens no run: one line naming the variable
     gae = resolve_run(own).ppo_config().algorithm.adv_estimator == "gae"
     return (default[0], own) if gae else (own, default[1])
 
