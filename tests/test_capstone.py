@@ -115,3 +115,16 @@ def test_the_report_names_the_usual_mistake():
     assert "differs" in pg and "dp_size = 2" in pg, lines
     assert any("actor/pg_clipfrac:" in ln and "match" in ln for ln in lines), lines
     assert "this run does not log it" in capstone.compare_to_logged({"actor/nonsense": 1.0}, "ppo_fire_tiny")[0]
+
+
+def test_the_report_takes_any_array_like_and_names_a_non_number(capsys):
+    """A value of several numbers (a numpy array, a tensor, a list) is "not a number yet", never a traceback; an
+    array or tensor of one element counts as its number."""
+    logged = capstone.logged(capstone.SHIPPED, capstone.capstone_step(capstone.SHIPPED))
+    key = next(k for k in logged if k.startswith("actor/"))
+    for several in (np.array([1.0, 2.0]), torch.tensor([1.0, 2.0]), [1.0, 2.0], np.zeros((2, 2))):
+        capstone.report({key: several})
+        assert f"{key}: not a number yet" in capsys.readouterr().out
+    for one in (np.array([logged[key]]), torch.tensor(logged[key]), np.float32(logged[key])):
+        capstone.report({key: one})
+        assert f"{key}: match" in capsys.readouterr().out

@@ -253,20 +253,20 @@ def test_check_never_raises_on_odd_answers(ex_id, cached_truth):
 
 
 def test_the_form_line_says_what_was_expected_and_what_was_given(cached_truth):
-    cached_truth("03.2")  # a number
-    assert check("03.2", torch.zeros(3, 4)).message.split("\n")[1] == \
+    cached_truth("15.2")  # a number
+    assert check("15.2", torch.zeros(3, 4)).message.split("\n")[1] == \
         "  expected a number, got a tensor of shape (3, 4)."
-    assert check("03.2", {"a": 1}).message.split("\n")[1] == "  expected a number, got a dict of size 1."
-    assert check("03.2", "0.6").message.split("\n")[1] == "  expected a number, got the string '0.6'."
-    assert check("03.2", True).message.split("\n")[1] == "  expected a number, got the bool True."
-    assert "got a function (pass the value it returns" in check("03.2", _raises).message
-    assert "got a generator" in check("03.2", (x for x in [1])).message
-    assert "got an object of type _Nasty" in check("03.2", _Nasty()).message
-    v = check("03.2", 0.5)  # the right form, a wrong value: only the hints
+    assert check("15.2", {"a": 1}).message.split("\n")[1] == "  expected a number, got a dict of size 1."
+    assert check("15.2", "0.6").message.split("\n")[1] == "  expected a number, got the string '0.6'."
+    assert check("15.2", True).message.split("\n")[1] == "  expected a number, got the bool True."
+    assert "got a function (pass the value it returns" in check("15.2", _raises).message
+    assert "got a generator" in check("15.2", (x for x in [1])).message
+    assert "got an object of type _Nasty" in check("15.2", _Nasty()).message
+    v = check("15.2", 0.5)  # the right form, a wrong value: only the hints
     assert not v.ok and "expected" not in v.message
-    cached_truth("04.1")  # a (number, bool) pair
-    assert check("04.1", (-0.7, 1)).message.split("\n")[1] == "  item 2: expected True or False, got the number 1."
-    assert check("04.1", [1, 2, 3]).message.split("\n")[1] == \
+    cached_truth("12.2")  # a pair of counts
+    assert check("12.2", (8, True)).message.split("\n")[1] == "  item 2: expected a number, got the bool True."
+    assert check("12.2", [1, 2, 3]).message.split("\n")[1] == \
         "  expected a sequence of length 2, got a list of length 3."
 
 
@@ -276,8 +276,8 @@ def test_a_list_for_a_number_and_a_percentage_for_a_fraction_get_their_lines(cac
     share that would be right as a fraction, so a wrong value is not told it is merely in per cent."""
     from ppolab.exercises import _form_line
 
-    cached_truth("03.2")
-    assert check("03.2", [0.1, 0.2]).message.split("\n")[1] == "  expected a number, got a list of length 2."
+    cached_truth("15.2")
+    assert check("15.2", [0.1, 0.2]).message.split("\n")[1] == "  expected a number, got a list of length 2."
     assert _form_line([1, 2], 0.25, False) == "  expected a number, got a list of length 2."
     assert _form_line(25.0, 0.25, False) == ("  expected a fraction between 0 and 1, got 25 — a percentage? "
                                              "Give it as 25 / 100.")
@@ -291,10 +291,10 @@ def test_check_speaks_chinese_about_forms(cached_truth):
     import re
 
     from ppolab.i18n import set_language
-    cached_truth("03.2")
+    cached_truth("15.2")
     set_language("zh")
     try:
-        line = check("03.2", torch.zeros(3, 4)).message.split("\n")[1]
+        line = check("15.2", torch.zeros(3, 4)).message.split("\n")[1]
     finally:
         set_language("en")
     assert re.search(r"[\u4e00-\u9fff]", line) and "(3, 4)" in line and "expected" not in line, line
@@ -304,7 +304,7 @@ def test_a_truth_that_raises_is_one_line_naming_a_ppolab_bug(monkeypatch):
     def broken():
         raise ValueError("a bug in the exercise")
 
-    ex = dataclasses.replace(REG["03.2"], id="99.1", compute=broken)
+    ex = dataclasses.replace(REG["15.2"], id="99.1", compute=broken)
     monkeypatch.setitem(exercises._REGISTRY, "99.1", ex)
     v = check("99.1", 0.5)
     assert not v.ok and v.answered and "\n" not in v.message, v.message
@@ -326,16 +326,16 @@ def test_a_path_that_is_no_run_is_one_line(tmp_path):
 
 def test_an_unknown_id_and_an_extra_run_never_raise():
     v = check("99.9", 1.0)
-    assert not v.ok and not v.answered and "99.9" in v.message and "03.2" in v.message
-    sol = solution_of("03.2")
-    assert check("03.2", sol, run="ppo_fire_tiny").ok  # run=RUN given to an exercise that takes none
+    assert not v.ok and not v.answered and "99.9" in v.message and "15.2" in v.message
+    sol = solution_of("15.2")
+    assert check("15.2", sol, run="ppo_fire_tiny").ok  # run=RUN given to an exercise that takes none
 
 
 def test_odd_answers_are_wrong_tries_and_hints_grow(cached_truth):
-    cached_truth("03.2")
-    counts = [check("03.2", a).message.count("hint") for a in (None, torch.zeros(3, 4), "abc")]
-    assert counts == [1, 2, min(3, len(REG["03.2"].hints))]
-    assert check("03.2", ...).message.startswith("03.2: not answered")
+    cached_truth("15.2")
+    counts = [check("15.2", a).message.count("hint") for a in (None, torch.zeros(3, 4), "abc")]
+    assert counts == [1, 2, min(3, len(REG["15.2"].hints))]
+    assert check("15.2", ...).message.startswith("15.2: not answered")
 
 
 # --------------------------------------------------------------------------- each solution in its natural forms

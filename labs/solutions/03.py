@@ -3,8 +3,8 @@ would write; it is called with the exercise's context (e.g. ``run``)."""
 import math
 
 from ppolab import algos
-from ppolab.exercises.lab03 import second_epoch_case
-from ppolab.numbers import optimizer_step_batch, step_tensors
+from ppolab.exercises.lab03 import push_case, second_epoch_case
+from ppolab.numbers import optimizer_step_batch, resolve_run, step_tensors
 from ppolab.numbers.clamp import clamp_case
 
 
@@ -17,22 +17,32 @@ def max_ratio(run=None, opt_step=None):
 
 SOLUTIONS = {
     "03.1": max_ratio,
-    "03.2": round(math.exp(-0.5), 3),
-    "03.3": math.exp(20.0),
-    "03.4": 0.0,
 }
 
 #: Plausible wrong answers: each must be told "not yet".
 WRONG = {
     # "the clip caps the ratio at 1 + ε"; the first optimizer step (ratio 1); optimizer step 1's maximum
     "03.1": [1.2, 1.0, lambda run=None: max_ratio(run, opt_step=1)],
-    # old − new instead of new − old; the log-ratio itself; its absolute value
-    "03.2": [math.exp(0.5), -0.5, 0.5],
-    # no clamp; the PPO clip bound; the clamped log-ratio, not exponentiated
-    "03.3": [math.exp(30.0), 1.2, 20.0],
-    # ∂e^d/∂d = e^d as if unclamped, at the clamp's edge, or a unit slope
-    "03.4": [math.exp(30.0), math.exp(20.0), 1.0],
 }
+
+
+def pushed(run=None, part="clamped"):
+    """03.2 as a learner writes it: push log_prob, take new − old, count the valid tokens past the clamp."""
+    c = push_case(run)
+    b = optimizer_step_batch(resolve_run(run).step(c["step"]), c["opt_step"])
+    d = (b["log_prob"] + c["what_if"]) - b["old_log_probs"]
+    valid = b["response_mask"] > 0
+    if part == "pushed_old":             # the push added to old_log_probs instead of log_prob
+        d = b["log_prob"] - (b["old_log_probs"] + c["what_if"])
+    outside = (d > 20) | (d < -20)
+    if part == "inside":                 # the tokens that keep their gradient, not those that lose it
+        return int((~outside & valid).sum())
+    return int((outside & valid).sum())
+
+
+SOLUTIONS["03.2"] = pushed
+WRONG["03.2"] = [lambda run=None: pushed(run, "inside"), lambda run=None: pushed(run, "pushed_old"),
+                 math.exp(20.0), 0.0]  # the old stated-number answers: the clamped ratio e^20, its gradient 0
 
 
 def largest_abs_log_ratio(run=None, steps=None, signed=False):

@@ -1,7 +1,9 @@
 """Solutions to lab 04's exercises (kept out of the notebook). A callable solution is the code a learner
 would write; it is called with the exercise's context (e.g. ``run``)."""
 from ppolab import algos
-from ppolab.exercises.lab04 import code_case, predict_case
+import math
+
+from ppolab.exercises.lab04 import below_window_case, code_case, predict_case
 from ppolab.numbers import actor_config, optimizer_step_batch, resolve_run, step_tensors
 
 RUN = "ppo_fire_tiny"
@@ -50,16 +52,40 @@ def _clipfrac_over_all_positions(run=None):
     return algos.ppo_clip_terms(b["old_log_probs"], b["log_prob"], b["advantages"], eps, eps)["clipped"].mean().item()
 
 
+def two_tokens(run=None, mistake=None):
+    """04.1 as a learner writes it: each token's ratio and advantage from the recorded tensors, then the max."""
+    c = below_window_case(run)
+    t = resolve_run(run, default=RUN).step(c["step"]).tensors
+    eps = _run_eps(run)
+    out = []
+    for row, pos in ((c["row_a"], c["pos_a"]), (c["row_b"], c["pos_b"])):
+        adv = float(t["advantages"][row, pos])
+        lp, old = float(t["actor_log_probs"][c["opt_step"]][row, pos]), float(t["old_log_probs"][row, pos])
+        r = math.exp(old - lp) if mistake == "old_over_new" else math.exp(lp - old)
+        clipped = min(max(r, 1 - eps), 1 + eps)
+        if mistake == "min":                     # the minimised loss written with min, as the objective is
+            loss = min(-adv * r, -adv * clipped)
+        else:
+            loss = max(-adv * r, -adv * clipped)
+        flows = -adv * r >= -adv * clipped
+        if mistake == "always_flows":            # the gradient is thought to flow whatever branch wins
+            flows = True
+        out.append((loss, flows))
+    return tuple(out)
+
+
 SOLUTIONS = {
-    "04.1": (-0.7, True),
+    "04.1": two_tokens,
     "04.2": clipfrac_at_0_05,
     "04.3": my_clipfrac,
-    "04.4": (0.8, False),
 }
 
 #: Plausible wrong answers: each must be told "not yet".
 WRONG = {
-    "04.1": [(-0.8, False), (-0.7, False), (-0.8, True), (0.7, True)],
+    # min instead of max; the ratio the wrong way round; the gradient said to flow on the clipped branch too;
+    # the old stated-number answers (ε = 0.2, ratio 0.7, A = ±1)
+    "04.1": [lambda run=None: two_tokens(run, "min"), lambda run=None: two_tokens(run, "old_over_new"),
+             lambda run=None: two_tokens(run, "always_flows"), ((-0.7, True), (0.8, False))],
     # the run's own ε (what the explorer shows before the sliders move); nothing clipped; everything clipped;
     # verl's default ε = 0.2 (a wider window instead of a narrower one)
     "04.2": [lambda run=None: clipfrac(run, eps=_run_eps(run)), 0.0, 1.0, lambda run=None: clipfrac(run, eps=0.2)],
@@ -70,6 +96,4 @@ WRONG = {
              lambda run=None: clipfrac(run, eps=_run_eps(run)),
              lambda run=None: clipfrac(run, *_code(run), eps=0.2),
              lambda run=None: clipfrac(run, *_code(run), eps=0.1)],
-    # the unclipped branch with the gradient flowing; the right loss but a flowing gradient; the wrong sign
-    "04.4": [(0.7, True), (0.8, True), (-0.8, False), (0.7, False)],
 }

@@ -1,7 +1,9 @@
 """Solutions to lab 05's exercises (kept out of the notebook). A callable solution is the code a learner
 would write; it is called with the exercise's context (e.g. ``run``)."""
 from ppolab import algos
-from ppolab.exercises.lab05 import asym_case, dual_case
+import math
+
+from ppolab.exercises.lab05 import asym_case, dual_case, top_negative_case
 from ppolab.numbers import actor_config, optimizer_step_batch, resolve_run, step_tensors
 
 RUN = "ppo_fire_tiny"
@@ -53,9 +55,47 @@ def clipfrac_lower(run=None, c=None, over="all"):
     return algos.masked_mean(terms["dual_clipped"], m).item()
 
 
+def _c(run=None):
+    return actor_config(resolve_run(run, default=RUN)).clip_ratio_c
+
+
+def dual_token(run=None, mistake=None):
+    """05.1 as a learner writes it: the token's ratio and advantage from the recorded tensors, then the bounds."""
+    c = top_negative_case(run)
+    t = resolve_run(run, default=RUN).step(c["step"]).tensors
+    adv = float(t["advantages"][c["row"], c["pos"]])
+    r = math.exp(float(t["actor_log_probs"][c["code"]][c["row"], c["pos"]]) - float(t["old_log_probs"][c["row"],
+                                                                                                     c["pos"]]))
+    eps = _eps(run)
+    without = max(-adv * r, -adv * min(max(r, 1 - eps), 1 + eps))
+    c_bound = _c(run) if mistake == "run_c" else c["what_if"]
+    with_dual = max(without, -adv * c_bound) if mistake == "max" else min(without, -adv * c_bound)
+    return with_dual, without
+
+
+def threshold_at(rec, k):
+    b = optimizer_step_batch(rec, k)
+    ratio = (b["log_prob"] - b["old_log_probs"]).exp()
+    neg = (b["response_mask"] > 0) & (b["advantages"] < 0)
+    return float(ratio[neg].max()) if neg.any() else 0.0
+
+
+def threshold(run=None, mistake=None):
+    """05.2: the largest ratio over the optimizer step's real tokens with A < 0 (the dual clip binds above c)."""
+    c = dual_case(run)
+    b = _batch(run, c["step"], c["code"])
+    ratio = (b["log_prob"] - b["old_log_probs"]).exp()
+    valid = b["response_mask"] > 0
+    if mistake == "explorer_step":             # the optimizer step the explorer opens on, not the one named
+        return threshold_at(step_tensors(run, c["step"], default=RUN), c["open"])
+    if mistake == "upper_edge":                # 1 + ε: where the ordinary clip starts, not where c stops binding
+        return 1 + _eps(run)
+    return float(ratio[valid & (b["advantages"] < 0)].max())
+
+
 SOLUTIONS = {
-    "05.1": 6.0,
-    "05.2": 3.0,
+    "05.1": lambda run=None: dual_token(run),
+    "05.2": lambda run=None: threshold(run),
     "05.3": clipped_counts,
     "05.4": binding_opt_steps,
     "05.5": clipfrac_lower,
@@ -64,9 +104,14 @@ SOLUTIONS = {
 #: Plausible wrong answers: each must be told "not yet".
 WRONG = {
     # the ordinary clip (−A·r, unbounded); −A·clip(r); the objective's sign
-    "05.1": [8.0, 2.4, -6.0],
-    # the PPO window's upper edge; its lower edge; c·(1 + ε)
-    "05.2": [1.2, 0.8, 3.6],
+    # the pair swapped; the dual bound applied with max instead of min; the run's own c (what the lab prints for
+    # this token); the old stated-number answer (ℓ at A = −2, r = 4, c = 3)
+    "05.1": [lambda run=None: dual_token(run)[::-1], lambda run=None: dual_token(run, "max"),
+             lambda run=None: dual_token(run, "run_c"), (6.0, 8.0)],
+    # the run's own c (where it starts binding, not where it stops); the explorer's optimizer step (the lab prints
+    # its ratio); the upper edge of the PPO window; the old stated-number answer c = 3
+    "05.2": [lambda run=None: _c(run), lambda run=None: threshold(run, "explorer_step"),
+             lambda run=None: threshold(run, "upper_edge"), 3.0],
     # "clip higher changes nothing"; the two swapped; the released tokens instead of the clip-higher count;
     # ε = 0.1 (the value the run used before it was re-recorded at 0.07)
     "05.3": [lambda run=None: (clipped_counts(run)[0],) * 2, lambda run=None: clipped_counts(run)[::-1],

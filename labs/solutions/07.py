@@ -5,7 +5,7 @@ import math
 import torch
 
 from ppolab import algos
-from ppolab.exercises.lab07 import step1_entropy
+from ppolab.exercises.lab07 import _run_model, step1_entropy
 from ppolab.models import load_tokenizer_and_model
 from ppolab.numbers.steps import optimizer_step_batch
 from ppolab.numbers.temperature import first_step_loss, run_temperature
@@ -13,6 +13,36 @@ from ppolab.record import resolve_run
 from ppolab.roles import forward_response
 
 TEMP_RUN = "grpo_temp_tiny"
+
+
+def _real_mask(t):
+    return t["response_mask"].float() * (~t["is_pad"].bool()).float().unsqueeze(-1)
+
+
+def ceiling_share(run=None, over="real", reduce="max"):
+    """07.1: the largest recorded entropy of step 1 (else the first recorded step) over log V."""
+    r = resolve_run(run)
+    t = r.step(1 if 1 in r.steps else r.steps[0]).tensors
+    m = _real_mask(t) > 0 if over == "real" else torch.ones_like(t["entropy"], dtype=torch.bool)
+    h = t["entropy"][m]
+    top = h.max() if reduce == "max" else h.mean()
+    return float(top) / math.log(_run_model(r).config.vocab_size)
+
+
+def seq_entropy(run, step, pooled=False):
+    """The recorded entropy of ``step``: each real response's token mean, then the mean over responses (or, with
+    ``pooled``, one token mean over all of them, as actor/entropy is logged)."""
+    t = resolve_run(run).step(step).tensors
+    m = _real_mask(t)
+    if pooled:
+        return float((t["entropy"] * m).sum() / m.sum())
+    rows = m.sum(-1) > 0
+    return float(((t["entropy"] * m).sum(-1)[rows] / m.sum(-1)[rows]).mean())
+
+
+def recorded_entropy_ratio(run=None, pooled=False):
+    r = resolve_run(run)
+    return seq_entropy(r, r.steps[-1], pooled) / seq_entropy(r, r.steps[0], pooled)
 
 
 def entropy_ratio(run=None):
@@ -58,23 +88,27 @@ def bonus_shift(run=None, temperature=None, sign=-1.0, mode=None):
 
 
 SOLUTIONS = {
-    "07.1": math.log(29),
+    "07.1": ceiling_share,
     "07.2": lambda run=None: round(step1_entropy(run, 2.0), 3),
     "07.3": lambda run=None: step1_entropy(run, 0.5),
-    "07.4": entropy_ratio,
+    "07.4": recorded_entropy_ratio,
     "07.5": ratio_without_temperature,
     "07.6": bonus_shift,
 }
 
 #: Plausible wrong answers: each must be told "not yet".
 WRONG = {
-    # bits instead of nats; one token fewer; "1 nat"
-    "07.1": [math.log2(29), math.log(28), 1.0],
+    # the ceiling itself (the old answer, log V); the mean instead of the largest; the ceiling taken in bits (log₂ V)
+    "07.1": [lambda run=None: math.log(_run_model(resolve_run(run)).config.vocab_size),
+             lambda run=None: ceiling_share(run, reduce="mean"),
+             lambda run=None: ceiling_share(run) * math.log(2)],
     "07.2": [lambda run=None: step1_entropy(run, 1.0), lambda run=None: step1_entropy(run, 0.5), math.log(29)],
     # the run's own temperature (1.0) instead of 0.5; T applied as a multiplier (z·0.5 = z / 2.0)
     "07.3": [lambda run=None: step1_entropy(run, 1.0), lambda run=None: step1_entropy(run, 2.0)],
-    # first over last; the logged values' last/first single step
-    "07.4": [lambda run=None: 1 / entropy_ratio(run),
+    # first over last; one token mean over the batch (as actor/entropy is logged); the old answer from the log's
+    # last 10 and first 10 steps; the logged values' last/first single step
+    "07.4": [lambda run=None: 1 / recorded_entropy_ratio(run), lambda run=None: recorded_entropy_ratio(run, True),
+             entropy_ratio,
              lambda run=None: resolve_run(run).metrics["actor/entropy"].dropna().iloc[-1]
              / resolve_run(run).metrics["actor/entropy"].dropna().iloc[0]],
     # with the temperature (no token below 1); T applied as a multiplier (z·T = z / (1/T)); the share above 1; a

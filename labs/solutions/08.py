@@ -3,7 +3,7 @@ would write; it is called with the exercise's context (e.g. ``run``)."""
 import torch
 
 from ppolab.algos import AdaptiveKLController, kl_penalty, masked_mean
-from ppolab.exercises.lab08 import e1_case, e2_case, next_beta, reward_kl_statistic
+from ppolab.exercises.lab08 import e1_case, e2_case, e3_case, next_beta, reward_kl_statistic
 from ppolab.record import resolve_run
 from ppolab.numbers.kl import full_log_probs, response_logits
 
@@ -46,6 +46,17 @@ def my_next_beta(run=None, horizon=None):
     return ctrl.value
 
 
+def my_clipped_beta(run=None, clip=True, horizon=None):
+    """08.3 as a learner writes it: the error at the what-if target, clipped to ±0.2, one step of the controller."""
+    r = resolve_run(run or RUN)
+    c = e3_case(r)
+    beta = r.metrics.loc[c["step"], "actor/reward_kl_penalty_coeff"]
+    error = my_current_kl(r, c["step"]) / c["what_if"] - 1
+    error = max(-0.2, min(0.2, error)) if clip else error
+    rows = len(r.step(c["step"]).tensors["responses"])
+    return beta * (1 + error * rows / (c["horizon"] if horizon is None else horizon))
+
+
 def beta_shortcut(run=None, factor=None, sign=1.0):
     """β of the case step times a factor: 1 ± 0.2·n/horizon at the what-if horizon (the clipped error's step, ×1.1
     or ×0.9 here), or ``factor``."""
@@ -72,7 +83,7 @@ def pooled_kl(run=None, step=None):
 SOLUTIONS = {
     "08.1": lambda run=None: my_current_kl(run, estimator=e1_case(run)["other"]),
     "08.2": my_next_beta,
-    "08.3": 0.001 * (1 - 0.2 * 64 / 1000),
+    "08.3": lambda run=None: my_clipped_beta(run),
     "08.4": {"reward-side": "old_log_probs", "loss-side": "log_prob"},
     "08.5": exact_kl,
     "08.6": lambda run=None: round(-reverse_kl(run), 3),
@@ -82,8 +93,7 @@ SOLUTIONS = {
 
 #: Plausible wrong answers: each must be told "not yet".
 WRONG = {
-    # the unclipped error (−0.5); the error not scaled by n_seq / horizon; the wrong sign
-    "08.3": [0.001 * (1 - 0.5 * 64 / 1000), 0.001 * (1 - 0.2), 0.001 * (1 + 0.2 * 64 / 1000)],
+    # the rollout's log-probs on the reward side; π_old on both sides; the two swapped
     "08.4": [{"reward-side": "rollout_log_probs", "loss-side": "log_prob"},
              {"reward-side": "old_log_probs", "loss-side": "old_log_probs"},
              {"reward-side": "log_prob", "loss-side": "old_log_probs"}],
@@ -106,6 +116,13 @@ WRONG = {
     # the clipped-error shortcut (β·1.1: as if KL/target − 1 were clipped to +0.2); 0.9·β; no update at all;
     # the rejection-rewritten response_mask; n_steps = the 60 real rows; the padding rows left out of the mean;
     # the run's own horizon (the β the log holds for the next step, copied or recomputed)
+    # the error left unclipped; 08.2's what-if horizon carried over; the run's own target (08.2 at its own horizon,
+    # the β the log holds); the old stated-number answer
+    "08.3": [lambda run=None: my_clipped_beta(run, clip=False),
+             lambda run=None: my_clipped_beta(run, horizon=e2_case(run)["what_if"]),
+             lambda run=None: resolve_run(run or RUN).metrics.loc[e3_case(run)["next"],
+                                                                  "actor/reward_kl_penalty_coeff"],
+             0.001 * (1 - 0.2 * 64 / 1000)],
     "08.2": [beta_shortcut, lambda run=None: beta_shortcut(run, sign=-1.0), lambda run=None: beta_shortcut(run, 1.0),
              lambda run=None: next_beta(run, mask="response_mask", horizon=e2_case(run)["what_if"]),
              lambda run=None: next_beta(run, n_steps=60, horizon=e2_case(run)["what_if"]),

@@ -3,8 +3,8 @@ would write; it is called with the exercise's context (e.g. ``run``)."""
 import torch
 
 from ppolab.algos import compute_value_loss, masked_mean, value_clip_terms
-from ppolab.exercises.lab09 import (critic_batch, critic_engine_case, first_update_vf_loss, logged_clipfrac,
-                                    update_case, window_case, window_counts)
+from ppolab.exercises.lab09 import (critic_batch, critic_engine_case, far_token_case, first_update_vf_loss,
+                                    logged_clipfrac, update_case, window_case, window_counts)
 from ppolab.numbers.critic_engine import critic_micro_batches
 from ppolab.widgets import value_clip_explorer
 from ppolab.record import resolve_run
@@ -52,8 +52,24 @@ def per_rank_mean(run=None, update=None):
     return sum(shares) / len(shares)
 
 
+def token_value_loss(run=None, mistake=None):
+    """09.1 as a learner writes it: the token's V_new, V_old and G, the clip, the larger squared error, halved."""
+    c = far_token_case(run)
+    t = resolve_run(run or RUN).step(resolve_run(run or RUN).steps[0]).tensors
+    v_new = float(t["critic_vpreds"][c["update"]][c["row"], c["pos"]])
+    v_old, g = float(t["values"][c["row"], c["pos"]]), float(t["returns"][c["row"], c["pos"]])
+    v_clip = min(max(v_new, v_old - c["eps_v"]), v_old + c["eps_v"])
+    if mistake == "unclipped":                    # the clip forgotten
+        return 0.5 * (v_new - g) ** 2
+    if mistake == "min":                          # the smaller error kept, as if the clip protected the critic
+        return 0.5 * min((v_new - g) ** 2, (v_clip - g) ** 2)
+    if mistake == "no_half":
+        return max((v_new - g) ** 2, (v_clip - g) ** 2)
+    return 0.5 * max((v_new - g) ** 2, (v_clip - g) ** 2)
+
+
 SOLUTIONS = {
-    "09.1": 0.5 * max((0.1 - 0.0) ** 2, (0.3 - 0.0) ** 2),
+    "09.1": token_value_loss,
     "09.2": my_clipfrac,
     "09.3": lambda run=None: round(my_clipfrac(run, update_case(run)["last"], 0.05), 2),
     "09.4": per_rank_mean,
@@ -61,8 +77,9 @@ SOLUTIONS = {
 
 #: Plausible wrong answers: each must be told "not yet".
 WRONG = {
-    # the unclipped error; no ½; the clip towards the wrong bound (0.7)
-    "09.1": [0.5 * 0.1 ** 2, 0.3 ** 2, 0.5 * 0.7 ** 2],
+    # the unclipped error; the smaller error instead of the larger; no ½; the old stated-number answer
+    "09.1": [lambda run=None: token_value_loss(run, "unclipped"), lambda run=None: token_value_loss(run, "min"),
+             lambda run=None: token_value_loss(run, "no_half"), 0.5 * 0.3 ** 2],
     # ≥ instead of > (counts untouched tokens, where both errors are equal); verl's default ε_v 0.5; another update
     "09.2": [lambda run=None: my_clipfrac(run, strict=False), lambda run=None: my_clipfrac(run, eps=0.5),
              lambda run=None: my_clipfrac(run, 2)],

@@ -1,6 +1,8 @@
 """Solutions to lab 10's exercises (kept out of the notebook). A callable solution is the code a learner
 would write; it is called with the exercise's context (e.g. ``run``)."""
-from ppolab.exercises.lab10 import after_rejected, masks_row_case
+import torch
+
+from ppolab.exercises.lab10 import after_rejected, masks_row_case, short_row_case
 from ppolab.numbers import step_tensors
 
 RUN = "ppo_fire_tiny"
@@ -11,8 +13,18 @@ def tensors(run=None):
 
 
 def logit_position(run=None):
+    """The old lookup's answer: the logits that score the last padded column, P + R − 2."""
     t = tensors(run)
     return t["prompts"].shape[1] - 1 + t["responses"].shape[1] - 1
+
+
+def sampled_logit_positions(run=None, shift=-1, mask="loss_mask"):
+    """10.6 as a learner writes it: the row's first and last sampled j, moved to the logits that predict them."""
+    t = tensors(run)
+    row = short_row_case(run)["row"]
+    j = torch.nonzero(t[mask][row]).flatten()
+    P = t["prompts"].shape[1]
+    return P + shift + int(j.min()), P + shift + int(j.max())
 
 
 def n_rejected(run=None):
@@ -42,7 +54,7 @@ SOLUTIONS = {
     "10.3": n_rejected,
     "10.4": n_after_rejected,
     "10.5": row_masks,
-    "10.6": logit_position,
+    "10.6": sampled_logit_positions,
 }
 
 #: Plausible wrong answers: each must be told "not yet".
@@ -74,8 +86,9 @@ WRONG = {
              lambda run=None: row_masks(run)[::-1],
              lambda run=None: (row_masks(run)[0], row_masks(run)[1], row_masks(run)[1]),
              lambda run=None: (row_masks(run)[1],) * 3, lambda run=None: (row_masks(run)[2],) * 3],
-    # no shift; the shift the wrong way; the response index j itself; the old j = 4 of this exercise
-    "10.6": [lambda run=None: logit_position(run) + 1, lambda run=None: logit_position(run) + 2,
-             lambda run=None: tensors(run)["responses"].shape[1] - 1,
-             lambda run=None: tensors(run)["prompts"].shape[1] - 1 + 4],
+    # no shift (the positions of the tokens themselves); shifted the wrong way; the response positions j alone;
+    # the old answer's last padded column for the last
+    "10.6": [lambda run=None: sampled_logit_positions(run, shift=0), lambda run=None: sampled_logit_positions(run, 1),
+             lambda run=None: sampled_logit_positions(run, -tensors(run)["prompts"].shape[1]),
+             lambda run=None: (sampled_logit_positions(run)[0], logit_position(run))],
 }

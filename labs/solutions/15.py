@@ -1,5 +1,7 @@
 """Solutions to lab 15's exercises (kept out of the notebook). A callable solution is the code a learner
 would write; it is called with the exercise's context (e.g. ``run``)."""
+import statistics
+
 import torch
 
 from ppolab.exercises.lab15 import POLICY_KNOBS, REGULARISER_KNOBS
@@ -48,6 +50,24 @@ def kl_over_pg(run=None, coef=True, reducer="median", half=True):
     return float(getattr(kl, reducer)() / getattr(pg, reducer)())
 
 
+def first_update_kl_over_pg(run=None, coef=True, reducer="median", half=True):
+    """15.4 as a learner writes it: ppo_loss at optimizer step 0 of each recorded step of the second half."""
+    from ppolab.algos import ppo_loss
+    from ppolab.numbers import actor_config, optimizer_step_batch
+
+    r = resolve_run(run)
+    cfg = actor_config(r)
+    kl, pg = [], []
+    for s in (r.steps[len(r.steps) // 2:] if half else r.steps):
+        b = optimizer_step_batch(r.step(s), 0)
+        _, m = ppo_loss(cfg, old_log_prob=b["old_log_probs"], log_prob=b["log_prob"], advantages=b["advantages"],
+                        response_mask=b["response_mask"], ref_log_prob=b["ref_log_prob"])
+        kl.append((cfg.kl_loss_coef if coef else 1.0) * m["actor/kl_loss"])
+        pg.append(abs(m["actor/pg_loss"]))
+    reduce = getattr(statistics, reducer)   # statistics.median: the mean of the two middle values for an even count
+    return float(reduce(kl) / reduce(pg))
+
+
 def old_entropy(run=None, mask="response_mask", denominator="loss_mask", per_step=True):
     from ppolab.algos import agg_loss
     from ppolab.numbers import actor_config, optimizer_step_batch
@@ -78,7 +98,7 @@ SOLUTIONS = {
     "15.1": zero_advantage_share,
     "15.2": lone_correct,
     "15.3": "actor/entropy",
-    "15.4": kl_over_pg,
+    "15.4": first_update_kl_over_pg,
     "15.5": old_entropy,
     "15.6": lambda: _factors(None, POLICY_KNOBS),
     "15.7": lambda: _factors(None, REGULARISER_KNOBS),
@@ -93,9 +113,10 @@ WRONG = {
              lambda: lone_correct(n=8)],  # the group of 8: the top of this run's boxes, logged as advantages/max
     # the metrics that look busy but stay in range
     "15.3": ["actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm"],
-    # the raw kl_loss (no coefficient); means instead of medians; the whole run instead of its second half
-    "15.4": [lambda run=None: kl_over_pg(run, coef=False), lambda run=None: kl_over_pg(run, reducer="mean"),
-             lambda run=None: kl_over_pg(run, half=False)],
+    # the raw kl_loss; means instead of medians; every recorded step; the old answer read off the log
+    "15.4": [lambda run=None: first_update_kl_over_pg(run, coef=False),
+             lambda run=None: first_update_kl_over_pg(run, reducer="mean"),
+             lambda run=None: first_update_kl_over_pg(run, half=False), kl_over_pg],
     # the logged actor/entropy and actor/entropy_loss (read, not computed); the whole batch over response_mask; the
     # update's mask but its own token count as the denominator (as if rejected tokens left batch_num_tokens)
     # no knob moves anything; each factor inverted (the base over the knob); the intuitions the runs refute

@@ -39,6 +39,13 @@ reward-side KL, padding rows, …) and, when its prompt names a step or an optim
 them in the run at hand (``ppolab.numbers.cases``); the prompt is a template filled from that case
 (``prompt("04.2", run=RUN)``). Given a run that lacks what the exercise needs, :func:`check` answers one line saying
 what is missing and which shipped run has it.
+
+Kinds: every exercise says what kind of work it asks for (``kind``, one of :data:`KINDS`). A ``lookup`` can be
+answered without real work — a fact the lab or the chapter states, a value of the run's config or log, or one stated
+formula applied to stated numbers; ``compute`` works on a run's tensors (often a counterfactual setting the log does
+not hold) or through a derivation the lab does not print; ``predict`` asks for a prediction ("Predict, then verify")
+that an explorer or a figure of the lab then reveals; ``code`` has the learner write code, graded on what it computes.
+``tests/test_exercise_kinds.py`` keeps the lookups few and checks that the other kinds are what they claim.
 """
 from __future__ import annotations
 
@@ -57,8 +64,12 @@ from ppolab.algos.kl import canonical_kl_name
 from ppolab.i18n import get_language, set_language, tr
 from ppolab.numbers.needs import NEEDS, RunLacks, require, run_label
 
-__all__ = ["Exercise", "Verdict", "case", "check", "exercise", "hints", "matches", "prompt", "registry", "reset",
+__all__ = ["Exercise", "KINDS", "Verdict", "case", "check", "exercise", "hints", "matches", "prompt", "registry",
+           "reset",
            "set_language", "truth", "UNANSWERED"]
+
+#: The kinds of work an exercise can ask for (see the module docstring).
+KINDS = ("lookup", "compute", "predict", "code")
 
 #: What an unanswered exercise holds: ``answer = ...``.
 UNANSWERED = Ellipsis
@@ -72,6 +83,7 @@ class Exercise:
     read off a figure needs a looser one than a recomputation); ``hints`` are shown one more per wrong try.
     ``needs`` names what the run must have (:data:`ppolab.numbers.NEEDS`), ``case(run)`` the numbers that fill the
     prompt's and hints' ``{fields}``, and ``default_run`` the shipped run the exercise is written for (``run=None``).
+    ``kind`` is one of :data:`KINDS` (None only for an exercise not yet tagged; the tests refuse it).
     """
     id: str
     prompt: str
@@ -83,6 +95,7 @@ class Exercise:
     needs: tuple[str, ...] = field(default=())
     case: Callable[..., dict] | None = None
     default_run: str = "grpo_tiny"
+    kind: str | None = None
 
     @property
     def lab(self) -> str:
@@ -114,9 +127,12 @@ _LOADED = False
 
 def exercise(id: str, prompt: str, hints: tuple[str, ...] | list[str], *, rel: float = 1e-6, abs: float = 1e-9,
              context: tuple[str, ...] = (), needs: tuple[str, ...] = (), case: Callable[..., dict] | None = None,
-             default_run: str = "grpo_tiny") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+             default_run: str = "grpo_tiny", kind: str | None = None
+             ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: register ``fn(**context) -> truth`` as exercise ``id`` (``"NN.k"``). At least two hints:
-    the first a nudge, the last the formula. ``needs``, ``case``, ``default_run``: see :class:`Exercise`."""
+    the first a nudge, the last the formula. ``needs``, ``case``, ``default_run``, ``kind``: see :class:`Exercise`."""
+    if kind is not None and kind not in KINDS:
+        raise ValueError(f"exercise {id}: kind {kind!r} is not one of {', '.join(KINDS)}")
     if len(hints) < 2:
         raise ValueError(f"exercise {id}: give at least two hints (a nudge, then the formula)")
     unknown = set(needs) - set(NEEDS)
@@ -127,7 +143,7 @@ def exercise(id: str, prompt: str, hints: tuple[str, ...] | list[str], *, rel: f
         if id in _REGISTRY and _REGISTRY[id].compute is not fn:
             raise ValueError(f"exercise {id!r} is registered twice")
         _REGISTRY[id] = Exercise(id, prompt, fn, tuple(hints), rel, abs, tuple(context), tuple(needs), case,
-                                 default_run)
+                                 default_run, kind)
         return fn
     return register
 

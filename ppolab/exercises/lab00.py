@@ -7,6 +7,7 @@ from ppolab.exercises import exercise
 
 @exercise("00.1", "Predict, then verify: at ε = 0.2, what share of the response tokens of recorded step 1, "
                   "optimizer step 0 (the very first update of the run) does the clip take out (pg_clipfrac)?",
+          kind="predict",
           hints=("Before its first optimizer step, which policy is the actor, compared with π_old? What is the "
                  "ratio then, and can a ratio of that size be clipped at ε = 0.2? (The logged actor/pg_clipfrac of "
                  "step 1 is an average over all the step's optimizer steps, not this one.)",
@@ -22,6 +23,7 @@ def _e1(run=None) -> float:
 
 
 @exercise("00.2", "How many times does the actor's optimizer step in ONE training step of the run (RUN)?",
+          kind="lookup",
           hints=("One optimizer step per mini-batch, and the mini-batches are gone through ppo_epochs times. "
                  "Remember that ppo_mini_batch_size counts prompts: the trainer multiplies it by rollout.n.",
                  "(train_batch_size × n) / (ppo_mini_batch_size × n) × ppo_epochs, i.e. "
@@ -36,6 +38,7 @@ def _e2(run=None) -> int:
 
 @exercise("00.3", "By how much did val/accuracy change between the validation before training (step 0) and the "
                   "run's last validation? (a signed number: after − before)",
+          kind="lookup",
           hints=("Read the val/accuracy column of the run's metrics; most steps have NaN there (no validation).",
                  "acc = run.metrics['val/accuracy'].dropna(); answer = acc.iloc[-1] - acc.loc[0]."),
           context=("run",), needs=("validation",))
@@ -59,6 +62,7 @@ def reading_order_case(run=None) -> dict:
                   "runs the loss once per micro-batch — `ppo_loss` for the actor, `value_loss` for the critic. At "
                   "recorded step {step} of RUN, on data-parallel rank 0, how many times did `ppo_loss` run, and how "
                   "many times `value_loss` (0 without a critic)? Answer (ppo_loss calls, value_loss calls).",
+          kind="predict",
           hints=("Count optimizer steps first (ppo_epochs × mini-batches), then micro-batches per mini-batch on one "
                  "rank. The critic has its own epochs and mini-batch size, and V1 cuts its micro-batches by the "
                  "token budget critic.ppo_infer_max_token_len_per_gpu, not by its top-level micro-batch fields "

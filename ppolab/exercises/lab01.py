@@ -29,6 +29,7 @@ def last_opt_step_case(run=None) -> dict:
                   "({epochs} epoch(s) × {per_epoch} mini-batch(es) of {mini} rows, shuffle = {shuffle}). How many "
                   "response tokens (response_mask = 1, real rows only) does its LAST optimizer step, optimizer step "
                   "{opt_step}, train on?",
+          kind="predict",
           hints=("First find the rows: optimizer step k trains on the rows where actor_log_probs[k] is not NaN "
                  "(without shuffle, epoch e walks the same contiguous mini-batches again). Then count their "
                  "tokens, not the rows.",
@@ -45,6 +46,7 @@ def _e1(run=None) -> int:
 
 @exercise("01.2", "How many response tokens of recorded step 1 enter the actor loss? Count each token once, real "
                   "rows only (not the prompt, not the padding).",
+          kind="compute",
           hints=("Only positions with response_mask = 1 enter any loss; synthetic rows (is_pad = 1) have none.",
                  "int(t['response_mask'][~t['is_pad'].bool()].sum())"),
           context=("run",), needs=("step1",))
@@ -88,6 +90,7 @@ def score_row_case(run=None) -> dict:
                   "{width}) tensor. In recorded step {step}, at which response position (0-based) does row {row}'s "
                   "score sit? Work it out from the row's mask (t['loss_mask'], the copy of response_mask made at "
                   "generation), then verify on token_level_scores.",
+          kind="compute",
           hints=("The score belongs to the whole answer, so it sits on the last response token the model generated; "
                  "responses are right-padded, so that is not the last column of every row.",
                  "the last position where the row's generation-time mask is 1: "

@@ -57,6 +57,7 @@ def first_step_case(run=None, default: str = "grpo_tiny_vllm_bf16") -> dict:
 @exercise("02.1", "Bypass mode, stage 4: had the vLLM run set algorithm.rollout_correction.bypass_mode=true, what "
                   "actor/ppo_kl would compute_policy_loss_vanilla report at optimizer step 0 of recorded step {step} "
                   "(one call on all that optimizer step's rows)? Decoupled mode reports 0 there. (a signed number)",
+          kind="compute",
           hints=("actor/ppo_kl is the mean of (old − log_prob) over the valid tokens, with whatever tensor is the "
                  "anchor. In bypass mode stage 4 runs no forward pass: which tensor the batch already holds becomes "
                  "old_log_probs? At optimizer step 0 log_prob is still the trainer's π_old.",
@@ -86,6 +87,7 @@ def _tokens_in_loss(tensors, response_mask) -> int:
 @exercise("02.2", "Bypass mode, stage 7: ppo_fire_tiny trained in decoupled mode with rejection sampling "
                   "(rollout_rs). Had it set bypass_mode=true, how many MORE response tokens would enter the actor "
                   "loss of recorded step {step} (response_mask = 1, real rows)?",
+          kind="compute",
           hints=("In bypass mode stage 7 skips the whole rollout correction (verl trainer_base.py): no IS weights, "
                  "and no rejection sampling either. Which tokens did rejection sampling take out of response_mask? "
                  "loss_mask is the copy of response_mask made at generation, before stage 7.",
@@ -118,6 +120,7 @@ def bypass_first_ratio(run=None, step: int | None = None) -> torch.Tensor:
 @exercise("02.3", "Predict, then verify: on the vLLM bf16 run, recorded step 1, optimizer step 0, the decoupled "
                   "ratio π_θ/π_old is 1 on every token. With bypass mode the denominator is π_rollout instead: what "
                   "is the largest |r − 1| over the valid tokens of that optimizer step's rows? (4 decimals)",
+          kind="predict",
           hints=("At optimizer step 0 the actor has not moved yet: π_θ equals the trainer's π_old, so the bypass "
                  "ratio is π_old/π_rollout on those tokens — the bf16 training–inference gap, as a ratio.",
                  "r = exp(clamp(actor_log_probs[0] − rollout_log_probs, ±20)) on the rows where actor_log_probs[0] "
@@ -129,6 +132,7 @@ def _e3(run=None) -> float:
 
 @exercise("02.4", "In the last recorded step, what is the largest PPO ratio π_θ/π_old over the valid response "
                   "tokens of the LAST optimizer step? (4 decimals)",
+          kind="compute",
           hints=("π_θ of optimizer step k is actor_log_probs[k] (NaN on rows outside its mini-batch); π_old is "
                  "old_log_probs. The clip bounds the loss, not the ratio: the ratio itself can exceed 1 + ε.",
                  "ppo_clip_terms(old_log_probs[rows], actor_log_probs[-1][rows], advantages[rows], 0.2, 0.2)"
@@ -148,6 +152,7 @@ def _e4(run=None) -> float:
                   "run twice from its tensors — with the recorded rollout_is_weights where verl applies them, and "
                   "without them — the way the trainer logs it (each optimizer step's token-mean, then the mean over "
                   "the optimizer steps). Answer (pg_loss with the weights) − (pg_loss without). (a signed number)",
+          kind="compute",
           hints=("verl's compute_policy_loss_vanilla takes rollout_is_weights as an argument and multiplies the "
                  "per-token loss by them after the clip and the dual clip; the entropy and KL terms of ppo_loss never "
                  "see them. The first number is the one the trainer logged.",

@@ -1,20 +1,15 @@
 """Lab 03 — from log-probabilities to the PPO ratio: exp, the ±20 clamp, drift across optimizer steps (§3, §3.1)."""
 from __future__ import annotations
 
-import torch
-
 from ppolab import algos
 from ppolab.exercises import exercise
 from ppolab.numbers.cases import second_epoch_case
 
 
-def _t(x: float, grad: bool = False) -> torch.Tensor:
-    return torch.tensor([[x]], dtype=torch.float64, requires_grad=grad)
-
-
 @exercise("03.1", "Predict, then verify with the drift figure: the largest ratio π_θ/π_old over the real response "
                   "tokens of recorded step 1, optimizer step {opt_step} (second epoch, first mini-batch). "
                   "(2 decimals)",
+          kind="predict",
           hints=("Optimizer step {opt_step} sees the rows of optimizer step 0 again, after {opt_step} updates. Does "
                  "the PPO clip (ε = 0.2) stop the ratio itself from going past 1.2?",
                  "ratio = exp(actor_log_probs[{opt_step}] − old_log_probs) on optimizer_step_batch(run.step(1), "
@@ -28,34 +23,43 @@ def _e1(run=None) -> float:
     return ratio[b["response_mask"].bool()].max().item()
 
 
-@exercise("03.2", "A token had old_log_prob = −2.0; after some updates its log_prob is −2.5. What ratio does the "
-                  "loss use? (3 decimals)",
-          hints=("The ratio is π_θ/π_old, and the trainer only stores logarithms. Which one is subtracted from "
-                 "which?",
-                 "ratio = exp(clamp(log_prob − old_log_prob, −20, 20)) = exp(−2.5 − (−2.0))."),
-          rel=0.0, abs=5.1e-4)
-def _e2() -> float:
-    return algos.ppo_clip_terms(_t(-2.0), _t(-2.5), _t(1.0), 0.2, 0.2)["ratio"].item()
+def push_case(run=None) -> dict:
+    """Exercise 03.2's what-if: the first recorded step's last optimizer step (where π_θ has moved most from π_old)
+    and a push ``what_if`` = 20 − half the largest positive log-ratio there, so that the tokens whose drift is past
+    that half land beyond the clamp's edge and the others stay inside (a push of 20 where nothing drifted)."""
+    from ppolab.numbers import optimizer_step_batch, resolve_run
+    from ppolab.numbers.steps import _n_opt_steps
+
+    r = resolve_run(run)
+    rec = r.step(r.steps[0])
+    k = _n_opt_steps(rec) - 1
+    b = optimizer_step_batch(rec, k)
+    d = (b["log_prob"] - b["old_log_probs"])[b["response_mask"] > 0]
+    top = max(0.0, float(d.max())) if d.numel() else 0.0
+    return {"step": rec.step, "opt_step": k, "what_if": round(20.0 - top / 2, 2)}
 
 
-@exercise("03.3", "A token's raw log-ratio log_prob − old_log_prob is +30. What ratio does the code actually use?",
-          hints=("Before exponentiating, verl clamps the log-ratio (compute_policy_loss_vanilla). To what "
-                 "window?",
-                 "ratio = exp(clamp(30, −20, 20)) = e^20 ≈ 4.85e8 — not e^30, and not the PPO clip 1 + ε."))
-def _e3() -> float:
-    return algos.ppo_clip_terms(_t(0.0), _t(30.0), _t(1.0), 0.2, 0.2)["ratio"].item()
+@exercise("03.2", "A what-if on this run's tensors: take recorded step {step}, optimizer step {opt_step}, and suppose "
+                  "a bug added {what_if} to every log_prob (π_θ) of that optimizer step before the loss — "
+                  "old_log_probs unchanged. On how many of its real response tokens would the ±20 clamp then act, "
+                  "so that autograd through ppo_clip_terms returns ∂ratio/∂log_prob = 0?",
+          kind="compute",
+          hints=("The ratio uses log_prob − old_log_prob (new minus old), clamped to [−20, 20] before exp. After the "
+                 "push, which tokens' log-ratio lies beyond 20? Inside the window ∂ratio/∂log_prob is the ratio "
+                 "itself; outside, the clamp is flat.",
+                 "b = optimizer_step_batch(run.step({step}), {opt_step}); d = (b['log_prob'] + {what_if}) − "
+                 "b['old_log_probs']; answer int((d.abs() > 20)[b['response_mask'] > 0].sum()) — or push "
+                 "log_prob through ppo_clip_terms with requires_grad and count the zero gradients."),
+          context=("run",), needs=("steps",), case=push_case)
+def _e2(run=None) -> int:
+    from ppolab.numbers import optimizer_step_batch, resolve_run
 
-
-@exercise("03.4", "And the gradient: for that token (raw log-ratio +30, A = +1, ε = 0.2), what is ∂ratio/∂log_prob "
-                  "as the code computes it?",
-          hints=("Inside the ±20 window ∂ratio/∂log_prob = ratio. What does torch.clamp pass back for an input "
-                 "outside its window?",
-                 "Outside [−20, 20] the clamp is constant, so its gradient is 0: ∂ratio/∂log_prob = 0 (the ratio "
-                 "saturates, chapter §3)."))
-def _e4() -> float:
-    lp = _t(30.0, grad=True)
-    algos.ppo_clip_terms(_t(0.0), lp, _t(1.0), 0.2, 0.2)["ratio"].sum().backward()
-    return lp.grad.item()
+    c = push_case(run)
+    b = optimizer_step_batch(resolve_run(run).step(c["step"]), c["opt_step"])
+    lp = (b["log_prob"] + c["what_if"]).detach().requires_grad_(True)
+    algos.ppo_clip_terms(b["old_log_probs"], lp, b["advantages"], 0.2, 0.2)["ratio"].sum().backward()
+    # the truth is autograd's own verdict: a zero gradient on a valid token is the clamp acting there
+    return int(((lp.grad == 0) & (b["response_mask"] > 0)).sum())
 
 
 def _clamp_case(run=None) -> dict:
@@ -67,6 +71,7 @@ def _clamp_case(run=None) -> dict:
 @exercise("03.5", "The clamp on this run's own tensors: over the real response tokens of every optimizer step of "
                   "recorded step {step} (every actor_log_probs[k] of that step), what is the largest "
                   "|log_prob − old_log_prob|? (3 decimals) Compare it with the clamp's 20.",
+          kind="compute",
           hints=("π_θ of optimizer step k is actor_log_probs[k] (NaN outside its mini-batch), π_old is old_log_probs. "
                  "Take the absolute log-ratio on the tokens with response_mask = 1 of real rows, over all of them.",
                  "max over k: (b['log_prob'] − b['old_log_probs']).abs()[b['response_mask'] > 0].max() with "

@@ -46,29 +46,80 @@ def code_case(run=None) -> dict:
     return c
 
 
-def _t(x: float) -> torch.Tensor:
-    return torch.tensor([[x]], dtype=torch.float64)
-
-
 def _batch(run, step: int, opt_step: int) -> dict[str, torch.Tensor]:
     from ppolab.numbers import optimizer_step_batch, step_tensors
 
     return optimizer_step_batch(step_tensors(run, step, default=RUN), opt_step)
 
 
-@exercise("04.1", "ε = 0.2, A = +1, ratio 0.7: the per-token loss, and does the gradient flow? (loss, flows)",
-          hints=("With A > 0 the clip only bites above 1 + ε. Which branch of the max wins at r = 0.7?",
-                 "ℓ = max(−A·r, −A·clip(r, 1−ε, 1+ε)) = max(−0.7, −0.8); the gradient flows when the "
-                 "unclipped branch −A·r is the larger one."))
-def _e1() -> tuple[float, bool]:
-    lp = _t(math.log(0.7)).requires_grad_(True)
-    terms = algos.ppo_clip_terms(_t(0.0), lp, _t(1.0), 0.2, 0.2)
-    terms["pg_losses"].sum().backward()
-    return terms["pg_losses"].item(), bool(lp.grad.item() != 0)
+def below_window_case(run=None) -> dict:
+    """Exercise 04.1's two tokens: in the first recorded (step, optimizer step ≥ 1) that has both — the explorer's
+    ``PREDICT`` pair first — a real token A with A > 0 and one B with A < 0, each with its ratio below the window's
+    lower edge 1 − ε_low (the one with the lowest ratio of each sign); where no optimizer step has both, the lowest
+    ratio of each sign. §4.3 and its mirror, on recorded tokens."""
+    from ppolab.numbers import RunLacks, resolve_run
+    from ppolab.numbers.cases import _clip_terms, _opt_pairs
+
+    r = resolve_run(run, default=RUN)
+    low = algos.policy_loss.clip_bounds(actor_config_of(r))[0]
+    pairs = _opt_pairs(r, first_opt=1)
+    pairs = ([PREDICT] if PREDICT in pairs else []) + pairs
+    # first choice: both tokens below the window; a run whose tokens never drift that far (ε = 0.2 on grpo_tiny)
+    # gets the lowest ratio of each sign instead: the same two maxima to work out, another branch may win
+    for strict in (True, False):
+        for s, k in pairs:
+            b, terms = _clip_terms(r, s, k)
+            valid = (b["response_mask"] > 0) & ((terms["ratio"] < 1 - low) if strict else True)
+            picks = {}
+            for name, sign in (("a", b["advantages"] > 0), ("b", b["advantages"] < 0)):
+                where = valid & sign
+                if not where.any():
+                    break
+                ratio = torch.where(where, terms["ratio"], torch.full_like(terms["ratio"], 9.0))
+                i, j = divmod(int(ratio.flatten().argmin()), where.shape[1])
+                picks[f"row_{name}"], picks[f"pos_{name}"] = int(b["rows"][i]), j
+            if len(picks) == 4:
+                return {"step": s, "opt_step": k, "eps": actor_config_of(r).clip_ratio, **picks}
+    raise RunLacks("real tokens with each sign of advantage after the first optimizer step", r)
+
+
+def actor_config_of(r):
+    from ppolab.numbers import actor_config
+
+    return actor_config(r)
+
+
+@exercise("04.1", "§4.3 and its mirror on two real tokens: recorded step {step}, optimizer step {opt_step}, at the "
+                  "run's ε = {eps}. Token A is row {row_a}, position {pos_a}; token B is row {row_b}, position {pos_b} "
+                  "(rows of the recorded batch). For each, from its ratio and advantage: the per-token loss, and does "
+                  "the gradient flow? Answer ((loss A, flows A), (loss B, flows B)).",
+          kind="compute",
+          hints=("Read each token's log_prob (actor_log_probs[{opt_step}]), old_log_prob and advantage; ratio = "
+                 "exp(log_prob − old_log_prob). With A > 0 the clip only bites above 1 + ε; with A < 0 only "
+                 "below 1 − ε. Which branch of the max wins for each?",
+                 "ℓ = max(−A·r, −A·clip(r, 1 − ε, 1 + ε)); the gradient flows when the unclipped branch −A·r is the "
+                 "larger one (ppo_clip_terms(...)['pg_losses'] and autograd give both)."),
+          rel=1e-5, abs=1e-7, context=("run",), needs=("opt_steps",), case=below_window_case, default_run=RUN)
+def _e1(run=None) -> tuple[tuple[float, bool], tuple[float, bool]]:
+    from ppolab.numbers import resolve_run
+
+    r = resolve_run(run, default=RUN)
+    c = below_window_case(r)
+    t = r.step(c["step"]).tensors
+    low, high = algos.policy_loss.clip_bounds(actor_config_of(r))
+    out = []
+    for row, pos in ((c["row_a"], c["pos_a"]), (c["row_b"], c["pos_b"])):
+        lp = t["actor_log_probs"][c["opt_step"]][row:row + 1, pos:pos + 1].clone().requires_grad_(True)
+        terms = algos.ppo_clip_terms(t["old_log_probs"][row:row + 1, pos:pos + 1], lp,
+                                     t["advantages"][row:row + 1, pos:pos + 1], low, high)
+        terms["pg_losses"].sum().backward()
+        out.append((terms["pg_losses"].item(), bool(lp.grad.item() != 0)))   # autograd says whether it flows
+    return tuple(out)
 
 
 @exercise("04.2", "Predict, then verify: actor/pg_clipfrac of recorded step {step}, optimizer step {opt_step}, at "
                   "ε_low = ε_high = 0.05 — a narrower window than the run's ε = {eps} (3 decimals).",
+          kind="predict",
           hints=("The explorer opens at ε = {eps} and shows every token's ratio. ε = 0.05 narrows the window to "
                  "[0.95, 1.05]: every token clipped at {eps} stays clipped, and the tokens with A > 0 and a ratio "
                  "in (1.05, 1 + {eps}], or A < 0 and a ratio in [1 − {eps}, 0.95), join them. Set both ε sliders to "
@@ -86,6 +137,7 @@ def _e2(run=None) -> float:
 @exercise("04.3", "Write code: recompute actor/pg_clipfrac of recorded step {step}, optimizer step {opt_step}, at the "
                   "run's own ε = {eps} (a fraction of that optimizer step's real response tokens). It must equal the "
                   "number compute_policy_loss_vanilla reports (the explorer's readout at that optimizer step).",
+          kind="code",
           hints=("Take the rows of that optimizer step (optimizer_step_batch), ppo_clip_terms(...)['clipped'] on "
                  "them, and average over the tokens that count — not over every padded position.",
                  "masked_mean(ppo_clip_terms(b['old_log_probs'], b['log_prob'], b['advantages'], {eps}, {eps})"
@@ -100,16 +152,3 @@ def _e3(run=None) -> float:
     _, metrics = algos.compute_policy_loss_vanilla(b["old_log_probs"], b["log_prob"], b["advantages"],
                                                    b["response_mask"], config=actor_config(r))
     return metrics["actor/pg_clipfrac"]
-
-
-@exercise("04.4", "§4.3 mirrored: ε = 0.2, A = −1, ratio 0.7. The per-token loss, and does the gradient flow? "
-                  "(loss, flows)",
-          hints=("With A < 0 the clip only bites below 1 − ε: the policy already made this bad token less likely "
-                 "by more than ε allows. Which branch of the max wins?",
-                 "ℓ = max(−A·r, −A·clip(r, 1−ε, 1+ε)) = max(0.7, 0.8); the clipped branch wins, so the loss is a "
-                 "constant in θ and no gradient flows."))
-def _e4() -> tuple[float, bool]:
-    lp = _t(math.log(0.7)).requires_grad_(True)
-    terms = algos.ppo_clip_terms(_t(0.0), lp, _t(-1.0), 0.2, 0.2)
-    terms["pg_losses"].sum().backward()
-    return terms["pg_losses"].item(), bool(lp.grad.item() != 0)

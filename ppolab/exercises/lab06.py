@@ -63,6 +63,7 @@ def _runnable_modes():
           "kl_loss_coef = 0.1, "
           "kl_loss_type = low_var_kl, token-mean: write the total actor loss from the metrics "
           "actor/pg_loss, actor/entropy_loss, actor/kl_loss and the two coefficients.",
+          kind="compute",
           hints=("Three terms: the PG loss, the entropy bonus, the reference penalty. Which one is subtracted?",
                  "loss = pg_loss − entropy_coeff · entropy_loss + kl_loss_coef · kl_loss (chapter §5)."),
           context=("run",), needs=("step1", "reference"), case=e1_case)
@@ -71,6 +72,7 @@ def _e1(run=None) -> float:
 
 
 @exercise("06.2", "Which registered loss modes never look at old_log_prob (no ratio at all)? A set of names.",
+          kind="lookup",
           hints=("Change old_log_prob and keep everything else: which losses do not move?",
                  "A mode ignores old_log_prob when ppo_loss(cfg, old_log_prob=old_a, log_prob=lp, …) == "
                  "ppo_loss(cfg, old_log_prob=old_b, log_prob=lp, …) for two different old_log_prob tensors; loop "
@@ -95,6 +97,7 @@ def agg_case(run=None) -> dict:
 
 @exercise("06.3", "Predict, then verify: actor/pg_loss of recorded step 1, optimizer step 0 (every ratio is exactly "
           "1 there), with the run's own config (loss_agg_mode = {agg}). 4 decimals.",
+          kind="predict",
           hints=("At ratio 1 the vanilla loss is −A per token. GRPO advantages sum to zero inside each group — so "
                  "what is left depends on how {agg} weighs a long trajectory against a short one.",
                  "pg_loss = agg_loss(−advantages, response_mask, '{agg}') on optimizer_step_batch(run.step(1), 0), "
@@ -118,6 +121,7 @@ def _e3(run=None) -> float:
 @exercise("06.4", "On the batch lp, adv, mask = toy_batch() at ratio exactly 1 (old_log_prob = lp) with "
           "loss_agg_mode = token-mean: which registered loss modes give the same gradient with respect to log_prob as "
           "vanilla (vanilla included)? A set of names.",
+          kind="compute",
           hints=("Differentiate each loss at r = 1: most become −A·∇log π, whatever their value. Then look for the "
                  "ones that aggregate differently, or change individual tokens.",
                  "Loop over POLICY_LOSS_REGISTRY: x = lp.clone().requires_grad_(True); ppo_loss(cfg, "
@@ -145,6 +149,7 @@ E5_TOKEN = dict(ratio=1.3, advantage=1.0, old_prob=0.5)
 @exercise("06.5", "A token with ratio r = 1.3, advantage A = +1 and old probability π_old = 0.5, alone in its "
           "sequence, under a default ActorConfig (ε = 0.2, clip_ratio_c = 3; dro_beta = 0.1): which registered loss "
           "modes give it a gradient weight of exactly 0? A set of names.",
+          kind="compute",
           hints=("r = 1.3 is past 1 + ε with A > 0. Which modes switch the token off there, which only bound its "
                  "weight (a stop-gradient clipped ratio), and which measure the move in probability, not in ratio?",
                  "For each mode, gradient_weights(mode, [1.3], 1.0, ActorConfig(), old_prob=0.5) from "

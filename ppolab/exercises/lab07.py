@@ -53,6 +53,7 @@ def step1_entropy(run=None, temperature: float = 1.0) -> float:
 
 @exercise("07.3", "The masked-mean entropy of recorded step 1's response tokens at T = 0.5 (the base model, which is "
           "π_old at step 1).",
+          kind="compute",
           hints=("Divide the response logits by T before the softmax, take each position's entropy, then average "
                  "over the response mask.",
                  "masked_mean(entropy_from_logits(scale_logits(response_logits, 0.5)), response_mask)."),
@@ -61,33 +62,76 @@ def _e1(run=None) -> float:
     return step1_entropy(run, 0.5)
 
 
-@exercise("07.4", "The ratio of the mean actor/entropy over the last 10 training steps to the mean over the first 10.",
-          hints=("run.metrics['actor/entropy'] has one value per step (drop the missing ones); last 10 over "
-                 "first 10.",
-                 "ent = run.metrics['actor/entropy'].dropna(); ent.iloc[-10:].mean() / ent.iloc[:10].mean()."),
-          context=("run",))
-def _e2(run=None) -> float:
+def _real_response_mask(t) -> torch.Tensor:
+    """response_mask of the real rows (synthetic padding rows zeroed)."""
+    m = t["response_mask"].float()
+    return m * (~t["is_pad"].bool()).float().unsqueeze(-1) if "is_pad" in t else m
+
+
+def seq_mean_entropy(run=None, step: int | None = None) -> float:
+    """The recorded stage-4 entropy of ``step`` averaged per real response first, then over the responses with at
+    least one token (seq-mean-token-mean; the logged actor/entropy is a token mean over the whole batch)."""
     from ppolab.record import resolve_run
 
-    ent = resolve_run(run).metrics["actor/entropy"].dropna()
-    return float(ent.iloc[-10:].mean() / ent.iloc[:10].mean())
+    r = resolve_run(run)
+    t = r.step(r.steps[0] if step is None else step).tensors
+    m = _real_response_mask(t)
+    per_row = algos.masked_mean(t["entropy"].float(), m, axis=-1)
+    return float(per_row[m.sum(-1) > 0].mean())
 
 
-@exercise("07.1", "The largest entropy (in nats) that any single response position can have under this model, at any "
-          "temperature.",
+def _first_last_case(run=None) -> dict:
+    from ppolab.record import resolve_run
+
+    r = resolve_run(run)
+    return {"step": r.steps[0], "last": r.steps[-1]}
+
+
+@exercise("07.4", "Where entropy went during training, from the recorded tensors: the stage-4 entropy (t['entropy'], "
+          "π_old at the rollout temperature) averaged over each real response's tokens, then over the responses "
+          "(seq-mean-token-mean), at the last recorded step {last} divided by the same at the first recorded step "
+          "{step}. (3 decimals)",
+          kind="compute",
+          hints=("Take each recorded step's entropy tensor and the response_mask of its real rows (is_pad = 0); "
+                 "average each row over its own tokens first, then average the rows that have tokens. Then the "
+                 "last step over the first.",
+                 "per_row = masked_mean(t['entropy'], mask, axis=-1) over rows with mask.sum(-1) > 0, mean; answer "
+                 "(that at step {last}) / (that at step {step}). The logged actor/entropy is a token mean: another "
+                 "number."),
+          rel=0.0, abs=5e-4, context=("run",), needs=("steps",), case=_first_last_case)
+def _e2(run=None) -> float:
+    c = _first_last_case(run)
+    return seq_mean_entropy(run, c["last"]) / seq_mean_entropy(run, c["step"])
+
+
+def _ceiling_case(run=None) -> dict:
+    from ppolab.numbers.cases import recorded_step_case
+
+    return recorded_step_case(run, 1)
+
+
+@exercise("07.1", "The ceiling, and how close recorded step {step} comes to it: the largest entropy that stage 4 "
+          "recorded (t['entropy']) over the real response tokens of that step, as a share of the largest entropy "
+          "any single response position can have under this model at any temperature. (3 decimals)",
+          kind="compute",
           hints=("Which distribution over a finite vocabulary has the largest entropy, and how many tokens does "
-                 "this model's vocabulary hold?",
-                 "H_max = log V (natural log), V = model.config.vocab_size: the uniform distribution, reached as "
-                 "T → ∞."),
-          context=("run",))
+                 "this model's vocabulary hold? Then take the largest recorded entropy over response_mask = 1 of "
+                 "the real rows.",
+                 "H_max = log V (natural log), V = model.config.vocab_size (the uniform distribution, reached as "
+                 "T → ∞); answer t['entropy'][mask > 0].max() / log V."),
+          rel=0.0, abs=5e-4, context=("run",), needs=("steps",), case=_ceiling_case)
 def _e3(run=None) -> float:
     from ppolab.record import resolve_run
 
-    return math.log(_run_model(resolve_run(run)).config.vocab_size)
+    r = resolve_run(run)
+    t = r.step(_ceiling_case(r)["step"]).tensors
+    top = float(t["entropy"][_real_response_mask(t) > 0].max())
+    return top / math.log(_run_model(r).config.vocab_size)
 
 
 @exercise("07.2", "Predict, then verify with the temperature slider: the masked-mean entropy of recorded step 1 at "
           "T = 2.0 (3 decimals).",
+          kind="predict",
           hints=("T > 1 flattens every distribution: the entropy grows with T, towards log V. Set the slider to 2.0 "
                  "and read the dot.",
                  "masked_mean(entropy_from_logits(scale_logits(response_logits, 2.0)), response_mask)."),
@@ -100,6 +144,7 @@ def _e4(run=None) -> float:
           "step {step} (π_θ is still π_old), recompute π_θ's log-probs from the logits NOT divided by the rollout "
           "temperature T = {T}: on what share of that optimizer step's valid tokens ({rows} rows) is the ratio "
           "exp(log π_θ − old_log_probs) below 1? (3 decimals)",
+          kind="predict",
           hints=("With the temperature the ratio is exactly 1 on every token. Without it π_θ is softmax(z) while "
                  "π_old sampled from softmax(z / T): for T < 1 which one gives the sampled, mostly likely, tokens "
                  "the higher probability? (The mean the next cell prints hides it: a few rare tokens get ratios "
@@ -123,6 +168,7 @@ def _e5(run=None) -> float:
 @exercise("07.6", "The entropy bonus in the loss: at the first optimizer step of recorded step {step}, by how much "
           "does entropy_coeff = {entropy_coeff} move the actor loss — loss with the bonus minus loss without it "
           "(entropy_coeff 0)? π_θ is the base model there, at T = {T}.",
+          kind="compute",
           hints=("verl subtracts the bonus: loss = pg_loss − entropy_coeff · entropy_loss, and entropy_loss is "
                  "aggregated like pg_loss (the run's loss_agg_mode over that optimizer step's response_mask), from "
                  "temperature-scaled logits.",

@@ -37,18 +37,9 @@ def reward_kl_statistic(run=None, step: int = 3, mask: str = "loss_mask", real_r
     return torch.mean(per_row).item()
 
 
-@exercise("08.3", "target_kl = 0.1, horizon = 1000, β = 0.001, a batch of 64 sequences whose KL is 0.05: β after one "
-          "update of the adaptive controller?",
-          hints=("KL is half the target: the proportional error is −0.5 before clipping. Clip it first.",
-                 "e = clip(KL/target − 1, −0.2, 0.2); β ← β·(1 + e·n_seq/horizon) with n_seq = 64 (chapter §7.1)."))
-def _e1() -> float:
-    ctrl = algos.AdaptiveKLController(init_kl_coef=0.001, target_kl=0.1, horizon=1000)
-    ctrl.update(current_kl=0.05, n_steps=64)
-    return ctrl.value
-
-
 @exercise("08.4", "Which log-probs does each path compare with ref_log_prob? A dict {'reward-side': …, 'loss-side': …} "
           "with values among 'old_log_probs', 'rollout_log_probs', 'log_prob' (the current actor).",
+          kind="lookup",
           hints=("The reward is shaped once per step, before the advantage and before any actor update; the loss is "
                  "recomputed in every actor forward pass.",
                  "apply_kl_penalty(token_level_scores, old_log_probs, ref_log_prob, …) vs "
@@ -92,6 +83,7 @@ def _lps(run=None, temperature: float = T_THETA):
 
 @exercise("08.5", f"The exact KL(π_θ‖π_ref) averaged over the valid response positions of recorded step 1, with "
           f"π_θ = the base model at T_θ = {T_THETA} and π_ref = the base model at the run's temperature.",
+          kind="compute",
           hints=("At every position both policies are full distributions over the 29 tokens: no sampling is "
                  "needed. Sum over the vocabulary, then average over the positions.",
                  "KL = Σ_a π_θ(a)·(log π_θ(a) − log π_ref(a)) on the last dimension of lp_theta, lp_ref; "
@@ -111,6 +103,7 @@ def _step1(run=None) -> dict:
 
 @exercise("08.6", f"Predict, then verify: tokens sampled from π_ref instead of π_θ (T_θ = {T_THETA}). The mean over "
           "the positions of recorded step 1 of E_{a∼π_ref}[k1] (3 decimals).",
+          kind="predict",
           hints=("k1 = log π_θ(a) − log π_ref(a). Average it under π_ref, not π_θ: what KL is that, and in which "
                  "direction, and with which sign?",
                  "E_{a∼π_ref}[log π_θ(a) − log π_ref(a)] = −KL(π_ref‖π_θ): Σ_a π_ref(a)·(lp_theta − lp_ref)(a), "
@@ -123,6 +116,7 @@ def _e4(run=None) -> float:
 
 @exercise("08.7", "Predict, then verify with the T_θ slider: under a ∼ π_θ, which of k1 and k3 has the smaller mean "
           "per-token variance on recorded step 1 — at T_θ = 0.8, and at T_θ = 0.5? A pair of names.",
+          kind="predict",
           hints=("k3 = r − 1 − log r with r = π_ref(a)/π_θ(a): small when r stays near 1. How large can r get on a "
                  "token that a much sharper π_θ has almost ruled out?",
                  "Compare estimator_table(run, 1, T)['rows'][name]['pi_theta']['var'] for k1 and k3 at T = 0.8 and "
@@ -141,6 +135,7 @@ def _e5(run=None) -> tuple[str, str]:
 
 @exercise("08.8", "Sampled tokens a ∼ π_θ are data (no gradient flows through the sampling). Which of the names k1, "
           "abs, k2, k3, k1+, abs+, k2+, k3+ give, on average, exactly the gradient of KL(π_θ‖π_ref)? A set of names.",
+          kind="lookup",
           hints=("Write each estimator's derivative with respect to log π_θ(a), then average "
                  "∂k/∂log π_θ(a) · ∇log π_θ(a) over a ∼ π_θ; remember E_{π_θ}[∇log π_θ] = 0.",
                  "∇KL(π_θ‖π_ref) = E_{π_θ}[d·∇log π_θ] with d = log π_θ − log π_ref: the estimators whose "
@@ -172,6 +167,7 @@ def e1_case(run=None) -> dict:
           "fed the adaptive controller — from the recorded old_log_probs, ref_log_prob and the right mask, with the "
           "run's estimator ({estimator}), and compare yours with the log. Then answer what a run with "
           "algorithm.kl_penalty = {other} would have fed the controller at that step, from the same tensors.",
+          kind="compute",
           hints=("Stage 7 applies the reward KL BEFORE rejection sampling rewrites response_mask: which recorded mask "
                  "is the one it saw? And verl averages per sequence first, then over every row of the batch. Only "
                  "the estimator changes in the answer; the mask and the averaging stay.",
@@ -195,16 +191,17 @@ def e2_case(run=None) -> dict:
 
 
 def next_beta(run=None, step: int | None = None, mask: str = "loss_mask", real_rows_only: bool = False,
-              n_steps: int | None = None, horizon: float | None = None) -> float:
+              n_steps: int | None = None, horizon: float | None = None, target_kl: float | None = None) -> float:
     """β after the controller's update at recorded step ``step``: AdaptiveKLController started at the β that step
     used (its logged actor/reward_kl_penalty_coeff), updated with :func:`reward_kl_statistic` recomputed from the
     step's tensors and ``n_steps`` (default: the step's rows, padding rows included), as
-    ray_trainer.py::apply_kl_penalty does; with the run's ``horizon`` unless another is given."""
+    ray_trainer.py::apply_kl_penalty does; with the run's ``horizon`` and ``target_kl`` unless others are given."""
     r = _run(run)
     s = e2_case(r)["step"] if step is None else step
     ctrl_cfg = r.ppo_config().algorithm.kl_ctrl
     beta = float(r.metrics.loc[s, "actor/reward_kl_penalty_coeff"])
-    ctrl = algos.AdaptiveKLController(init_kl_coef=beta, target_kl=float(ctrl_cfg.target_kl),
+    target = ctrl_cfg.target_kl if target_kl is None else target_kl
+    ctrl = algos.AdaptiveKLController(init_kl_coef=beta, target_kl=float(target),
                                       horizon=float(ctrl_cfg.horizon if horizon is None else horizon))
     rows = int(r.step(s).tensors["responses"].shape[0]) if n_steps is None else n_steps
     ctrl.update(current_kl=reward_kl_statistic(r, s, mask=mask, real_rows_only=real_rows_only), n_steps=rows)
@@ -216,6 +213,7 @@ def next_beta(run=None, step: int | None = None, mask: str = "loss_mask", real_r
           "own estimator). From the step's tensors and the run's algorithm.kl_ctrl (target_kl {target_kl}, horizon "
           "{horizon}) compute the β the reward-side penalty of step {next} uses, and check it against the log. Then "
           "answer: which β would step {next} use had algorithm.kl_ctrl.horizon been {what_if}?",
+          kind="predict",
           hints=("Is the error KL/target − 1 of this step inside ±0.2? Then nothing is clipped and the size of the "
                  "KL matters, not just its sign. n_steps counts the rows apply_kl_penalty saw — padding rows too. "
                  "The horizon divides the step the controller takes, not the error.",
@@ -228,3 +226,24 @@ def _e2_beta(run=None) -> float:
     # the KL is a float32 statistic recomputed in another order (~1e-7 relative); inside the proportional band it
     # moves β by e·n/horizon, so β agrees to ~1e-9 relative: rel 1e-7 still refuses n = 60 rows (3.7e-4 off)
     return next_beta(run, horizon=e2_case(run)["what_if"])
+
+
+def e3_case(run=None) -> dict:
+    """Exercise 08.3's what-if: 08.2's step with a target_kl ten times the run's, so that the error KL/target − 1
+    lies far below −0.2 and the controller's clip acts (at the run's own target it does not)."""
+    c = e2_case(run)
+    return {**c, "what_if": round(10 * float(c["target_kl"]), 12)}
+
+
+@exercise("08.3", "The controller's clip on the same step: recorded step {step} of 08.2, its KL statistic, its β and "
+          "its rows, at the run's horizon {horizon} — but had algorithm.kl_ctrl.target_kl been {what_if} instead of "
+          "{target_kl}, which β would step {next} use?",
+          kind="compute",
+          hints=("Compute the error KL/target − 1 at the new target first: it is far outside ±0.2, so the clip acts "
+                 "and only its sign survives. n_steps is still the rows apply_kl_penalty saw, padding rows too.",
+                 "β_{next} = β_{step} · (1 + clip(KL / {what_if} − 1, −0.2, 0.2) · n_steps / {horizon}) with your 08.1 "
+                 "KL (loss_mask) — AdaptiveKLController(β_{step}, {what_if}, {horizon}).update(KL, n_steps) (chapter "
+                 "§7.1)."),
+          rel=1e-7, abs=1e-12, context=("run",), needs=("adaptive_kl", "reference"), case=e3_case, default_run=RUN)
+def _e3_beta(run=None) -> float:
+    return next_beta(run, target_kl=e3_case(run)["what_if"])

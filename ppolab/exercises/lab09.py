@@ -11,10 +11,6 @@ from ppolab.numbers.cases import critic_case
 RUN = "ppo_fire_tiny"
 
 
-def _t(x: float) -> torch.Tensor:
-    return torch.tensor([[x]], dtype=torch.float64)
-
-
 def _record(run=None, step: int | None = None):
     from ppolab.numbers import resolve_run, step_tensors
 
@@ -78,18 +74,11 @@ def update_case(run=None) -> dict:
     return critic_case(run, 3, default=RUN)
 
 
-@exercise("09.1", "V_old = 0.5, V_new = 0.1, G = 0, ε_v = 0.2: the value loss compute_value_loss returns for this "
-          "single token (token-mean).",
-          hints=("First clip V_new into [V_old − ε_v, V_old + ε_v]; then compare the two squared errors.",
-                 "L_V = ½·max((V_new − G)², (clip(V_new, 0.3, 0.7) − G)²) (chapter §8)."))
-def _e1() -> float:
-    return algos.compute_value_loss(_t(0.1), _t(0.0), _t(0.5), _t(1.0), cliprange_value=0.2)[0].item()
-
-
 @exercise("09.2", "Critic optimizer step {update} of the first recorded step, at the run's own ε_v "
           "(critic.cliprange_value): "
           "compute vf_clipfrac yourself from value_clip_terms — the share of valid tokens of its global mini-batch "
           "where (V_clip − G)² > (V_new − G)².",
+          kind="compute",
           hints=("value_clip_terms returns V_clip and both squared errors; compare them token by token, then "
                  "average over the response mask.",
                  "masked_mean((err_clip > err_new).float(), response_mask) with "
@@ -102,6 +91,7 @@ def _e2(run=None) -> float:
 @exercise("09.3", "Predict, then verify with the explorer: vf_clipfrac of critic optimizer step {last} (the last) of "
           "the first recorded step, pooled over its global mini-batch, if ε_v were 0.05 instead of the run's {eps_v} "
           "(2 decimals).",
+          kind="predict",
           hints=("A narrower window around V_old: can a token that was clipped at ε_v = {eps_v} escape the clip at "
                  "0.05? "
                  "Start from the share at the run's ε_v.",
@@ -116,6 +106,7 @@ def _e3(run=None) -> float:
           "optimizer step {update} of the first recorded step, at the run's ε_v: the value the trainer logged for "
           "that optimizer step — the mean over the {dp} rank(s) of each rank's share, each rank's share the mean over "
           "its micro-batches.",
+          kind="compute",
           hints=("Rank k trains on the k-th contiguous half of the balanced batch (rows 0–31 and 32–63); each computes "
                  "masked_mean over its own micro-batch; the logged value is the plain mean of those shares.",
                  "For each rank's rows of w.batch({update})'s row ids (row // 32 == k): masked_mean((err_clip > "
@@ -164,6 +155,7 @@ def v1_micro_batches(run=None, micro: int = 2, budget: int | None = None) -> tup
           "run's config: into how many micro-batches does the critic engine cut rank 0's rows? (b) Instead set "
           "+critic.ppo_infer_max_token_len_per_gpu={small}: the vf_clipfrac the trainer would log for that optimizer "
           "step (the same predictions, cut by that budget). A pair (count, share).",
+          kind="compute",
           hints=("verl V1 hands the critic engine one key, critic.ppo_infer_max_token_len_per_gpu (here {budget}); "
                  "which of the two settings reaches it? The logged share is a mean over each rank's micro-batches.",
                  "(a) len(critic_micro_batches(RUN, {update}, 0, ['critic.ppo_micro_batch_size_per_gpu={micro}'])) — "
@@ -205,6 +197,7 @@ def window_counts(run=None, update: int | None = None, mask: str = "response_mas
           "critic), at the run's ε_v = {eps_v}, over the tokens with response_mask 1 of its global mini-batch: how "
           "many predictions V_new left the window [V_old − ε_v, V_old + ε_v], and on how many tokens is the clipped "
           "error the larger one, (V_clip − G)² > (V_new − G)²? A pair of counts.",
+          kind="compute",
           hints=("Leaving the window is not the same as being clipped: a prediction that left it away from the target "
                  "keeps the larger unclipped error and keeps training.",
                  "v_clip, err_new, err_clip, _ = value_clip_terms(vpreds, returns, values, eps_v) on "
@@ -217,6 +210,7 @@ def _e6(run=None) -> tuple[int, int]:
 
 @exercise("09.7", "The vf_loss of critic optimizer step 0 of the first recorded step (token-mean, as the engine "
           "normalises it), computed from `values` and `returns` only — no vpreds.",
+          kind="compute",
           hints=("At update 0 the critic still is the critic that wrote `values`: V_new = V_old, so the clip changes "
                  "nothing and the loss is plain regression of V_old onto G. Mind the ½ and the engine's denominator.",
                  "½ · Σ (values − returns)²·response_mask ÷ Σ loss_mask over the rows of update 0 (those with "
@@ -226,3 +220,39 @@ def _e6(run=None) -> tuple[int, int]:
 def _e7(run=None) -> float:
     # float32 recorded tensors; a learner may compute in float32 or float64: agreement to ~1e-7 relative
     return first_update_vf_loss(run)
+
+
+def far_token_case(run=None) -> dict:
+    """Exercise 09.1's token: in critic optimizer step ``update`` (:func:`update_case`) of the first recorded step, the
+    valid response token whose new value prediction moved furthest from V_old (a row of the recorded batch)."""
+    from ppolab.numbers import resolve_run
+
+    c = update_case(run)
+    _, rec = _record(run)
+    t = rec.tensors
+    vp = t["critic_vpreds"][c["update"]]
+    valid = (t["response_mask"] > 0) & ~torch.isnan(vp)
+    moved = torch.where(valid, (vp - t["values"]).abs(), torch.full_like(vp, -1.0))
+    row, pos = divmod(int(moved.flatten().argmax()), moved.shape[1])
+    return {**c, "row": row, "pos": pos, "eps_v": resolve_run(run, RUN).ppo_config().critic.cliprange_value}
+
+
+@exercise("09.1", "One token of the critic's update: critic optimizer step {update} of the first recorded step, row "
+          "{row}, position {pos} (a row of the recorded batch) — the valid token whose new prediction V_new "
+          "(critic_vpreds[{update}]) moved furthest from V_old (values). The value loss compute_value_loss returns "
+          "for that single token (token-mean) at the run's ε_v = {eps_v}, with G its recorded return.",
+          kind="compute",
+          hints=("Read V_new, V_old and G of that token. First clip V_new into [V_old − ε_v, V_old + ε_v]; then "
+                 "compare the two squared errors — the loss keeps the larger.",
+                 "L_V = ½·max((V_new − G)², (clip(V_new, V_old − {eps_v}, V_old + {eps_v}) − G)²) (chapter §8); "
+                 "compute_value_loss(vpreds, returns, values, mask, {eps_v})[0] on one-token tensors gives it."),
+          rel=1e-5, abs=1e-9, context=("run",), needs=("critic", "critic_updates"), case=far_token_case,
+          default_run=RUN)
+def _e1(run=None) -> float:
+    c = far_token_case(run)
+    _, rec = _record(run)
+    t = rec.tensors
+    one = (slice(c["row"], c["row"] + 1), slice(c["pos"], c["pos"] + 1))
+    vp = t["critic_vpreds"][c["update"]][one]
+    return algos.compute_value_loss(vp, t["returns"][one], t["values"][one], torch.ones_like(vp),
+                                    cliprange_value=c["eps_v"])[0].item()

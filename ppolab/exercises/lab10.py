@@ -33,22 +33,45 @@ def nan_loss_and_mask() -> tuple[torch.Tensor, torch.Tensor]:
     return loss, mask
 
 
-@exercise("10.6", "With the prompt width P and the padded response width R of the first recorded step, the logits at "
-          "which sequence position score the last response position, j = R − 1?",
-          hints=("Position t of a causal LM predicts the token at t + 1; response token j sits at position P + j.",
-                 "logit position = P − 1 + j with j = R − 1: P + R − 2 (the one-token shift; shift_table(rec, "
-                 "tokenizer, row)['logit position'][-1])."),
-          context=("run",), default_run=RUN)
-def _e6(run=None) -> int:
+def short_row_case(run=None) -> dict:
+    """Exercise 10.6's row: the first real row of the first recorded step whose last sampled token (loss_mask 1)
+    sits before the padded width's last column (else the first real row with a sampled token)."""
+    from ppolab.numbers import RunLacks, real_rows
+
+    rec = _record(run)
+    m = rec.tensors["loss_mask"] if "loss_mask" in rec.tensors else rec.tensors["response_mask"]
+    rows = [i for i in range(m.shape[0]) if bool(real_rows(rec)[i]) and bool(m[i].any())]
+    if not rows:
+        raise RunLacks("a real row with a sampled response token", None)
+    short = [i for i in rows if int(torch.nonzero(m[i]).max()) < m.shape[1] - 1]
+    return {"row": (short or rows)[0]}
+
+
+@exercise("10.6", "The one-token shift on row {row} of the first recorded step: the logits at which positions of the "
+          "concatenated sequence prompt ‖ response (0-based) score its first and its last sampled response tokens "
+          "(loss_mask 1)? Answer (first, last).",
+          kind="compute",
+          hints=("Position t of a causal LM predicts the token at t + 1, and response token j sits at position P + j "
+                 "(P the padded prompt width). Which j are the row's first and last sampled tokens? Responses are "
+                 "right-padded, so its last is not the last column.",
+                 "j = torch.nonzero(t['loss_mask'][{row}]).flatten(); answer (P − 1 + j.min(), P − 1 + j.max()) with "
+                 "P = t['prompts'].shape[1] — shift_table(rec, tokenizer, {row})['logit position'] lists them."),
+          context=("run",), needs=("steps",), case=short_row_case, default_run=RUN)
+def _e6(run=None) -> tuple[int, int]:
     from ppolab.numbers.masks import run_tokenizer, shift_table
     from ppolab.record import resolve_run
 
     rec = _record(run)
-    return int(shift_table(rec, run_tokenizer(resolve_run(run, RUN)), 0)["logit position"][-1])
+    row = short_row_case(run)["row"]
+    table = shift_table(rec, run_tokenizer(resolve_run(run, RUN)), row)
+    keep = table["loss_mask"] if table["loss_mask"][0] is not None else table["response_mask"]  # as the case reads
+    sampled = [pos for pos, k in zip(table["logit position"], keep) if k]
+    return sampled[0], sampled[-1]
 
 
 @exercise("10.1", "A NaN sits at a masked position (mask 0) of a token-loss matrix. For which of the five "
           "loss_agg_modes is the aggregated loss NaN? A set of mode names.",
+          kind="lookup",
           hints=("masked_sum replaces masked positions by 0 before it multiplies; which modes call masked_sum, and "
                  "which multiply loss_mat * loss_mask themselves? What is NaN · 0?",
                  "token-mean and token-sum use masked_sum (torch.where, then × mask); the seq-mean-* modes compute "
@@ -76,6 +99,7 @@ def padding_case(run=None) -> dict:
           "with "
           "ppo_mini_batch_size {mini} (actor and critic). How many synthetic padding rows (is_pad) does a step of this "
           "run hold?",
+          kind="predict",
           hints=("balance_batch pads the batch so it divides evenly among the ranks AND into mini-batches of mini × n "
                  "rows (of the actor, and of the critic when there is one).",
                  "pad to the next multiple of lcm(dp_size, actor mini × n, critic mini × n) = lcm({dp}, {mini_n}, "
@@ -87,6 +111,7 @@ def _e2(run=None) -> int:
 
 @exercise("10.3", "Count the tokens of the first recorded step that rollout rejection sampling zeroed: sampled by the "
           "policy, then dropped from response_mask.",
+          kind="compute",
           hints=("Rejection rewrites response_mask and leaves loss_mask, the copy made at generation: compare the two "
                  "masks position by position.",
                  "int((loss_mask.bool() & ~response_mask.bool()).sum()) — the same as loss_mask.sum() − "
@@ -108,6 +133,7 @@ def after_rejected(run=None, include_self: bool = False) -> torch.Tensor:
 @exercise("10.4", "Predict, then verify: had the update's forward attended with the rewritten response_mask instead "
           "of response_attention_mask, the tokens after a rejected token would read another prefix. How many sampled "
           "tokens (loss_mask 1) of the first recorded step come after a rejected token in their row?",
+          kind="predict",
           hints=("A rejected token changes the prefix of every later token of its own row — rejected or not — and of "
                  "no other row; padding after the response is not sampled.",
                  "rejected = loss_mask.bool() & ~response_mask.bool(); after = (rejected.long().cumsum(-1) − "
@@ -150,6 +176,7 @@ def three_masks(run=None, row: int | None = None) -> tuple[int, int, int]:
           "response — does every forward pass attend to, and of its response tokens, how many (b) enter the "
           "numerator of every loss, (c) count in token-mean's denominator (the engine's batch_num_tokens)? A triple "
           "of counts.",
+          kind="compute",
           hints=("Three masks, three jobs (the table \"Three masks\"): the attention mask (prompt_mask, then "
                  "response_attention_mask), response_mask, loss_mask. Rejection rewrites only one of them; a tool "
                  "observation is 0 in two; the prompt is attended but never in a loss.",

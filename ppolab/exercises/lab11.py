@@ -107,6 +107,7 @@ def rejection_case(run=None) -> dict:
 @exercise("11.3", "Predict, then verify: every token loss ℓ = 1 on the global mini-batch of actor optimizer step "
           "{opt_step} of the first recorded step. What does token-mean return with the engine's batch_num_tokens = "
           "Σ loss_mask of that mini-batch? (4 decimals)",
+          kind="predict",
           hints=("The numerator counts the tokens response_mask keeps; does the denominator lose the tokens rejection "
                  "sampling dropped?",
                  "Σ response_mask / Σ loss_mask over the mini-batch = agg_loss(ones, response_mask, 'token-mean', "
@@ -120,6 +121,7 @@ def _e3(run=None) -> float:
 @exercise("11.1", "Predict, then verify: in the global mini-batch of optimizer step 0 of the first recorded step, the "
           "weight of a longest trajectory divided by the weight of a shortest non-empty one — under token-mean and "
           "under seq-mean-token-mean. A pair of numbers.",
+          kind="predict",
           hints=("token-mean weighs tokens equally, seq-mean-token-mean weighs non-empty trajectories equally. "
                  "The cell above printed the shortest and longest response lengths.",
                  "(T_max / T_min, 1.0): trajectory_weights(loss, mask, mode) for both modes, at the rows with the "
@@ -132,6 +134,7 @@ def _e1(run=None) -> tuple[float, float]:
 @exercise("11.2", "Predict, then verify: every token loss ℓ = 1 on the global mini-batch that holds the synthetic "
           "padding rows (the first recorded step). What does seq-mean-token-mean return with the trainer's "
           "B_agg = global_batch_size = ppo_mini_batch_size × rollout.n? (4 decimals)",
+          kind="predict",
           hints=("Every non-empty row has a sequence mean of 1 (up to the 1e-8 in its denominator); q_i = 0 removes a "
                  "padding row from the sum — but is it removed from B_agg?",
                  "(number of non-empty rows) / global_batch_size = agg_loss(ones, response_mask, "
@@ -179,6 +182,7 @@ def longest_share(run=None, mode: str = "token-mean", mask: str = "response_mask
 @exercise("11.4", "§10.6 on the recorded step: every token loss ℓ = 1 on every real row of the first recorded step "
           "(the explorer's local counts). What share of the total weight do its {k} longest trajectories (of {n} "
           "non-empty ones) get under token-mean, and under seq-mean-token-mean? A pair of shares.",
+          kind="compute",
           hints=("token-mean weighs every valid token alike, seq-mean-token-mean every non-empty trajectory alike: "
                  "count tokens for the first, trajectories for the second.",
                  "L = response_mask[real].sum(-1); top = L.argsort(descending=True)[:{k}]: (L[top].sum() / L.sum(), "

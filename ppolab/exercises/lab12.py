@@ -8,6 +8,7 @@ from ppolab.exercises import exercise
 
 @exercise("12.1", "Predict, then verify: recorded step 1 of the run — how many actor optimizer steps did it take, "
                   "and how many rows (trajectories) did each one train on? Answer (optimizer steps, rows).",
+          kind="predict",
           hints=("Read the run's config: data.train_batch_size, rollout.n, actor.ppo_mini_batch_size, ppo_epochs. "
                  "ppo_mini_batch_size counts prompts; the trainer multiplies it by rollout.n (§11.2).",
                  "rows = ppo_mini_batch_size × n; steps = (train_batch_size × n) / rows × ppo_epochs. On the "
@@ -22,9 +23,11 @@ def _e1(run=None) -> tuple[int, int]:
     return int(lp.shape[0]), int(rows[0])
 
 
-@exercise("12.2", "train_batch_size = 64, rollout.n = 4, ppo_mini_batch_size = 16, 4 DP ranks, "
+@exercise("12.2", "Predict, then verify with plan_batches: train_batch_size = 64, rollout.n = 4, "
+                  "ppo_mini_batch_size = 16, 4 DP ranks, "
                   "ppo_micro_batch_size_per_gpu = 4, 2 epochs: how many optimizer steps per training step, and how "
                   "many gradient-accumulation waves per mini-batch? Answer (optimizer steps, waves).",
+          kind="predict",
           hints=("First turn every size into trajectories (× n), then split the global mini-batch over the DP "
                  "ranks before you cut it into micro-batches.",
                  "steps = (64·4)/(16·4) × 2; waves = local mini / micro = (16·4/4)/4 — plan_batches(64, 4, 16, 4, "
@@ -36,11 +39,13 @@ def _e2() -> tuple[int, int]:
     return p.optimizer_steps, p.micro_batches_per_mini
 
 
-@exercise("12.3", "train_batch_size = 32, rollout.n = 5, ppo_mini_batch_size = 6, 1 DP rank, "
+@exercise("12.3", "Predict, then verify with the balance stage: train_batch_size = 32, rollout.n = 5, "
+                  "ppo_mini_batch_size = 6, 1 DP rank, "
                   "ppo_micro_batch_size_per_gpu = 2, 1 epoch, no critic: the V1 trainer pads the batch with "
                   "synthetic rows instead of rejecting it. How many synthetic rows does the balance stage append, "
                   "and how many optimizer steps per epoch does the padded batch take? "
                   "Answer (synthetic rows, optimizer steps per epoch).",
+          kind="predict",
           hints=("The batch must become a multiple of the global mini-batch (and of the DP size) — counted in "
                  "trajectories, not prompts. The synthetic rows count like any other row for the step count.",
                  "multiple = lcm(dp_size, ppo_mini_batch_size × n) = lcm(1, 6 × 5); synthetic = (−32·5) mod "
@@ -56,6 +61,7 @@ def _e3() -> tuple[int, int]:
 @exercise("12.4", "Predict, then verify: the first mini-batch of recorded step 1, use_dynamic_bsz with "
                   "ppo_max_token_len_per_gpu = 128. How many micro-batches does the engine cut (verl 0.9.1 "
                   "behaviour, which ppolab follows)?",
+          kind="predict",
           hints=("Start from ceil(total tokens / budget), tokens = prompt + response per row. Then remember what "
                  "0.9.1 does when a Karmarkar–Karp partition overshoots the budget.",
                  "len(plan_dynamic_micro_batches(recorded_seq_lens(rec, local_mini_batch), 128)): ceil(ΣL / 128), "
@@ -106,6 +112,7 @@ def critic_budget_case(run=None) -> dict:
                   "critic.ppo_micro_batch_size_per_gpu={micro} and +critic.ppo_infer_max_token_len_per_gpu={budget}. "
                   "How many micro-batches does the critic engine cut that mini-batch into, and how many would the "
                   "top-level micro-batch field have cut? Answer (critic engine, top-level field).",
+          kind="predict",
           hints=("V1's trainer_base.py hands the critic engine one field only, ppo_infer_max_token_len_per_gpu, for "
                  "the value forward and the update alike; the engine keeps EngineConfig's use_dynamic_bsz=True. "
                  "So the {micro}-row micro-batch is never used: count token-budget partitions, with 0.9.1's fit "
@@ -134,6 +141,7 @@ SHUFFLE = {"seed": 42, "rank": 1, "rows": 8, "local_mini": 4, "epochs": 2, "step
 @exercise("12.6", "Predict, then verify — actor.shuffle=true (§12.1–§12.2): data_loader_seed = 42, DP rank 1 of 2, "
                   "8 rows on the rank, a local mini-batch of 4, ppo_epochs = 2. At training step 7, which of the "
                   "rank's rows (positions 0–7) does the first mini-batch of the second epoch hold? Answer a set.",
+          kind="predict",
           hints=("The worker builds its iterator afresh at every update, seeded with data_loader_seed + dp_rank; "
                  "epoch e draws the e-th permutation from that one generator. Does the training step enter the "
                  "seed?",

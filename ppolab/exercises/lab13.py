@@ -40,6 +40,7 @@ def _same(a: dict, ref: dict) -> bool:
                   "the whole mini-batch in one micro-batch. Is the gradient the same (within float rounding) "
                   "(a) with token-mean, (b) with seq-mean-token-sum-norm and loss_scale_factor=None? "
                   "Answer (a, b) as two booleans.",
+          kind="predict",
           hints=("Ask of each mode: is its denominator a property of the whole mini-batch (counted before the "
                  "micro-batch loop), or of the micro-batch a row lands in?",
                  "token-mean divides by batch_num_tokens of the mini-batch → invariant; sum-norm with "
@@ -63,6 +64,7 @@ def _e1(run=None) -> tuple[bool, bool]:
                   "trimmed to its own longest response T_k and divides its rows' token sums by B·T_k. At step 1 the "
                   "ratio is 1 on every token, so a token's policy loss is −A. Compute actor/pg_loss of that update "
                   "from the recorded advantages and response mask of the mini-batch's rows (B = number of rows).",
+          kind="compute",
           hints=("Split the 64 rows into 4 contiguous micro-batches of 16. For each, T_k is the longest "
                  "response_mask row sum inside it — not the width of the whole mini-batch.",
                  "pg_loss = Σ_k Σ_{i∈k} (−Σ_t A_{i,t} m_{i,t}) / (B · T_k); the replay "
@@ -79,6 +81,7 @@ def _e2(run=None) -> float:
 @exercise("13.3", "seq-mean-token-sum-norm with loss_scale_factor=None: which fixed micro-batch sizes (divisors of "
                   "the mini-batch) still give the gradient of one whole-mini-batch micro-batch? Answer from the "
                   "response lengths alone (a list of sizes, ascending); the check replays every size.",
+          kind="compute",
           hints=("A micro-batch's denominator is B·T_k with T_k its own longest response. When is T_k the same "
                  "as the mini-batch's longest response for every k?",
                  "sizes s for which every contiguous chunk rows[i:i+s] contains a row of the mini-batch's maximal "

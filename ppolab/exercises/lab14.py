@@ -11,6 +11,7 @@ TOOL_RUN = "grpo_tool_tiny"
 @exercise("14.1", "For each configuration (GRPO + KL loss, then PPO + GAE + reward KL): how many trajectories does "
                   "one training step produce, and how many optimizer steps does the actor take per training step? "
                   "Answer ((GRPO trajectories, GRPO optimizer steps), (PPO trajectories, PPO optimizer steps)).",
+          kind="lookup",
           hints=("Trajectories = data.train_batch_size × rollout.n. One optimizer step takes "
                  "ppo_mini_batch_size × rollout.n of them, and the batch is walked ppo_epochs times.",
                  "steps = (train_batch_size·n) / (ppo_mini_batch_size·n) × ppo_epochs, per config; the recorded "
@@ -31,6 +32,7 @@ def _e1(run=None) -> tuple[tuple[int, int], tuple[int, int]]:
 @exercise("14.2", "Take the PPO configuration and switch the reward-side KL off (algorithm.use_kl_in_reward=false), "
                   "leaving use_kl_loss off. Which recorded tensor disappears from the batch, and which trainer stage "
                   "(the PPOTrainer method name) stops running? Answer (tensor name, stage method name).",
+          kind="lookup",
           hints=("With neither KL path on, which of the four policies is never needed?",
                  "config.use_reference_policy is use_kl_loss or use_kl_in_reward; PPOTrainer.step runs each "
                  "optional stage under one switch (if self.use_ref: …, if self.use_critic: …): which switch flips, "
@@ -98,6 +100,7 @@ def _tool_record(run=None, step: int = 1):
 
 @exercise("14.3", "The tool agent's recorded step 1: how many response tokens of the real trajectories are tool "
                   "observations — attended by the model but outside the loss mask?",
+          kind="compute",
           hints=("Two masks describe a multi-turn response: response_attention_mask (what the model attends to) "
                  "and response_mask (what the loss trains on). A tool observation is in one and not the other.",
                  "((response_attention_mask == 1) & (response_mask == 0)) summed over the real rows "
@@ -112,6 +115,7 @@ def _e3(run=None) -> int:
 
 @exercise("14.4", "Predict, then verify: the tool agent's recorded step 1, mini-batch 0, use_dynamic_bsz with the "
                   "run's ppo_max_token_len_per_gpu. How many micro-batches does the engine cut that mini-batch into?",
+          kind="predict",
           hints=("Start from ceil(Σ L_i / budget). L_i is every token the forward pass holds for row i: prompt "
                  "tokens and all attended response tokens — tool observations included, although the loss ignores "
                  "them. Then 0.9.1's fit loop may add micro-batches until each fits.",

@@ -25,6 +25,7 @@ def _last_step(run=None) -> dict:
 
 @exercise("15.1", "Predict, then verify: at the run's last recorded step, what share of the real trajectories has "
                   "an advantage of exactly 0 on every response token? (3 decimals)",
+          kind="predict",
           hints=("In GRPO a trajectory's advantage is (score − group mean) / (group std + ε). When is the "
                  "numerator exactly 0 for every member of a group? Look at the score shares per group, or the spike "
                  "at 0 of the advantage boxes.",
@@ -46,6 +47,7 @@ def _e1(run=None) -> float:
                   "(rollout.n = 5, not the shipped run's 8) in which exactly one answer scores 1 and four score 0. "
                   "What advantage does the right answer get (norm_adv_by_std_in_grpo = true, ε = 1e-6, torch's default "
                   "unbiased std)? (4 decimals)",
+          kind="compute",
           hints=("Group mean 1/5; the numerator is 1 − 1/5. The std is torch.std of the five scores: the unbiased "
                  "one, dividing by n − 1.",
                  "A = (1 − 1/5) / (std([1, 0, 0, 0, 0]) + 1e-6) — compute_grpo_outcome_advantage on that "
@@ -62,6 +64,7 @@ def _e2() -> float:
 @exercise("15.3", "A colleague sends made-up numbers from the second half of a run (ppolab.exercises.lab15.SNIPPET). "
                   "Which warning fires? Answer the metric its warning_signs line is about — the line's first word, "
                   "e.g. \"actor/ppo_kl\" (the same in every language the lines are shown in).",
+          kind="compute",
           hints=("Compare the first and the last values of each column: which metric changes by an order of "
                  "magnitude, and what does the chapter call that?",
                  "warning_signs(snippet): the entropy check compares the mean of the last 10 % with the first 10 % "
@@ -74,22 +77,52 @@ def _e3(frame=None) -> str:
     return found[0].split(" ")[0] if len(found) == 1 else f"{len(found)} warnings"
 
 
-@exercise("15.4", "Over the second half of the training steps of the run (default grpo_tiny): the median of "
-                  "kl_coef·kl_loss divided by the median of |pg_loss|.",
-          hints=("The raw actor/kl_loss is not what the loss adds: multiply by actor/kl_coef first, then compare "
-                 "with the size of pg_loss (its absolute value). Steps without training (step 0) do not count.",
-                 "m = metrics[metrics['training/global_step'].notna()]; second = m.iloc[len(m)//2:]; "
-                 "(second['actor/kl_coef'] * second['actor/kl_loss']).median() / "
-                 "second['actor/pg_loss'].abs().median()."),
-          context=("run",), needs=("kl_loss",))
-def _e4(run=None) -> float:
+def kl_case(run=None) -> dict:
+    """Exercise 15.4's recorded steps: the second half of them, from ``step`` to ``last``."""
     from ppolab.record import resolve_run
 
-    m = resolve_run(run).metrics
-    m = m[m["training/global_step"].notna()]
-    second = m.iloc[len(m) // 2:]
-    return float((second["actor/kl_coef"] * second["actor/kl_loss"]).median()
-                 / second["actor/pg_loss"].abs().median())
+    steps = resolve_run(run).steps
+    return {"step": steps[len(steps) // 2], "last": steps[-1]}
+
+
+def first_update_terms(run=None, step: int | None = None) -> dict[str, float]:
+    """ppo_loss's metrics at optimizer step 0 of recorded ``step`` (π_θ = π_old there), with the run's config: the
+    terms the loss adds up, each aggregated as the run aggregates it."""
+    from ppolab.numbers import actor_config, optimizer_step_batch, resolve_run
+
+    r = resolve_run(run)
+    b = optimizer_step_batch(r.step(r.steps[-1] if step is None else step), 0)
+    _, metrics = algos.ppo_loss(actor_config(r), old_log_prob=b["old_log_probs"], log_prob=b["log_prob"],
+                                advantages=b["advantages"], response_mask=b["response_mask"],
+                                ref_log_prob=b["ref_log_prob"])
+    return metrics
+
+
+@exercise("15.4", "Is the reference KL driving the update? For each recorded step from {step} to {last} (the second "
+                  "half of the recorded steps), take its first optimizer step (π_θ = π_old there, every ratio 1) and "
+                  "compute from the tensors the loss-side KL term kl_loss_coef · kl_loss (the run's kl_loss_type, "
+                  "old_log_probs against ref_log_prob) and |pg_loss|, each aggregated as the run's loss_agg_mode does. "
+                  "Answer median(kl_loss_coef · kl_loss) / median(|pg_loss|) over those steps.",
+          kind="compute",
+          hints=("The raw kl_loss is not what the loss adds: multiply by kl_loss_coef first, then compare with the "
+                 "size of pg_loss (its absolute value; at ratio 1 each token's policy loss is −A). A median per term "
+                 "over the steps, then the ratio.",
+                 "for s in run.steps[len(run.steps) // 2:]: b = optimizer_step_batch(run.step(s), 0); _, m = "
+                 "ppo_loss(actor_config(run), old_log_prob=b['old_log_probs'], log_prob=b['log_prob'], "
+                 "advantages=b['advantages'], response_mask=b['response_mask'], ref_log_prob=b['ref_log_prob']); "
+                 "collect kl_loss_coef · m['actor/kl_loss'] and abs(m['actor/pg_loss']); answer the ratio of the "
+                 "two medians (statistics.median: of an even count, the mean of the two middle values)."),
+          rel=1e-4, abs=1e-9, context=("run",), needs=("kl_loss", "reference"), case=kl_case)
+def _e4(run=None) -> float:
+    from ppolab.numbers import actor_config, resolve_run
+
+    r = resolve_run(run)
+    steps = [s for s in r.steps if s >= kl_case(r)["step"]]
+    terms = [first_update_terms(r, s) for s in steps]
+    coef = actor_config(r).kl_loss_coef
+    kl = pd.Series([coef * m["actor/kl_loss"] for m in terms]).median()
+    pg = pd.Series([abs(m["actor/pg_loss"]) for m in terms]).median()
+    return float(kl / pg)
 
 
 #: Exercise 15.5's run: one whose update computes the entropy (entropy_coeff ≠ 0), with rejection sampling.
@@ -120,6 +153,7 @@ def entropy_as_the_update_sees_it(run=None, step: int | None = None) -> float:
                   "π_old's entropy from stage 4 over the whole batch and the mask as generated; actor/entropy_loss "
                   "is π_θ's, inside the update. What would actor/entropy_loss be if π_θ were still π_old? Aggregate "
                   "the recorded stage-4 entropy as the update does (4 significant digits).",
+          kind="predict",
           hints=("The update sees one global mini-batch per optimizer step, masks with response_mask as it is after "
                  "rejection sampling, divides by batch_num_tokens = Σ loss_mask (which still counts the rejected "
                  "tokens), and the logged value is the mean over the optimizer steps.",
@@ -161,6 +195,7 @@ _PREDICT = ("Predict the curve: short runs of {steps} steps, each the base run w
 
 
 @exercise("15.6", _PREDICT,
+          kind="predict",
           hints=("Read each mechanism, not the log: a narrower clip binds on more tokens; more epochs move π_θ further "
                  "from π_old before the next rollout; seq-mean-token-sum sums each response's tokens instead of "
                  "averaging them; and bypass replaces π_old by π_rollout — which this engine computes how?",
@@ -172,6 +207,7 @@ def _e6(base=None) -> dict[str, float]:
 
 
 @exercise("15.7", _PREDICT,
+          kind="predict",
           hints=("How large is the KL term next to the policy-gradient term at this scale (15.4)? And which entropy "
                  "does actor/entropy log — the update's π_θ, or π_old at the rollout temperature?",
                  "factor = mean(curve(knob run)[1:]) / mean(curve(base)[1:]) — ppolab.numbers.ablations.effects(run); "

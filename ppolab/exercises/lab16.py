@@ -49,6 +49,7 @@ def agg_case(run=None) -> dict:
 @exercise("16.1", "Mistake 2 yourself: on the run's last recorded step, the token-mean k1 reference KL of the rollout "
                   "batch — old_log_probs against ref_log_prob over every real response token of response_mask "
                   "(5 significant digits).",
+          kind="compute",
           hints=("Which two policies does the reward-side path compare? Both are stored on the step (π_old from "
                  "stage 4, π_ref from stage 5); mask out padding positions and synthetic padding rows.",
                  "masked_mean(kl_penalty(old_log_probs, ref_log_prob, 'k1'), response_mask × real_rows) — k1 is "
@@ -64,12 +65,13 @@ def _e1(run=None) -> float:
     return algos.masked_mean(algos.kl_penalty(t["old_log_probs"], t["ref_log_prob"], "k1"), mask).item()
 
 
-@exercise("16.4", "Mistake 5 in a config: data.train_batch_size=128, rollout.n=4, one GPU, "
+@exercise("16.4", "Predict, then verify — mistake 5 in a config: data.train_batch_size=128, rollout.n=4, one GPU, "
                   "ppo_micro_batch_size_per_gpu=8, ppo_epochs=1. A colleague wants 64 trajectories per optimizer "
                   "step and, forgetting the × n, sets ppo_mini_batch_size=64. How many optimizer steps does the "
                   "trainer then take per training step, how many trajectories does each see, and which "
                   "ppo_mini_batch_size gives the 64 they wanted? Answer (optimizer steps, trajectories per optimizer "
                   "step, ppo_mini_batch_size).",
+          kind="predict",
           hints=("The trainer multiplies ppo_mini_batch_size by rollout.n before it cuts the batch (verl "
                  "trainer_base.py::_update_actor): the colleague's 64 are prompts, not trajectories.",
                  "plan_batches(128, 4, 64, 1, 8, 1).optimizer_steps and .global_mini_batch; the wanted size is "
@@ -88,6 +90,7 @@ def _e4() -> tuple[int, int, int]:
                   "KL, kl_penalty = kl), find β* at which the mean penalty per trajectory, β·Σ_t KL_t, equals the "
                   "mean score per trajectory — over the tokens the trainer shaped, loss_mask (real trajectories; "
                   "4 significant digits).",
+          kind="compute",
           hints=("The penalty is linear in β, so β* is a ratio of two means over trajectories. Sum the token "
                  "KL over each trajectory first — the score is one number per trajectory too. The penalty is applied "
                  "before rejection sampling rewrites response_mask, so it covers every token of loss_mask.",
@@ -108,6 +111,7 @@ def _e6(run=None) -> float:
 @exercise("16.7", "Mistake 9, loss side: on the last optimizer step of recorded step {step} of the run, at "
                   "which kl_loss_coef c does the KL term's gradient with respect to the token log-probs, "
                   "‖∂(c·kl_loss)/∂log π‖, equal the policy loss's, ‖∂pg_loss/∂log π‖? (2 decimals)",
+          kind="compute",
           hints=("The KL term's gradient is linear in c; read grad_ratio off the table for any c and scale. The "
                  "value ratio (loss_ratio) is another question.",
                  "c* = ‖∂pg_loss/∂log π‖ / ‖∂kl_loss/∂log π‖ = c / grad_ratio(c) in "
@@ -131,6 +135,7 @@ def _e7(run=None) -> float:
 @exercise("16.8", "Predict, then verify: in the run (default grpo_tiny), what share of the real responses contains the "
                   "answer format '#### ' at the first recorded step, and at the last? Answer (first, last), "
                   "3 decimals.",
+          kind="predict",
           hints=("The reward pays only for '#### <the right number>'. What does π_ref (the start) do, and where "
                  "does a policy go that nothing holds near π_ref?",
                  "reference_drift(run)['format_share'] at the first and the last recorded step: the share of "
@@ -169,6 +174,7 @@ def beta_next(run=None, mask: str = "loss_mask", drop_padding: bool = False) -> 
                   "mask after rejection sampling) instead of loss_mask, and (b) who leaves the synthetic padding "
                   "rows out of the batch mean and out of n? Answer (β with response_mask, β without the padding "
                   "rows), 4 significant digits each.",
+          kind="predict",
           hints=("The trainer's own β of step {next} is logged (actor/reward_kl_penalty_coeff): each mistake moves "
                  "it a little, because β ← β·(1 + e·n/horizon) with e = KL/target − 1 unclipped here. Mistake (a) "
                  "changes the KL; mistake (b) changes both the KL (a mean over fewer rows) and n.",
@@ -184,6 +190,7 @@ def _e2(run=None) -> tuple[float, float]:
                   "every "
                   "micro-batch's token sum by batch_num_tokens = Σ loss_mask over the global mini-batch. How many of "
                   "those tokens carry no loss, because rejection sampling zeroed them in response_mask?",
+          kind="compute",
           hints=("Rejection sampling (rollout_rs) rewrites response_mask before the advantage, but loss_mask is the "
                  "copy made at rollout: the loss's numerator loses the rejected tokens, the denominator keeps them.",
                  "Σ loss_mask − Σ response_mask over the rows of optimizer_step_batch(run.step("
@@ -204,6 +211,7 @@ def _e3(run=None) -> int:
                   "the "
                   "trainer's global_batch_size = ppo_mini_batch_size × n = {gbs}, what total weight do the real "
                   "trajectories carry in the loss? (4 decimals)",
+          kind="predict",
           hints=("Every trajectory with at least one token in the loss weighs 1/global_batch_size, and the count "
                  "includes the padding rows. Does every real row still have a token? Rejection sampling can empty a "
                  "whole row (seq_max_k2).",

@@ -39,7 +39,8 @@ def _truth(part: str, run=None) -> dict[str, float]:
                  "β_s = β_{s−1}·(1 + clip(KL_{s−1}/target − 1, −0.2, 0.2)·N/horizon), N = rows of the batch "
                  "(padding rows too); KL_s = mean_i(Σ_t kld·m / Σ_t m) with m = loss_mask; rewards/mean = "
                  "mean over real rows of Σ_t (score − β·kld) (verl `ray_trainer.py::apply_kl_penalty`)."),
-          context=("run",), needs=("kl_in_reward",), case=step_case, default_run=RUN, **TOL)
+          context=("run",), needs=("kl_in_reward",), case=step_case, default_run=RUN,
+          kind="compute", **TOL)
 def _e1(run=None) -> dict:
     return _truth("17.1", run)
 
@@ -55,7 +56,8 @@ def _e1(run=None) -> dict:
                  "stat ≤ upper; masked_fraction = masked_mean(1 − keep, loss_mask); seq_masked_fraction = rows with a "
                  "rejected valid token / all rows, padding rows too (verl "
                  "`rollout_corr_helper.py::compute_rollout_rejection_mask`)."),
-          context=("run",), needs=("rejection",), case=step_case, default_run=RUN, **TOL)
+          context=("run",), needs=("rejection",), case=step_case, default_run=RUN,
+          kind="compute", **TOL)
 def _e2(run=None) -> dict:
     return _truth("17.2", run)
 
@@ -69,7 +71,8 @@ def _e2(run=None) -> dict:
                  "δ_t = r_t + γ·V_next − V_t; A_t = δ_t + γλ·A_{t+1}; returns = A + V; A ← (A − mean)·rsqrt(var + "
                  "1e-8) with mean and unbiased var over response_mask (verl `core_algos.py::"
                  "compute_gae_advantage_return`)."),
-          context=("run",), needs=("critic",), case=step_case, default_run=RUN, **TOL)
+          context=("run",), needs=("critic",), case=step_case, default_run=RUN,
+          kind="compute", **TOL)
 def _e3(run=None) -> dict:
     return _truth("17.3", run)
 
@@ -86,7 +89,7 @@ def _e3(run=None) -> dict:
                  "pg_clipfrac = mean[(−A·clip(r)) > (−A·r)]; pg_clipfrac_lower = mean[L_clip > −A·c and A < 0]; "
                  "ppo_kl = mean(old − lp); kl_loss = agg(k3(lp, ref)); entropy_loss = agg(actor_entropy[k]) (verl "
                  "`core_algos.py::compute_policy_loss_vanilla`, `losses.py::ppo_loss`)."),
-          context=("run",), needs=("vanilla_loss",), case=opt_case, default_run=RUN, **TOL)
+          context=("run",), needs=("vanilla_loss",), case=opt_case, default_run=RUN, kind="compute", **TOL)
 def _e4(run=None) -> dict:
     c = capstone.actor_case(run)
     out = capstone.rebuild_actor_step(run, c["step"], c["opt_step"])
@@ -102,7 +105,8 @@ def _e4(run=None) -> dict:
                  "reduce_metrics: np.mean over the optimizer steps (np.max / np.min only for keys naming max / min) "
                  "— after the sum over micro-batches (losses) or mean (fractions) and the mean over ranks (verl "
                  "`metric_utils.py::reduce_metrics`)."),
-          context=("run",), needs=("update_entropy", "vanilla_loss"), case=step_case, default_run=RUN, **TOL)
+          context=("run",), needs=("update_entropy", "vanilla_loss"), case=step_case, default_run=RUN,
+          kind="compute", **TOL)
 def _e5(run=None) -> dict:
     return _truth("17.5", run)
 
@@ -116,7 +120,8 @@ def _e5(run=None) -> dict:
                  "loss_mask × dp_size, summed over micro-batches; vf_clipfrac = mean[(V_clip − G)² > (V_new − G)²]; "
                  "vpred_mean = masked mean of V_new; then means over ranks and optimizer steps (verl `core_algos.py::"
                  "compute_value_loss`)."),
-          context=("run",), needs=("critic",), case=step_case, default_run=RUN, **TOL)
+          context=("run",), needs=("critic",), case=step_case, default_run=RUN,
+          kind="compute", **TOL)
 def _e6(run=None) -> dict:
     return _truth("17.6", run)
 
@@ -129,7 +134,8 @@ def _e6(run=None) -> dict:
                  "actor/loss = pg_loss − entropy_coeff·entropy_loss + kl_loss_coef·kl_loss, with entropy_loss from "
                  "actor_entropy (17.5; actor/entropy is π_old's, from stage 4); critic/loss = vf_loss (verl "
                  "`losses.py::ppo_loss`)."),
-          context=("run",), needs=("update_entropy", "vanilla_loss"), case=step_case, default_run=RUN, **TOL)
+          context=("run",), needs=("update_entropy", "vanilla_loss"), case=step_case, default_run=RUN,
+          kind="compute", **TOL)
 def _e7(run=None) -> dict:
     return _truth("17.7", run)
 
@@ -158,7 +164,8 @@ def backprop_case(run=None) -> dict:
                  "trimmed_inputs(batch.select(rows)); with models.actor() as m: lp = forward_response(m, ids, mask, R, "
                  "temperature, True, False).log_probs; your_pg_loss(lp, …).backward(); then "
                  "models.actor_parameters()[{index}].grad.clone() — and set every .grad to None before you start."),
-          rel=1e-3, abs=1e-6, context=("run",), needs=("step1", "vanilla_loss"), case=backprop_case, default_run=RUN)
+          rel=1e-3, abs=1e-6, context=("run",), needs=("step1", "vanilla_loss"), case=backprop_case, default_run=RUN,
+          kind="compute")
 def _e8(run=None):
     from ppolab.numbers.update_effect import step_effect
     from ppolab.record import resolve_run

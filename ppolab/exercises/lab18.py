@@ -72,6 +72,7 @@ def two_tokens_case(run=None) -> dict:
                   "position {pos_b} ('{tok_b}', inside the clip, positive advantage). Which token's log-prob does "
                   "this one optimizer step raise more (the larger Δ log π, a fall counting as negative)? Answer "
                   "'A' or 'B'.",
+          kind="predict",
           hints=("A token's own gradient is −A·r/N inside the clip and 0 where its clip binds; but every token shares "
                  "the same LoRA matrices, so a token with no gradient of its own still moves.",
                  "e = step_effect(run, 1, {opt_step}); compare e['delta'][{row_a}, {pos_a}] with "
@@ -102,6 +103,7 @@ def coefficient_case(run=None) -> dict:
                   "{pos} at optimizer step {opt_step} of recorded step 1 (loss_mode {loss_mode}, loss_agg_mode "
                   "{mode}). This is what backward hands that token's log-prob; it is 0 where the token's clip binds. "
                   "Then check it against the replay's autograd. Answer a number.",
+          kind="compute",
           hints=("Inside the clip the token's loss is −A·r with r = exp(log π − old log π), so ∂/∂log π = −A·r; the "
                  "aggregation divides it by the mini-batch's count (token-mean: batch_num_tokens of the update "
                  "plan, every rank's tokens; the seq-mean modes: global_batch_size and the row's own length). "
@@ -128,6 +130,7 @@ def adam_case(run=None) -> dict:
                   "step_effect(run, 1, 0)['grads'], {numel} numbers). From that gradient (what AdamW consumed: after "
                   "the global-norm clip) and AdamW's rule (eps = 1e-8) with the run's lr, betas and weight decay, "
                   "compute ‖Δθ‖ of optimizer step 0. Answer a number.",
+          kind="compute",
           hints=("At Adam's first step m̂ = g and v̂ = g² (bias corrections 1 − β): the step is lr·g/(|g| + eps), "
                  "about lr·sign(g) per entry — whatever the size of g. AdamW's decay subtracts lr·wd·θ first.",
                  "d = lr · g / (g.abs() + 1e-8) + lr · wd · θ, θ the tensor before the step (a LoRA B starts at 0); "
@@ -150,6 +153,7 @@ def zero_loss_case(run=None) -> dict:
                   "where π_θ = π_old and every ratio is 1. (a) Its loss, Σ over micro-batches of pg − "
                   "entropy_coeff·entropy + kl_loss_coef·kl as the worker summed it; (b) the norm of its gradient "
                   "before the clip. Answer (loss, gradient norm).",
+          kind="compute",
           hints=("At ratio 1 the policy loss is the aggregated −A: with group-normalised advantages exactly 0 under "
                  "seq-mean modes (each group's advantages sum to 0), off 0 under token-mean by how length and "
                  "advantage go together — yet ∇ = −Σ A·∇log π / N is not 0: A weighs each token's direction.",

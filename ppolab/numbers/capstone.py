@@ -285,8 +285,17 @@ def _close(a: float, b: float) -> bool:
 
 
 def _number(x: Any) -> float | None:
-    if hasattr(x, "item") and getattr(x, "numel", lambda: 1)() == 1:
-        x = x.item()
+    """``x`` as one float, or None: a tensor or array of one element counts, of any other size (a numpy array's
+    ``size`` is an int, a tensor's ``numel()`` a method) or anything else is "not a number yet"."""
+    if hasattr(x, "item"):
+        numel = getattr(x, "numel", None)
+        try:
+            n = numel() if callable(numel) else int(getattr(x, "size", 1))
+            if n != 1:
+                return None
+            x = x.item()
+        except Exception:  # an odd object with an item(): not a number, whatever it raised
+            return None
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return None
     return float(x)
