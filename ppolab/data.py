@@ -188,6 +188,8 @@ def _check_row(row: dict[str, Any]) -> tuple[str | None, str]:
     for m in prompt:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             return "prompt", f"expected messages {{'role': str, 'content': str}}, got {m!r}"
+    if not any(m["content"].strip() for m in prompt):
+        return "prompt", "every message's content is empty: the model would be asked nothing; fill or drop the row"
     rm = row["reward_model"]
     if not isinstance(rm, dict) or "ground_truth" not in rm:
         return "reward_model", f"expected a dict with 'ground_truth', got {rm!r}"
@@ -264,6 +266,14 @@ def load_rl_dataset(
     Raises ``ValueError`` naming the file, row and column for a missing column, a wrong type, or a
     prompt longer than ``max_prompt_length`` tokens.
     """
+    if not getattr(tokenizer, "chat_template", None):
+        from ppolab.errors import DataError
+
+        raise DataError(f"the tokenizer of {getattr(tokenizer, 'name_or_path', '') or 'the model'} has no chat "
+                        "template, and every prompt goes through one (verl's RLHFDataset applies "
+                        "tokenizer.apply_chat_template to the 'prompt' messages) — base models often have none: add "
+                        "a \"chat_template\" to the model directory's tokenizer_config.json (or a "
+                        "chat_template.jinja beside it), or train from an instruct model's directory")
     rows: list[dict[str, Any]] = []
     for path in _paths(path_or_paths):
         parquet_rows(path)  # a missing or non-parquet file: an error naming it

@@ -33,6 +33,24 @@ class MissingFileError(PpolabError, FileNotFoundError):
     """A file a model directory, run or checkpoint needs is not there."""
 
 
+class StepNotCommitted(PpolabError, KeyError):
+    """``Run.step`` of a step that is being written (ppolab.record's commit rule): not damage — it lands in a
+    moment."""
+
+    def __str__(self) -> str:  # KeyError would quote its message
+        return str(self.args[0]) if self.args else ""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or a KeyboardInterrupt from ``on_step``) during ``ppolab.train``: the run dir was left whole up to
+    the last step whose metrics were logged (``run``, a :class:`ppolab.record.Run`; None on ranks other than 0),
+    then the interrupt goes on, so a loop of trainings stops instead of starting the next one."""
+
+    def __init__(self, message: str, run=None):
+        super().__init__(message)
+        self.run = run
+
+
 class RunWarning(UserWarning):
     """Something about a run a learner should see (an incomplete checkpoint skipped on resume, ...)."""
 

@@ -126,7 +126,26 @@ def load_tokenizer_and_model(
         gc.pad_token_id = tok.pad_token_id
     if gc.eos_token_id is None:
         gc.eos_token_id = tok.eos_token_id
+    warn_dropout(model.config, path)
     return tok, model
+
+
+def warn_dropout(config: Any, path: str | os.PathLike) -> None:
+    """One ConfigNotice when the model's config turns dropout on (GPT-2's default 0.1): the update's forward runs
+    in train mode (as verl's actor does), so π_θ differs from π_old already at the first optimizer step — the ratio
+    is not exactly 1 there and tokens clip with no update yet (chapter §3, lab 04)."""
+    import warnings
+
+    from ppolab.config.schema import ConfigNotice
+
+    on = {k: v for k, v in config.to_dict().items()
+          if ("dropout" in k or "pdrop" in k) and isinstance(v, float) and v > 0}
+    if on:
+        warnings.warn(f"{path}: the model has dropout ({', '.join(f'{k}={v:g}' for k, v in sorted(on.items()))}): "
+                      "the update's forward runs in train mode, so the ratio π_θ/π_old is not 1 even at the first "
+                      "optimizer step (chapter §3) and tokens are clipped before any update; set "
+                      f"{' and '.join(sorted(on))} to 0 in its config.json to train as the labs describe",
+                      ConfigNotice, stacklevel=3)
 
 
 def tiny_qwen2_config(

@@ -13,12 +13,23 @@ Layout of a run dir::
     summary.json                before/after validation accuracy, written at the end
 
 Every file is written to a temporary name in the same folder and renamed into place, so a run stopped
-at any moment (a learner interrupting a cell) stays loadable. Only JSON and safetensors — never pickle.
+at any moment (a learner interrupting a cell) stays loadable.
+
+The commit rule — what a reader sees of a run that is being trained: the recorder writes a recorded step in a fixed
+order — ``step_<k>.safetensors``, then ``step_<k>.json``, then step k's row of ``metrics.jsonl`` (the whole file
+rewritten and renamed into place) — and a step is part of the run from that last rename on. :attr:`Run.steps` lists
+only such committed steps: a step whose files are on disk but whose metrics row is not is *being written* (or was
+left by a writer that died before committing it) and is invisible; :meth:`Run.step` names it as such in one line,
+never as damage. A resumed run rewrites ``metrics.jsonl`` without the steps after its checkpoint before it records
+any of them again, so a step being re-recorded is invisible too. A reader never takes a lock and never blocks the
+writer; a step record maps its tensors file once (one version, even when the file is later replaced) and pairs it
+with the ``.json`` that was on disk with it. Only JSON and safetensors — never pickle.
 A directory that already holds a run is never written into again except to resume it
 (:func:`resume_checkpoint`); a file that does not parse is reported with its path, never skipped.
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -72,18 +83,67 @@ def honour_umask(path: Path | str, folder: bool = False) -> None:
     os.chmod(path, (0o777 if folder else 0o666) & ~_umask())
 
 
+def remove_stale_temporaries(run_dir: Path) -> list[Path]:
+    """Delete what a killed writer left: the ``.<name>.*.tmp`` files of :func:`_atomic` and the
+    ``.tokenizer.*.tmp/`` folder of :meth:`Recorder.save_tokenizer`. Called by the one writer of the run dir (it
+    holds the claim) when it resumes; nothing a reader uses is ever named so. Returns what it removed."""
+    import shutil
+
+    gone = []
+    for p in sorted(Path(run_dir).rglob(".*.tmp")):
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        gone.append(p)
+    return gone
+
+
+#: What a full disk (or quota) looks like from Python's I/O and from safetensors' Rust writer, which raises its own
+#: exception type with the OS message inside.
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+_FULL_TEXT = ("No space left on device", "Disk quota exceeded", "os error 28", "os error 122", "StorageFull")
+
+
+def _disk_full(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in _FULL or any(t in str(e) for t in _FULL_TEXT)
+
+
 def _atomic(path: Path, write) -> None:
-    """Write through ``write(tmp_path)`` then ``os.replace`` onto ``path`` (with the umask's mode, like ``open``)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Write through ``write(tmp_path)`` then ``os.replace`` onto ``path`` (with the umask's mode, like ``open``).
+    A full disk is an ``OSError(ENOSPC)`` naming the path, what is free there and what to do — the file keeps its
+    last whole version."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        if _disk_full(e):
+            raise _full_error(path) from None
+        raise
     os.close(fd)
     try:
         write(tmp)
         honour_umask(tmp)
         os.replace(tmp, path)
+    except Exception as e:
+        if _disk_full(e):
+            raise _full_error(path) from None
+        raise
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _full_error(path: Path) -> OSError:
+    import shutil
+
+    try:
+        free = f"{shutil.disk_usage(path.parent).free / 2**20:.1f} MiB free there"
+    except OSError:
+        free = "free space unknown"
+    return OSError(errno.ENOSPC, f"no space left to write {path} ({free}): free space on that disk, or train into "
+                                 "a trainer.run_dir on another one — the run stays whole up to its last step, and "
+                                 "trainer.resume=true continues it from its latest checkpoint")
 
 
 def _json_safe(obj: Any) -> Any:
@@ -177,6 +237,7 @@ class Recorder:
         if resume is None:
             refuse_existing_run(self.run_dir)
         else:
+            remove_stale_temporaries(self.run_dir)
             if existing.exists():  # resuming: keep what was logged
                 self.metrics = _read_jsonl(existing)
             recorded = read_json(self.run_dir / "config.json")
@@ -184,8 +245,11 @@ class Recorder:
             if recorded.get("world_size", info.get("world_size")) != info.get("world_size"):
                 resumes[-1]["world_size"] = [recorded.get("world_size"), info.get("world_size")]
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_json(self.run_dir / "config.json", {"config": config, **info,
-                                                  "fingerprints": fingerprints(flatten(config)), "resumes": resumes})
+        prints = fingerprints(flatten(config))
+        if resume is not None and (recorded.get("fingerprints") or {}).get(TOKENIZER_DIR):  # the run keeps its
+            prints[TOKENIZER_DIR] = recorded["fingerprints"][TOKENIZER_DIR]  # tokenizer/, and so its fingerprint
+        self._config_record = {"config": config, **info, "fingerprints": prints, "resumes": resumes}
+        write_json(self.run_dir / "config.json", self._config_record)
 
     def save_tokenizer(self, tokenizer: Any) -> None:
         """``tokenizer/``: the tokenizer files (and chat template) the run was trained with, as ``save_pretrained``
@@ -193,11 +257,22 @@ class Recorder:
         Written once, into a temporary folder renamed into place; a resumed run keeps the one it has."""
         if not self.write or (self.run_dir / TOKENIZER_DIR).is_dir():
             return
+        from ppolab.rundir import folder_fingerprint
+
         tmp = Path(tempfile.mkdtemp(dir=self.run_dir, prefix=f".{TOKENIZER_DIR}.", suffix=".tmp"))
         try:
-            tokenizer.save_pretrained(str(tmp))
+            try:
+                tokenizer.save_pretrained(str(tmp))
+            except Exception as e:
+                if _disk_full(e):
+                    raise _full_error(self.run_dir / TOKENIZER_DIR) from None
+                raise
             honour_umask(tmp, folder=True)
+            printed = folder_fingerprint(tmp)
             os.replace(tmp, self.run_dir / TOKENIZER_DIR)
+            # config.json's fingerprints gain the tokenizer's: Run.tokenizer() refuses a tokenizer/ changed since
+            self._config_record["fingerprints"][TOKENIZER_DIR] = printed
+            write_json(self.run_dir / "config.json", self._config_record)
         finally:
             if tmp.exists():
                 import shutil
@@ -213,8 +288,13 @@ class Recorder:
         _atomic(self.run_dir / "metrics.jsonl", lambda tmp: Path(tmp).write_text(lines))
 
     def truncate_metrics(self, last_step: int) -> None:
-        """Forget metrics after ``last_step`` (a resumed run re-logs them)."""
-        self.metrics = [m for m in self.metrics if m.get("step", 0) <= last_step]
+        """Forget metrics after ``last_step`` (a resumed run re-logs them) — on disk too, at once: the steps after
+        the checkpoint leave the run (the commit rule) before any of them is recorded again."""
+        kept = [m for m in self.metrics if m.get("step", 0) <= last_step]
+        changed, self.metrics = len(kept) != len(self.metrics), kept
+        if self.write and changed:
+            lines = "".join(json.dumps(_json_safe(m)) + "\n" for m in self.metrics)
+            _atomic(self.run_dir / "metrics.jsonl", lambda tmp: Path(tmp).write_text(lines))
 
     def record_step(self, step: int, tensors: dict[str, torch.Tensor], info: dict[str, Any]) -> Path:
         """Write ``steps/step_<k>.safetensors`` (tensors) and ``.json`` (texts, plan, metadata)."""
@@ -361,6 +441,30 @@ def _metrics_frame(path: Path):
     return frame
 
 
+def _warn_if_newer(path: Path, recorded: Any) -> None:
+    """One line when the run was recorded by a newer ppolab than this one: it may hold what this reader does not
+    know (opened anyway: most of a run reads the same)."""
+    import importlib.metadata as md
+    import warnings
+
+    from packaging.version import InvalidVersion, Version
+
+    from ppolab.errors import RunWarning
+
+    try:  # the version the recorder writes (ppolab.train._versions): the installed distribution's
+        __version__ = md.version("ppolab")
+    except md.PackageNotFoundError:  # a checkout on sys.path, not installed: nothing to compare with
+        return
+    try:
+        newer = recorded is not None and Version(str(recorded)) > Version(__version__)
+    except InvalidVersion:
+        newer = False
+    if newer:
+        warnings.warn(f"{path} was recorded by ppolab {recorded}, newer than this ppolab {__version__}: what it "
+                      "added may be missing or misread here — upgrade ppolab to read it fully", RunWarning,
+                      stacklevel=3)
+
+
 def _safetensors_problem(path: Path) -> str | None:
     from safetensors import safe_open
 
@@ -482,27 +586,74 @@ def resume_checkpoint(run_dir: str | os.PathLike, resume: bool) -> tuple[Path | 
     return found, notes
 
 
+#: safetensors' dtype names → torch dtypes (the ones the recorder writes, and the rest of the format's common ones).
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+                       "U8": torch.uint8, "BOOL": torch.bool}
+
+
 class LazyTensors(Mapping):
-    """The tensors of one ``steps/step_<k>.safetensors``, read on first use of each name (memory-mapped through
-    ``safe_open``; only the header is read when the step is opened, which also checks the file is complete).
+    """The tensors of one ``steps/step_<k>.safetensors``, each read on first use. Opening reads only the header
+    (and checks the file is complete); the first tensor read maps the file privately (``UntypedStorage.from_file``:
+    no file descriptor kept, memory only for the pages read) and every later read comes from that mapping — one
+    version of the file, even when the writer replaces it afterwards (a rename leaves the mapped file as it was).
+    A file replaced between opening and the first read is an error, never a mix of two versions.
     A read-only mapping: name → tensor, each loaded once."""
 
     def __init__(self, path: Path):
-        from safetensors import safe_open
-
         self.path = path
-        with safe_open(str(path), framework="pt") as f:
-            self._names = list(f.keys())
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            self.inode, self._size = (st.st_dev, st.st_ino, st.st_mtime_ns), st.st_size
+            if self._size < 8:
+                raise ValueError(f"{self._size} bytes, shorter than a safetensors header")
+            n = int.from_bytes(f.read(8), "little")
+            if not 2 <= n <= self._size - 8:
+                raise ValueError(f"a header of {n} bytes in a file of {self._size}")
+            header = json.loads(f.read(n))
+        header.pop("__metadata__", None)
+        self._start = 8 + n
+        self._entries: dict[str, tuple[torch.dtype, list[int], int, int]] = {}
+        for name, e in header.items():
+            begin, end = e["data_offsets"]
+            if e["dtype"] not in _SAFETENSORS_DTYPES:
+                raise ValueError(f"dtype {e['dtype']} of {name!r}")
+            if self._start + end > self._size:
+                raise ValueError(f"tensor {name!r} (bytes {begin}–{end}) is past the end of the file's "
+                                 f"{self._size} bytes")
+            self._entries[name] = (_SAFETENSORS_DTYPES[e["dtype"]], list(e["shape"]), begin, end)
+        self._names = list(self._entries)
+        self._bytes: torch.Tensor | None = None
         self._loaded: dict[str, torch.Tensor] = {}
+
+    def _stamp(self) -> tuple[int, int, int]:
+        st = os.stat(self.path)
+        return st.st_dev, st.st_ino, st.st_mtime_ns
+
+    def _mapped(self) -> torch.Tensor:
+        """The file's bytes, mapped once — the version whose header was read (checked before and after mapping)."""
+        if self._bytes is None:
+            from ppolab.errors import FileFormatError
+
+            if self._stamp() == self.inode:
+                storage = torch.UntypedStorage.from_file(str(self.path), shared=False, nbytes=self._size)
+                if self._stamp() == self.inode:
+                    self._bytes = torch.empty(0, dtype=torch.uint8).set_(storage)
+            if self._bytes is None:
+                raise FileFormatError(f"{self.path} was replaced since its step was opened (a resumed run recorded "
+                                      "the step again): open the run again (ppolab.load_run) to read the new one")
+        return self._bytes
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._loaded:
-            if name not in self._names:
+            if name not in self._entries:
                 raise KeyError(f"{name!r} is not recorded in {self.path} (it holds {', '.join(self._names)})")
-            from safetensors import safe_open
-
-            with safe_open(str(self.path), framework="pt") as f:
-                self._loaded[name] = f.get_tensor(name)
+            dtype, shape, begin, end = self._entries[name]
+            if end == begin:
+                t = torch.empty(shape, dtype=dtype)
+            else:  # a copy: the tensor must not keep the mapping (nor share it with the next reader)
+                t = self._mapped()[self._start + begin:self._start + end].clone().view(dtype).reshape(shape)
+            self._loaded[name] = t
         return self._loaded[name]
 
     def __iter__(self) -> Iterator[str]:
@@ -512,7 +663,7 @@ class LazyTensors(Mapping):
         return len(self._names)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._names
+        return name in self._entries
 
 
 @dataclass
@@ -588,51 +739,81 @@ class Run:
             raise FileFormatError(f"{config_file} has no 'config' entry: not written by ppolab's recorder; {_REDO}")
         self.config: dict[str, Any] = meta.pop("config")
         self.info: dict[str, Any] = meta
+        _warn_if_newer(self.path, meta.get("versions", {}).get("ppolab") if isinstance(meta.get("versions"), dict)
+                       else None)
         self._cache: dict[int, StepRecord] = {}
         self._ppo_config = None
         self._tokenizer = None
         self._metrics: tuple[Any, Any] | None = None
-        self._steps: tuple[int, list[int]] | None = None
+        self._steps: tuple[Any, list[int], list[int]] | None = None
         if (self.path / "metrics.jsonl").exists():
             _check_jsonl(self.path / "metrics.jsonl")  # a torn line is reported when the run is opened
+
+    def _frame(self):
+        """metrics.jsonl parsed once per version of the file (its mtime and size), shared: callers copy it."""
+        import pandas as pd
+
+        path = self.path / "metrics.jsonl"
+        try:
+            st = path.stat()
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        except FileNotFoundError:
+            stamp = None
+        if self._metrics is None or self._metrics[0] != stamp:
+            self._metrics = (stamp, _metrics_frame(path) if stamp else pd.DataFrame())
+        return self._metrics[1]
 
     @property
     def metrics(self):
         """A pandas DataFrame, one row per training step, indexed by ``step``."""
-        import pandas as pd
+        return self._frame().copy()  # a caller may change its frame without changing another's
 
-        path = self.path / "metrics.jsonl"
-        stamp = (path.stat().st_mtime_ns, path.stat().st_size) if path.exists() else None
-        if self._metrics is None or self._metrics[0] != stamp:  # parsed once per version of the file
-            self._metrics = (stamp, _metrics_frame(path) if stamp else pd.DataFrame())
-        return self._metrics[1].copy()  # a caller may change its frame without changing another's
-
-    @property
-    def steps(self) -> list[int]:
-        """Training steps with recorded tensors (``step_<k>.safetensors`` and/or ``.json``; :meth:`step` names a
-        missing half)."""
+    def _listing(self) -> tuple[list[int], list[int]]:
+        """(committed steps, steps being written): the steps with a file in ``steps/``, split by the commit rule
+        (the module docstring) — committed once metrics.jsonl holds their row."""
         folder = self.path / "steps"
         if not folder.exists():
-            return []
-        stamp = folder.stat().st_mtime_ns
-        if self._steps is None or self._steps[0] != stamp:  # listed once per change of the folder
+            return [], []
+        frame = self._frame()
+        stamp = (folder.stat().st_mtime_ns, self._metrics[0])
+        if self._steps is None or self._steps[0] != stamp:  # listed once per change of the folder or the log
             found = set()
             for p in folder.glob("step_*"):
                 number = p.stem.split("_")[1]
                 if p.suffix in (".safetensors", ".json") and number.isdigit():
                     found.add(int(number))
-            self._steps = (stamp, sorted(found))
-        return list(self._steps[1])
+            logged = set(int(i) for i in frame.index) if len(frame) else set()
+            self._steps = (stamp, sorted(found & logged), sorted(found - logged))
+        return list(self._steps[1]), list(self._steps[2])
+
+    @property
+    def steps(self) -> list[int]:
+        """Committed training steps with recorded tensors (``step_<k>.safetensors`` and/or ``.json`` whose metrics
+        row is logged; :meth:`step` names a missing half). Read again on each use: a run being trained gains steps."""
+        return self._listing()[0]
+
+    def being_written(self) -> list[int]:
+        """Steps whose files are on disk but not yet committed (the commit rule): the step a trainer is writing
+        now, or one a writer that died left behind (a resume replaces it)."""
+        return self._listing()[1]
 
     def step(self, k: int | None = None) -> StepRecord:
-        """The recorded step ``k`` (default: the last one); a missing or unreadable file is an error naming it."""
+        """The recorded step ``k`` (default: the last committed one); a step being written, or a missing or
+        unreadable file, is an error naming it."""
         from ppolab.errors import FileFormatError, MissingFileError
 
-        steps = self.steps
+        steps, pending = self._listing()
         if not steps:
-            raise FileNotFoundError(f"{self.path} has no recorded steps (trainer.record_freq)")
+            raise FileNotFoundError(f"{self.path} has no recorded steps (trainer.record_freq)"
+                                    + (f"; step {pending[-1]} is being written" if pending else ""))
         k = steps[-1] if k is None else k
         if k not in steps:
+            if k in pending:
+                from ppolab.errors import StepNotCommitted
+
+                raise StepNotCommitted(f"step {k} of {self.path} is being written (its files are on disk, its "
+                                       "metrics row is not in metrics.jsonl yet): open it once it lands — "
+                                       f"committed steps: {steps}")
             raise KeyError(f"step {k} was not recorded in {self.path}; recorded steps: {steps}")
         if k not in self._cache:
             base = self.path / "steps" / STEP_FILE.format(k)
@@ -641,12 +822,16 @@ class Run:
                 if not f.is_file():
                     raise MissingFileError(f"{f} is missing, so step {k} is only half recorded; open another step "
                                            f"(recorded: {steps}) or {_REDO}")
-            try:
-                tensors = LazyTensors(tensors_file)
-            except Exception as e:  # safetensors' own error type for a truncated or foreign file
-                raise FileFormatError(f"{tensors_file} is not a complete safetensors file ({e}); open another step "
-                                      f"(recorded: {steps}) or {_REDO}") from None
-            self._cache[k] = StepRecord(k, tensors, read_json(info_file))
+            for _ in range(3):  # the pair of one version: the .json read while the mapped file was still in place
+                try:
+                    tensors = LazyTensors(tensors_file)
+                except Exception as e:  # a truncated or foreign file
+                    raise FileFormatError(f"{tensors_file} is not a complete safetensors file ({e}); open another "
+                                          f"step (recorded: {steps}) or {_REDO}") from None
+                info = read_json(info_file)
+                if tensors._stamp() == tensors.inode:  # the .json read while this tensors file was in place
+                    break
+            self._cache[k] = StepRecord(k, tensors, info)
         return self._cache[k]
 
     def tokenizer(self) -> Any:
@@ -662,30 +847,54 @@ class Run:
                 raise MissingFileError(f"{self.path} has no {TOKENIZER_DIR}/ folder (recorded before runs carried the "
                                        f"tokenizer they were trained with; it was {model}): copy that model's "
                                        f"tokenizer files into {folder}, or {_REDO}")
-            self._tokenizer = load_tokenizer_files(folder)
+            from ppolab.errors import FileFormatError
+            from ppolab.rundir import folder_fingerprint
+
+            expected = (self.info.get("fingerprints") or {}).get(TOKENIZER_DIR)
+            found = folder_fingerprint(folder)
+            if expected is not None and found != expected:
+                raise FileFormatError(f"{folder} is not the tokenizer the run was trained with (fingerprint {found}, "
+                                      f"recorded {expected}): its files were replaced or damaged, and its tokens "
+                                      f"would decode to other text; put back the run's own tokenizer files, or "
+                                      f"{_REDO}")
+            try:
+                self._tokenizer = load_tokenizer_files(folder)
+            except (MissingFileError, FileFormatError):
+                raise
+            except Exception as e:  # a damaged file ends in JSONDecodeError, AttributeError, RecursionError, …
+                raise FileFormatError(f"{folder}: its tokenizer files do not load ({type(e).__name__}: "
+                                      f"{str(e)[:200]}); put back the run's own tokenizer files, or {_REDO}") from None
         return self._tokenizer
 
-    def model_path(self) -> Path:
-        """The base model the run was trained with, on this machine: the recorded ``actor_rollout_ref.model.path``
-        when it exists, else the folder of the same name under this checkout's ``data/models`` (a run recorded in
-        another clone) — in both cases only when its fingerprint equals the recorded one (``config.json``'s
-        ``fingerprints``). Never a different model: otherwise a :class:`ppolab.errors.MissingFileError` naming the
-        recorded path and what to do."""
+    def model_path(self, field: str = "actor_rollout_ref.model.path") -> Path:
+        """The model directory the run's ``field`` names (default: the base model), on this machine — the one
+        fingerprint rule every reader of a run's models follows (replay, exact distributions, a tokenizer's
+        fallback): the recorded path when it exists, else the folder of the same name under this checkout's
+        ``data/models`` (a run recorded in another clone) — in both cases only when its fingerprint equals the
+        recorded one (``config.json``'s ``fingerprints``). Never a different model: otherwise a
+        :class:`ppolab.errors.MissingFileError` naming the recorded path, both fingerprints and what to do."""
         from ppolab.errors import MissingFileError
         from ppolab.models import REPO_ROOT
-        from ppolab.rundir import fingerprint
+        from ppolab.rundir import fingerprint, flatten
 
-        recorded = str(self.config.get("actor_rollout_ref", {}).get("model", {}).get("path", ""))
-        expected = (self.info.get("fingerprints") or {}).get("actor_rollout_ref.model.path")
+        recorded = str(flatten(self.config).get(field) or "")
+        expected = (self.info.get("fingerprints") or {}).get(field)
         candidates = [Path(recorded).expanduser(), REPO_ROOT / "data" / "models" / Path(recorded).name]
+        found = {}
         for candidate in candidates if recorded else []:
-            if (candidate / "config.json").is_file() and (expected is None and candidate == candidates[0]
-                                                          or fingerprint(candidate) == expected):
-                return candidate
-        why = ("not on this machine" if not any(c.exists() for c in candidates) else
-               "here with other weights (its fingerprint differs from the recorded one)")
-        raise MissingFileError(f"{self.path} was trained with the model {recorded or '?'}, which is {why}: copy that "
-                               "model directory there (or into data/models/) to replay or read full distributions")
+            if (candidate / "config.json").is_file():
+                found[candidate] = fingerprint(candidate)
+                if expected is None and candidate == candidates[0] or found[candidate] == expected:
+                    return candidate
+        if not found:
+            why = "not on this machine"
+        else:
+            where, got = next(iter(found.items()))
+            why = (f"at {where} with other weights or tokenizer files (fingerprint {got}, recorded {expected}: "
+                   "retrained or replaced in place)")
+        raise MissingFileError(f"{self.path} was trained with {field}={recorded or '?'}, which is {why}: copy "
+                               "the model directory the run was trained with there (or into data/models/) to replay "
+                               "or read full distributions")
 
     @property
     def resumes(self) -> list[dict[str, Any]]:

@@ -63,9 +63,22 @@ def run_models(run: Run | str | os.PathLike | None = None):
     r = resolve_run(run)
     key = str(r.path.resolve())
     if key not in _MODELS:
-        cfg = r.ppo_config()
-        _MODELS[key] = build_models(cfg)
+        _MODELS[key] = build_models(models_config(r))
     return _MODELS[key]
+
+
+def models_config(run: Run):
+    """The run's config with its model paths replaced by the directories :meth:`Run.model_path` finds by
+    fingerprint — the recorded weights wherever the run was moved to, never a folder retrained in place (a new
+    config; the run's own is not changed)."""
+    cfg = run.ppo_config()
+    arr = cfg.actor_rollout_ref
+    model = dataclasses.replace(arr.model, path=str(run.model_path()))
+    critic = cfg.critic
+    if cfg.use_critic and critic.model.path:
+        critic = dataclasses.replace(critic, model=dataclasses.replace(
+            critic.model, path=str(run.model_path("critic.model.path"))))
+    return dataclasses.replace(cfg, actor_rollout_ref=dataclasses.replace(arr, model=model), critic=critic)
 
 
 def step_plan(run: Run | str | os.PathLike | None = None, step: int = 1) -> UpdatePlan:

@@ -153,12 +153,26 @@ def fingerprint(value: Any) -> str | None:
         elif p.is_dir():
             files += sorted(f for f in p.iterdir() if f.is_file() and (
                 f.suffix in (".safetensors", ".bin", ".json", ".model", ".txt") and not f.name.startswith(".")))
+    return _digest(files)
+
+
+def _digest(files: list[Path]) -> str | None:
+    """16 hex digits of sha256 over the files (name, size, contents); None for no file."""
     if not files:
         return None
     h = hashlib.sha256()
     for f in files:
         _file_digest(f, h)
     return h.hexdigest()[:16]
+
+
+def folder_fingerprint(folder: Path) -> str | None:
+    """A short digest of every file of ``folder`` (names and contents, dot-files aside): a run's ``tokenizer/``,
+    whose chat template (``chat_template.jinja``) counts as much as its vocabulary. None for a missing or empty
+    folder."""
+    files = sorted(f for f in Path(folder).iterdir() if f.is_file() and not f.name.startswith(".")) \
+        if Path(folder).is_dir() else []
+    return _digest(files)
 
 
 def fingerprints(flat_config: dict[str, Any]) -> dict[str, str | None]:

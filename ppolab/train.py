@@ -136,8 +136,10 @@ def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequen
     ``on_step(step, metrics, record)`` is called after every step (``record`` is the recorded step or None)
     — a notebook can live-plot with it — and, when validation runs before training, once at step 0 with its
     metrics (``record`` None). A KeyboardInterrupt stops cleanly: the run dir stays loadable, at
-    the last step whose metrics were logged. A ``trainer.run_dir`` that already holds a run is refused
-    unless ``trainer.resume=true`` (before any model loads; nothing in it changes).
+    the last step whose metrics were logged, and then goes on as :class:`ppolab.errors.TrainingInterrupted` (a
+    KeyboardInterrupt whose ``run`` is that run), so a loop of trainings stops. A ``trainer.run_dir`` that already
+    holds a run is refused unless ``trainer.resume=true`` (before any model loads; nothing in it changes).
+    :func:`ppolab.train_in_background` runs this in a thread, so a lab can follow the run while it trains.
     """
     check_train_arguments(config, overrides, on_step, progress)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))  # set by torchrun / accelerate launch
@@ -258,6 +260,7 @@ def _train_claimed(cfg: PPOConfig, info, run_dir: Path, claim, on_step: OnStep |
         if info.is_main else None
     done = trainer.global_step  # the last step whose metrics are logged: what the run holds
     recording = None  # a step whose tensors are being written but whose metrics are not logged yet
+    interrupted = False
     bar = tqdm(total=trainer.total_steps, initial=trainer.global_step, disable=not progress, desc="ppolab",
                dynamic_ncols=True)
     try:
@@ -304,6 +307,7 @@ def _train_claimed(cfg: PPOConfig, info, run_dir: Path, claim, on_step: OnStep |
                 on_step(step, metrics, record)
     except KeyboardInterrupt:
         summary["interrupted_at_step"] = done
+        interrupted = True
         bar.write(f"interrupted after step {done}; {run_dir} is complete up to there and loadable")
     finally:
         if recording is not None:  # its tensors without its metrics (interrupted, or an error): not in the run
@@ -317,7 +321,13 @@ def _train_claimed(cfg: PPOConfig, info, run_dir: Path, claim, on_step: OnStep |
     if val is not None:
         summary["val_after"] = {k: v for k, v in val.items() if k.startswith("val")}
     recorder.write_json("summary.json", summary)
-    return Run(run_dir) if info.is_main else None
+    run = Run(run_dir) if info.is_main else None
+    if interrupted:  # the run dir is whole: now let the interrupt stop whatever called us (a loop of runs)
+        from ppolab.errors import TrainingInterrupted
+
+        raise TrainingInterrupted(f"training interrupted after step {done}; {run_dir} is complete up to there "
+                                  "(ppolab.load_run opens it)", run)
+    return run
 
 
 def _real_scores(batch) -> tuple[list[float], int, list[str], list[str]]:
@@ -367,8 +377,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ppolab.errors import PpolabError
 
     start = time.perf_counter()
+    from ppolab.errors import TrainingInterrupted
+
     try:  # the preset and the typed overrides, not the resolved cfg: what was typed outranks PPOLAB_DEVICE
         run = train(args.preset, args.overrides)
+    except TrainingInterrupted as e:  # the run is whole up to its last logged step: report it, exit 130
+        run = e.run
     except (ConfigError, PpolabError) as e:  # a run dir, data file, model file or reward mistake: one line
         print(f"{'config error' if isinstance(e, ConfigError) else 'error'}: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1

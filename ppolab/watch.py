@@ -53,7 +53,9 @@ class LearningSignalWatch:
         if self.warned or SIGNAL_METRICS[0] not in metrics:
             return None
         uniform, identical, zero = (float(metrics[k]) for k in SIGNAL_METRICS)
-        if not (zero >= 1.0 or uniform >= UNIFORM_FRACTION):
+        # uniform groups cost signal only where they zero the advantages (a group-relative estimator): a critic's
+        # advantages (GAE) stay non-zero on a group scored alike, so the zero fraction must show it too
+        if not (zero >= 1.0 or uniform >= UNIFORM_FRACTION and zero >= UNIFORM_FRACTION):
             self.streak = []
             return None
         self.streak.append({"step": step, "scores": list(scores), "identical": identical, "uniform": uniform,

@@ -3,6 +3,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -14,6 +16,7 @@ def test_binder_files_exist_and_post_build_is_executable():
     assert "pip install" in post.read_text() and "-e ." in post.read_text()
 
 
+@pytest.mark.slow  # pip's resolver over binder's requirements (7 s)
 def test_binder_requirements_resolve(tmp_path):
     lines = (ROOT / "binder" / "requirements.txt").read_text().splitlines()
     # PyTorch's CPU index is not reachable from every CI machine; the torch pin itself still has to resolve.

@@ -17,7 +17,7 @@ import torch
 import ppolab
 from ppolab.errors import FileFormatError, MissingFileError, RunDirError
 from ppolab.exercises import check
-from ppolab.record import SHIPPED_RUNS
+from ppolab.record import SHIPPED_RUNS, Run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -139,3 +139,62 @@ def test_a_ppolab_run_that_opens_no_run_names_the_variable(monkeypatch, tmp_path
 def test_a_missing_run_is_not_called_damaged(tmp_path):
     with pytest.raises(MissingFileError, match="does not exist"):
         ppolab.load_run(tmp_path / "nothing")
+
+
+def test_a_run_of_a_newer_ppolab_opens_with_one_line_naming_both_versions(copy_of_run):
+    import warnings
+
+    from ppolab import __version__
+    from ppolab.errors import RunWarning
+
+    run = copy_of_run()
+    meta = json.loads((run / "config.json").read_text())
+    meta["versions"]["ppolab"] = "9.0.0"
+    (run / "config.json").write_text(json.dumps(meta))
+    with pytest.warns(RunWarning) as seen:
+        ppolab.load_run(run)
+    line = str(seen[0].message)
+    assert "9.0.0" in line and __version__ in line and str(run) in line and "\n" not in line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ppolab.load_run(SHIPPED_RUNS["grpo_tiny"])  # its own version: silent
+
+
+@pytest.mark.parametrize("what", ["tensors", "json", "metrics"])
+def test_a_full_disk_names_the_path(tmp_path, monkeypatch, what):
+    """safetensors' Rust writer raises its own error type with the OS message inside; Python's I/O an OSError 28.
+    Either way: one OSError(ENOSPC) naming the file, and the file keeps its last whole version."""
+    import errno
+
+    import ppolab.record as record
+    from ppolab.record import Recorder
+
+    rec = Recorder(tmp_path / "run", {"trainer": {}}, {})
+    rec.record_step(1, {"a": torch.ones(3)}, {"texts": {}})
+    rec.log_metrics(1, {"x": 1.0})
+
+    class SafetensorError(Exception):
+        pass
+
+    def full_rust(*a, **k):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    def full_python(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if what == "tensors":
+        monkeypatch.setattr(record, "save_file", full_rust)
+        target, act = "step_000001.safetensors", lambda: rec.record_step(1, {"a": torch.zeros(3)}, {})
+    elif what == "json":
+        monkeypatch.setattr(record.json, "dump", full_python)
+        target, act = "config.json", lambda: rec.write_json("config.json", {"config": {}})
+    else:
+        monkeypatch.setattr(Path, "write_text", full_python)
+        target, act = "metrics.jsonl", lambda: rec.log_metrics(2, {"x": 2.0})
+    with pytest.raises(OSError) as e:
+        act()
+    assert e.value.errno == errno.ENOSPC and target in str(e.value) and "MiB free" in str(e.value)
+    monkeypatch.undo()
+    run = Run(tmp_path / "run")
+    assert run.steps == [1] and torch.equal(run.step(1)["a"], torch.ones(3))
+    assert not list((tmp_path / "run").rglob("*.tmp")), "a temporary file was left behind"

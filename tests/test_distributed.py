@@ -58,6 +58,7 @@ def test_two_ranks_give_the_same_lora_weights_as_one(updates, mode):
     assert results[2]["metrics"]["actor/pg_loss"] == pytest.approx(results[1]["metrics"]["actor/pg_loss"], abs=1e-5)
 
 
+@pytest.mark.slow  # a two-rank run (15 s)
 def test_torchrun_trains_with_two_ranks_and_only_rank0_writes(tmp_path):
     run_dir = tmp_path / "run"
     torchrun(2, "-m", "ppolab.train", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4",

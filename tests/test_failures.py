@@ -198,6 +198,11 @@ def test_learning_signal_watch_and_warning_signs():
     assert watch.see(flat, [0.0, 0.0], 1, ["arith"] * 2, ["2", "3"], step=4) is None  # said once
     custom = LearningSignalWatch(lambda *a: 0.5, rollout, patience=1)
     assert "returns 0.5 whatever the response" in custom.see(flat, [0.5, 0.5], 1, ["x"] * 2, ["a", "b"], step=1)
+    # PPO with a critic: one response a prompt scored alike, but GAE's advantages are not 0 — the update learns
+    ppo = LearningSignalWatch(compute_score, SimpleNamespace(temperature=1.0, top_k=-1, n=1), patience=1)
+    for step in (1, 2, 3):
+        assert ppo.see({**flat, "ppolab/signal/zero_adv_frac": 0.02}, [0.0] * 8, 1, ["arith"] * 8, ["2"] * 8,
+                       step=step) is None
     frame = pd.DataFrame({"critic/score/mean": [0.0, float("nan"), 0.0], "critic/score/min": [0.0, None, 0.0],
                           "critic/score/max": [0.0, None, 0.0]}, index=[1, 2, 3])
     signs = reward_warning_signs(frame)
@@ -321,3 +326,44 @@ def test_reward_values_are_checked_not_coerced():
     for bad in (math.nan, math.inf, None, "1.0", {"acc": 1}, [1.0]):
         with pytest.raises(ValueError):
             checked_score(bad)
+
+
+# ====================================================================== your own model
+def test_a_tokenizer_without_a_chat_template_is_one_line(tmp_path):
+    from ppolab.data import load_rl_dataset
+    from ppolab.models import load_tokenizer
+
+    tok = load_tokenizer(SHIPPED_MODEL)
+    tok.chat_template = None  # most base models ship none
+    data = write_parquet(tmp_path / "d.parquet", [make_row("What is 1+1?", 2, "train", 0)])
+    with pytest.raises(DataError, match="has no chat template.*tokenizer_config.json") as e:
+        load_rl_dataset(data, tok, 64)
+    assert "\n" not in str(e.value) and e.value.__cause__ is None
+
+
+def test_an_empty_prompt_is_refused_naming_file_row_and_column(tmp_path):
+    from ppolab.data import load_rl_dataset
+    from ppolab.models import load_tokenizer
+
+    rows = [make_row("What is 1+1?", 2, "train", 0), make_row("  ", 3, "train", 1)]
+    data = write_parquet(tmp_path / "d.parquet", rows)
+    with pytest.raises(ValueError, match=r"d.parquet: row 1, column 'prompt': every message's content is empty"):
+        load_rl_dataset(data, load_tokenizer(SHIPPED_MODEL), 64)
+
+
+def test_a_model_with_dropout_is_named():
+    from types import SimpleNamespace
+
+    from ppolab.config.schema import ConfigNotice
+    from ppolab.models import warn_dropout
+
+    gpt2 = SimpleNamespace(to_dict=lambda: {"resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.0,
+                                            "n_layer": 2})
+    with pytest.warns(ConfigNotice, match=r"/m: the model has dropout \(embd_pdrop=0.1, resid_pdrop=0.1\)"):
+        warn_dropout(gpt2, "/m")
+    qwen = SimpleNamespace(to_dict=lambda: {"attention_dropout": 0.0})
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_dropout(qwen, "/m")

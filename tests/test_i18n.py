@@ -277,6 +277,7 @@ def test_every_metric_meaning_and_warning_sign_speaks_chinese(zh):
     assert not bad, "\n".join(f"{p} in {t[:200]!r}" for t, p in list(bad.items())[:15])
 
 
+@pytest.mark.slow  # every exercise's check in Chinese (10 s)
 def test_exercise_checks_speak_chinese(zh):
     import importlib.util
     from pathlib import Path

@@ -198,3 +198,27 @@ def test_a_large_run_replays_a_bounded_number_of_rows(monkeypatch):
     per_row = (run.step(1).tensors["responses"].shape[1] + 1) * int(replay.run_models(run).model.config.vocab_size)
     assert replay.replay_rows(run, max_logits=per_row * (2 * n + 1)) == rows[:2 * n]
     assert replay.replay_rows(run, max_logits=1) == rows[:n]  # one group at least
+
+
+@pytest.mark.slow  # a fresh interpreter opening the explorer: ~12 s, in .ci/run's slow phase
+def test_a_process_that_opened_the_explorer_exits_cleanly_while_it_prefetches(tmp_path):
+    """Its background replays are stopped at exit: no abort ("terminate called without an active exception")."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "open_and_exit.py"
+    script.write_text("import time\nfrom ppolab.widgets.invariance import invariance_explorer\n"
+                      "box = invariance_explorer('ppo_fire_tiny', prefetch=True)\ntime.sleep(0.5)\n"
+                      "print('alive', box.prefetch.is_alive())\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and "terminate called" not in out.stderr, (out.returncode, out.stderr[-1000:])
+    assert "alive True" in out.stdout  # it was still replaying when the script ended
+
+
+@pytest.mark.slow  # opens the explorer (one replay): in .ci/run's slow phase
+def test_closing_the_explorer_stops_its_prefetch():
+    from ppolab.widgets.invariance import invariance_explorer
+
+    box = invariance_explorer("ppo_fire_tiny", prefetch=True)
+    box.close()
+    assert box.stop_prefetch.is_set() and not box.prefetch.is_alive()

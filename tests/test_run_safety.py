@@ -92,6 +92,7 @@ def test_a_second_writer_stops_before_loading_a_model_naming_the_holder(tmp_path
     assert "in use by process" in str(e.value) and str(os.getpid()) in str(e.value)
 
 
+@pytest.mark.slow  # two trainings at once (10 s)
 def test_two_trainings_started_together_on_one_new_run_dir(tmp_path):
     folder = tmp_path / "shared"
     command = [sys.executable, "-m", "ppolab.train", *TINY, *NO_VAL, "trainer.total_training_steps=1",
@@ -271,8 +272,11 @@ def test_a_reward_that_never_returns_is_named_then_stopped(tmp_path, capfd):
 def test_a_real_ctrl_c_during_a_reward_still_stops_cleanly(tmp_path):
     f = _reward_file(tmp_path, "    import signal\n    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(5)\n"
                                "    return 1.0")
-    result = run(tmp_path, *_with_reward(f))
-    assert result.summary["interrupted_at_step"] == 0
+    from ppolab.errors import TrainingInterrupted
+
+    with pytest.raises(TrainingInterrupted) as e:
+        run(tmp_path, *_with_reward(f))
+    assert e.value.run.summary["interrupted_at_step"] == 0
 
 
 def test_reward_timeouts_are_validated():
@@ -484,3 +488,36 @@ def test_every_file_and_folder_of_a_run_honours_the_umask(tmp_path, umask):
     wrong = [f"{p.relative_to(root)} {oct(p.stat().st_mode & 0o777)}" for p in [root, *root.rglob("*")]
              if p.stat().st_mode & 0o777 != (0o777 if p.is_dir() else 0o666) & ~umask]
     assert not wrong, f"umask {oct(umask)}: {wrong}"
+
+
+def test_ctrl_c_in_a_loop_of_trainings_stops_the_loop(tmp_path):
+    """A cell that trains several runs in a loop: Ctrl-C during the first leaves it whole and stops the loop."""
+    from ppolab.errors import TrainingInterrupted
+
+    def stop(step, metrics, record):
+        if step == 1:
+            raise KeyboardInterrupt
+
+    started = []
+    with pytest.raises(KeyboardInterrupt):
+        for name in ("a", "b"):
+            started.append(name)
+            run(tmp_path, name=name, steps=2, on_step=stop)
+    assert started == ["a"] and ppolab.load_run(tmp_path / "a").summary["interrupted_at_step"] == 1
+    assert issubclass(TrainingInterrupted, KeyboardInterrupt) and not (tmp_path / "b").exists()
+
+
+@pytest.mark.slow  # two short trainings: in .ci/run's slow phase
+def test_a_resume_removes_what_a_killed_writer_left(tmp_path):
+    """A kill while tokenizer/ or a step file was written leaves a temporary behind; the resume cleans it."""
+    run(tmp_path, "trainer.save_freq=1", "trainer.record_freq=1", steps=1)
+    root = tmp_path / "run"
+    left = [root / ".tokenizer.k1ll3d.tmp", root / "steps" / ".step_000002.safetensors.x9.tmp",
+            root / ".metrics.jsonl.q2.tmp"]
+    left[0].mkdir()
+    (left[0] / "tokenizer.json").write_text("{")
+    for f in left[1:]:
+        f.write_bytes(b"half")
+    resume(root, steps=2)
+    assert not [p for p in left if p.exists()] and not list(root.rglob(".*.tmp"))
+    assert ppolab.load_run(root).steps == [1, 2]

@@ -89,6 +89,7 @@ def _remote(url: str) -> bool:
     return bool(re.match(r"^\s*(https?:)?//", url, re.I))
 
 
+@pytest.mark.slow  # the site build (20 s) runs in .ci/run's slow phase, keeping the README command under 10 minutes
 def test_site_layout_and_no_other_host(site):
     report = json.loads((site / "build.json").read_text())
     assert not report["errors"], report["errors"]
@@ -120,6 +121,7 @@ def test_site_layout_and_no_other_host(site):
     assert "00 start here" in index and "从这里开始" in index  # both languages' tables, unbuilt labs unlinked
 
 
+@pytest.mark.slow  # the site build (20 s) runs in .ci/run's slow phase, keeping the README command under 10 minutes
 def test_builder_never_reads_solutions(site):
     """Neither the builder nor the kernels it started opened or listed labs/solutions; no solution text is on the
     site; the exercises are there with their prompts and the note that checking needs the live lab."""
@@ -184,6 +186,7 @@ def _close(a: float, b: float, rel: float = 2e-5) -> bool:
     return abs(a - b) <= rel * max(1.0, abs(a), abs(b))
 
 
+@pytest.mark.slow  # the site build (20 s) runs in .ci/run's slow phase, keeping the README command under 10 minutes
 def test_precomputed_explorer_equals_live_explorer(site):
     """Every grid point of lab 04's page: its readout's pg_clipfrac and its clipped tokens' ratios are the live
     explorer's for that setting, and what ppolab.algos computes on the recorded batch."""

@@ -238,8 +238,13 @@ def test_keyboard_interrupt_leaves_a_loadable_run(tmp_path):
         if step == 2:
             raise KeyboardInterrupt
 
-    run = ppolab.train("grpo_tiny", [*SMALL, "trainer.total_training_steps=5", f"trainer.run_dir={tmp_path}"],
-                       on_step=stop, progress=False)
+    from ppolab.errors import TrainingInterrupted
+
+    with pytest.raises(TrainingInterrupted) as e:  # a KeyboardInterrupt: a loop of runs stops
+        ppolab.train("grpo_tiny", [*SMALL, "trainer.total_training_steps=5", f"trainer.run_dir={tmp_path}"],
+                     on_step=stop, progress=False)
+    assert isinstance(e.value, KeyboardInterrupt) and str(tmp_path) in str(e.value)
+    run = e.value.run
     loaded = ppolab.load_run(tmp_path)
     assert loaded.summary["interrupted_at_step"] == 2 and loaded.steps == [1, 2]
     assert list(run.metrics.index) == [0, 1, 2]

@@ -32,6 +32,8 @@ _WHERE = {
     # runs (labs 00, 15)
     "metrics_dashboard": "ppolab.widgets.metrics",
     "live_training": "ppolab.widgets.live",
+    # any explorer kept on the newest step of a run that is training (ppolab.train_in_background)
+    "follow": "ppolab.widgets.follow",
     # the nine mistakes (lab 16)
     "mistakes_explorer": "ppolab.widgets.mistakes",
     # the language of titles, labels and controls: set_language("zh") before building an explorer

@@ -9,8 +9,10 @@ the micro-batches of the configuration picked with the controls.
 """
 from __future__ import annotations
 
+import atexit
 import html
 import threading
+import weakref
 from typing import Any
 
 import ipywidgets as W
@@ -26,6 +28,25 @@ from ppolab.numbers.invariance import (  # noqa: F401 (_CACHE re-exported)
 
 #: Relative tolerance of the "same gradient" verdict: gap ≤ TOL · max(1, max |g_ref|).
 TOL = 1e-5
+#: The explorers whose background replays may still run: stopped (and waited for) when the widget closes or the
+#: interpreter exits — a thread still inside torch at shutdown aborts the process ("terminate called without an
+#: active exception", exit −6), which looks like a crash at a kernel restart or a script's end.
+_PREFETCHING: "weakref.WeakSet[W.VBox]" = weakref.WeakSet()
+
+
+def stop_prefetch(box: W.VBox, timeout: float | None = None) -> None:
+    """Ask ``box``'s background replays to stop and wait for the one in progress (at most ``timeout`` s)."""
+    event, thread = getattr(box, "stop_prefetch", None), getattr(box, "prefetch", None)
+    if event is not None:
+        event.set()
+    if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+        thread.join(timeout)
+
+
+@atexit.register
+def _stop_all_prefetches() -> None:
+    for box in list(_PREFETCHING):
+        stop_prefetch(box)
 
 
 def invariance_explorer(run=None, step: int = 1, *, loss_agg_mode: str | None = None, scale: str = "fixed",
@@ -196,5 +217,12 @@ def invariance_explorer(run=None, step: int = 1, *, loss_agg_mode: str | None = 
                     return
                 cached_replay(r, step, **kw)
         box.prefetch = threading.Thread(target=fill, name="invariance-prefetch", daemon=True)
+        _PREFETCHING.add(box)
+        close = box.close
+
+        def close_and_stop() -> None:  # a closed widget's replays are of no use to anyone
+            stop_prefetch(box)
+            close()
+        box.close = close_and_stop
         box.prefetch.start()
     return box

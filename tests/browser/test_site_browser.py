@@ -47,6 +47,7 @@ def site(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("rel", PAGES)
+@pytest.mark.slow  # the site build (20 s) runs in .ci/run's slow phase, keeping the README command under 10 minutes
 def test_site_page_in_browser(site, chromium_path, rel):
     skip_without_cjk_font(rel)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
