@@ -1,5 +1,7 @@
 """Solutions to lab 00's exercises (kept out of the notebook). A callable solution is the code a learner
 would write; it is called with the exercise's context (e.g. ``run``)."""
+import math
+
 from ppolab import algos
 from ppolab.batching import padding_multiple, plan_batches
 from ppolab.numbers import optimizer_step_batch, resolve_run, step_tensors
@@ -31,33 +33,28 @@ def _logged_clipfrac_of_step_1(run=None):
     return float(resolve_run(run).metrics.loc[1, "actor/pg_clipfrac"])
 
 
-def loss_calls(run=None, micro=True, critic_top_level=False):
-    """(ppo_loss calls, value_loss calls) on rank 0 in the run's first recorded step."""
+def loss_calls(run=None, micro=True, what_if=True):
+    """(ppo_loss calls, value_loss calls) on rank 0 in the run's first recorded step, under the exercise's what-if
+    (a fixed actor micro-batch size, the critic's token budget) — or, ``what_if=False``, as the run recorded them."""
+    from ppolab.exercises import case
     from ppolab.numbers.critic_engine import critic_micro_batches
+    from ppolab.update_plan import recorded_plan
 
     r = resolve_run(run)
-    step = r.steps[0]
-    c, dp = r.config, int(r.step(step).info.get("dp_size", 1) or 1)
-    actor, crit, n = c["actor_rollout_ref"]["actor"], c["critic"], c["actor_rollout_ref"]["rollout"]["n"]
-    plan = plan_batches(c["data"]["train_batch_size"], n, actor["ppo_mini_batch_size"], dp,
-                        actor["ppo_micro_batch_size_per_gpu"], actor["ppo_epochs"],
-                        pad_to=padding_multiple(dp, actor["ppo_mini_batch_size"] * n,
-                                                *([crit["ppo_mini_batch_size"] * n] if crit.get("enable") else [])))
-    if not micro:
-        actor_calls = plan.optimizer_steps
-    elif plan.micro_batches_per_mini is not None:
-        actor_calls = plan.optimizer_steps * plan.micro_batches_per_mini
-    else:  # use_dynamic_bsz: rank 0's micro-batches in the update plan the worker recorded
-        from ppolab.update_plan import recorded_plan
-
-        actor_calls = sum(len(o.micro_batches[0]) for o in recorded_plan(r.step(step), r.ppo_config()).steps)
+    c = case("00.4", run=r)
+    step = c["step"]
+    plan = recorded_plan(r.step(step), r.ppo_config())
+    if not micro:  # one call per optimizer step
+        actor_calls = len(plan.steps)
+    elif what_if:  # each optimizer step's rows on rank 0, cut into fixed micro-batches
+        actor_calls = sum(math.ceil(len(o.rows(0)) / c["micro"]) for o in plan.steps)
+    else:
+        actor_calls = sum(len(o.micro_batches[0]) for o in plan.steps)
     if "critic_vpreds" not in r.step(step).tensors:
         return actor_calls, 0
     updates = r.step(step).tensors["critic_vpreds"].shape[0]
-    if critic_top_level:  # the mistake: the critic cut by its top-level ppo_micro_batch_size_per_gpu
-        local = crit["ppo_mini_batch_size"] * n // dp
-        return actor_calls, updates * -(-local // crit["ppo_micro_batch_size_per_gpu"])
-    return actor_calls, sum(len(critic_micro_batches(r, u, 0, step=step)) for u in range(updates))
+    budget = c["budget"] if what_if else None
+    return actor_calls, sum(len(critic_micro_batches(r, u, 0, step=step, max_token_len=budget)) for u in range(updates))
 
 
 SOLUTIONS = {
@@ -77,7 +74,8 @@ WRONG = {
     "00.3": [lambda run=None: -val_accuracy_change(run),
              lambda run=None: float(resolve_run(run).metrics["val/accuracy"].dropna().iloc[-1]),
              lambda run=None: 100 * val_accuracy_change(run)],
-    # optimizer steps instead of micro-batches; the actor's count for both; all ranks' calls (× 2 ranks, or 2·n)
+    # optimizer steps instead of micro-batches; the actor's count for both; all ranks' calls (× 2 ranks, or 2·n);
+    # the counts the run recorded (its own micro-batch size and budget, not the what-if)
     "00.4": [lambda run=None: loss_calls(run, micro=False), lambda run=None: (loss_calls(run)[0],) * 2,
-             lambda run=None: tuple(2 * x for x in loss_calls(run))],
+             lambda run=None: tuple(2 * x for x in loss_calls(run)), lambda run=None: loss_calls(run, what_if=False)],
 }

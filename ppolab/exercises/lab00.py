@@ -50,34 +50,59 @@ def _e3(run=None) -> float:
 
 
 def reading_order_case(run=None) -> dict:
-    """Exercise 00.4's step: the run's first recorded step."""
+    """Exercise 00.4's step and its what-if: the run's first recorded step, an actor micro-batch size ``micro`` the
+    run did not use (the largest proper divisor of rank 0's local mini-batch whose count differs from the recorded
+    one, so that each mini-batch holds ≥ 2 micro-batches) and the smallest critic token budget ppolab accepts (one
+    full-length sequence: ``budget``; a run without a critic answers 0 for it) — settings under which the nesting's
+    counts differ from one optimizer step each, from each other and from the counts the run recorded."""
+    from ppolab.numbers.critic_engine import smallest_budget
     from ppolab.record import resolve_run
+    from ppolab.update_plan import recorded_plan
 
-    return {"step": resolve_run(run).steps[0]}
+    r = resolve_run(run)
+    step = r.steps[0]
+    plan = recorded_plan(r.step(step), r.ppo_config())
+    local = len(plan.steps[0].rows(0))
+    ran = sum(len(o.micro_batches[0]) for o in plan.steps)  # the calls as recorded: copying them must not pass
+
+    def calls(d: int) -> int:
+        return sum(-(-len(o.rows(0)) // d) for o in plan.steps)
+    micro = next((d for d in range(local - 1, 0, -1) if local % d == 0 and calls(d) != ran), 1)
+    return {"step": step, "micro": micro, "budget": smallest_budget(r)}
 
 
 @exercise("00.4", "Predict, then verify — places 3, 6 and 7–10 of the reading order, nested (§17): `_update_actor` "
                   "hands the batch to `train_mini_batch`, which calls `train_batch` once per mini-batch and epoch "
                   "(one optimizer step each); `train_batch` cuts its mini-batch with `prepare_micro_batches` and "
-                  "runs the loss once per micro-batch — `ppo_loss` for the actor, `value_loss` for the critic. At "
-                  "recorded step {step} of RUN, on data-parallel rank 0, how many times did `ppo_loss` run, and how "
-                  "many times `value_loss` (0 without a critic)? Answer (ppo_loss calls, value_loss calls).",
+                  "runs the loss once per micro-batch — `ppo_loss` for the actor, `value_loss` for the critic. Take "
+                  "recorded step {step} of RUN, on data-parallel rank 0, with its rows, mini-batches and epochs as "
+                  "they ran, but suppose the actor had cut fixed micro-batches of {micro} rows "
+                  "(actor.use_dynamic_bsz=false, actor.ppo_micro_batch_size_per_gpu={micro}) and the critic's token "
+                  "budget had been critic.ppo_infer_max_token_len_per_gpu={budget}. How many times would `ppo_loss` "
+                  "run, and how many times `value_loss` (0 without a critic)? Answer (ppo_loss calls, value_loss "
+                  "calls).",
           kind="predict",
           hints=("Count optimizer steps first (ppo_epochs × mini-batches), then micro-batches per mini-batch on one "
-                 "rank. The critic has its own epochs and mini-batch size, and V1 cuts its micro-batches by the "
-                 "token budget critic.ppo_infer_max_token_len_per_gpu, not by its top-level micro-batch fields "
-                 "(§11.6).",
-                 "Actor: plan_batches(...) with the run's config gives optimizer_steps × micro_batches_per_mini. "
-                 "Critic: Σ over its updates u of len(ppolab.numbers.critic_engine.critic_micro_batches(run, u, 0, "
-                 "step={step}))."),
+                 "rank: its local mini-batch / {micro}. The critic has its own epochs and mini-batch size, and V1 "
+                 "cuts its micro-batches by the token budget (sequences packed until the next would pass {budget} "
+                 "tokens), not by its top-level micro-batch fields (§11.6).",
+                 "Actor: Σ over the recorded plan's optimizer steps of ⌈rank 0's rows / {micro}⌉ "
+                 "(recorded_plan(run.step({step}), run.ppo_config()).steps). Critic: Σ over its updates u of "
+                 "len(ppolab.numbers.critic_engine.critic_micro_batches(run, u, 0, step={step}, "
+                 "max_token_len={budget}))."),
           context=("run",), case=reading_order_case)
 def _e4(run=None) -> tuple[int, int]:
-    from ppolab.numbers.capstone import update_plan
+    from ppolab.numbers.critic_engine import critic_micro_batches
     from ppolab.record import resolve_run
+    from ppolab.update_plan import recorded_plan
 
     r = resolve_run(run)
-    step = reading_order_case(r)["step"]
-    # update_plan is what Worker.update did: plan[optimizer step][rank] → that rank's micro-batches
-    actor = sum(len(p[0]) for p in update_plan(r, step, "actor"))
-    critic = sum(len(p[0]) for p in update_plan(r, step, "critic")) if "critic_vpreds" in r.step(step).tensors else 0
-    return actor, critic
+    c = reading_order_case(r)
+    rec = r.step(c["step"])
+    # the recorded plan fixes each optimizer step's rows on rank 0; a fixed micro size cuts them in ⌈rows/micro⌉
+    actor = sum(-(-len(o.rows(0)) // c["micro"]) for o in recorded_plan(rec, r.ppo_config()).steps)
+    if "critic_vpreds" not in rec.tensors:
+        return actor, 0
+    updates = int(rec.tensors["critic_vpreds"].shape[0])
+    return actor, sum(len(critic_micro_batches(r, u, 0, step=c["step"], max_token_len=c["budget"]))
+                      for u in range(updates))
