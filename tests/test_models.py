@@ -39,6 +39,7 @@ def test_chat_template_marks_roles_and_adds_generation_prompt():
     assert "What is 1+2?" in text and text.startswith(bare) and len(text) > len(bare)
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch and transformers (7 s)
 def test_shipped_model_loads_offline_in_a_fresh_process():
     code = ("from transformers import AutoModelForCausalLM; import sys; "
             f"m = AutoModelForCausalLM.from_pretrained(r'{SHIPPED_MODEL}'); "

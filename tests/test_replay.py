@@ -119,6 +119,7 @@ def test_explorer_figures_are_replay_outputs(token_mean):
         invariance_explorer(RUN, step=5)
 
 
+@pytest.mark.slow  # a replay of its own (7–9 s): .ci/run's slow phase
 def test_replay_builds_a_worker_not_a_trainer():
     """ppolab.replay is the actor worker on a recorded batch: importing it (and replaying) loads no dataset, reward
     or rollout module, and the recorded config is never written into."""
@@ -162,6 +163,7 @@ def test_a_replay_is_keyed_by_what_the_worker_runs(token_mean):
                 for b in budgets}) == len(budgets)
 
 
+@pytest.mark.slow  # a replay of its own (7–9 s): .ci/run's slow phase
 def test_a_background_prefetch_and_a_cell_take_turns(token_mean):
     """The explorer's background precompute and a lab cell replay on the same shared models: one at a time
     (``REPLAY_LOCK``), so what the cell gets is exactly a replay of its own, and the thread stops when told."""

@@ -58,6 +58,12 @@ METRIC_MEANINGS = {
     "training/rollout_probs_diff_mean": "mean |π_old − π_rollout| probability gap on response tokens",
     "training/rollout_probs_diff_std": "std of |π_old − π_rollout| on response tokens",
     "training/*": "trainer bookkeeping",
+    "ppolab/signal/uniform_group_frac": "ppolab's own (verl logs none): share of the prompt groups whose responses "
+                                        "all got the same score — a group-relative advantage is 0 there",
+    "ppolab/signal/identical_group_frac": "ppolab's own: share of the prompt groups whose responses are token for "
+                                          "token identical (a near-greedy sampler)",
+    "ppolab/signal/zero_adv_frac": "ppolab's own: share of the response tokens whose advantage is 0 (no learning "
+                                   "signal there)",
     "global_seqlen/min": "smallest per-rank token sum without balancing (contiguous chunks)",
     "global_seqlen/max": "largest per-rank token sum without balancing",
     "global_seqlen/minmax_diff": "max − min of the unbalanced per-rank token sums",

@@ -15,16 +15,18 @@ if TYPE_CHECKING:
     import torch
 
 
-def metrics_dashboard(run=None, metric: str | None = None) -> W.VBox:
+def metrics_dashboard(run=None, metric: str | None = None, *, metrics=None) -> W.VBox:
     """A dropdown over every logged metric of ``run`` with its meaning, its curve, and :func:`warning_signs`.
 
+    ``metrics``: a frame of metrics indexed by step to show instead of a ppolab run's — a verl job's own log
+    (``ppolab.verl_logs.read_verl_metrics``: its file logger JSONL or TensorBoard folder).
     Controls: ``metric`` (Dropdown). Figures: ``metric`` (the metric against the step). Attribute ``warnings``.
     """
-    r = resolve_run(run)
-    m = r.metrics
+    r = resolve_run(run) if metrics is None else None
+    m = r.metrics if metrics is None else metrics
     names = sorted(m.columns)
     if not names:
-        raise ValueError(f"{r.path} has no logged metrics")
+        raise ValueError(f"{r.path if r is not None else 'the metrics given'} has no logged metrics")
     metric = metric or ("critic/score/mean" if "critic/score/mean" in names else names[0])
     if metric not in names:
         raise ValueError(f"metric must be one of the logged metrics {names}, got {metric!r}")
