@@ -1,0 +1,102 @@
+"""The ``ppolab`` command: what the README does, by name.
+
+    ppolab train [--preset P] [overrides…]   python -m ppolab.train
+    ppolab labs DIR [--zh] [--no-start]       copy the course into DIR (never over a notebook you edited), then
+                                              start JupyterLab there
+    ppolab site OUT [--labs 00,04]            tools/build_site.py: the course as a static website
+    ppolab logs PATH                          python -m ppolab.verl_logs: a verl job's metrics, §15's warning signs
+
+Each subcommand hands its arguments to the module that does the work; this file only dispatches.
+"""
+from __future__ import annotations
+
+import argparse
+import filecmp
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from ppolab.models import REPO_ROOT
+
+LABS = REPO_ROOT / "labs"
+
+
+def copy_labs(dest: Path, zh: bool = False) -> tuple[list[str], list[str], list[str]]:
+    """Copy the course's notebooks (``labs/`` or ``labs/zh/``) into ``dest``: (copied, already there, kept). A
+    notebook already in ``dest`` that differs from the course's is the learner's — kept, never overwritten."""
+    source = LABS / "zh" if zh else LABS
+    if not source.is_dir():
+        raise FileNotFoundError(f"{source} is not here: the labs ship with a checkout of ppolab (git clone, then "
+                                "pip install -e .)")
+    dest.mkdir(parents=True, exist_ok=True)
+    copied, same, kept = [], [], []
+    for nb in sorted(source.glob("*.ipynb")):
+        target = dest / nb.name
+        if not target.exists():
+            tmp = target.with_name(f".{target.name}.tmp")
+            shutil.copyfile(nb, tmp)
+            tmp.replace(target)
+            copied.append(nb.name)
+        elif filecmp.cmp(nb, target, shallow=False):
+            same.append(nb.name)
+        else:
+            kept.append(nb.name)
+    return copied, same, kept
+
+
+def _labs(args: argparse.Namespace) -> int:
+    dest = Path(args.dir).expanduser()
+    try:
+        copied, same, kept = copy_labs(dest, args.zh)
+    except (FileNotFoundError, NotADirectoryError, FileExistsError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"{dest}: {len(copied)} notebook(s) copied, {len(same)} already there")
+    for name in kept:
+        print(f"  kept your {name} (it differs from the course's; delete it to get the course's again)")
+    if args.no_start:
+        return 0
+    return subprocess.call([sys.executable, "-m", "jupyter", "lab", str(dest)])
+
+
+def _site(argv: list[str]) -> int:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_site", REPO_ROOT / "tools" / "build_site.py")
+    if spec is None or not (REPO_ROOT / "tools" / "build_site.py").is_file():
+        print("error: the site builder ships with a checkout of ppolab (tools/build_site.py)", file=sys.stderr)
+        return 1
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = argparse.ArgumentParser(prog="ppolab", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n".join(__doc__.splitlines()[2:7]))
+    parser.add_argument("command", choices=("train", "labs", "site", "logs"))
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in ("train", "labs", "site", "logs"):
+        parser.parse_args(argv[:1])  # prints help or names the unknown command, and exits
+    command, rest = argv[0], argv[1:]
+    if command == "train":
+        from ppolab.train import main as train_main
+
+        return train_main(rest)
+    if command == "site":
+        return _site(rest)
+    if command == "logs":
+        from ppolab.verl_logs import main as logs_main
+
+        return logs_main(rest)
+    labs = argparse.ArgumentParser(prog="ppolab labs", description="copy the course into DIR and start JupyterLab")
+    labs.add_argument("dir", help="a folder for your copy of the notebooks (made if missing)")
+    labs.add_argument("--zh", action="store_true", help="the Chinese edition (labs/zh)")
+    labs.add_argument("--no-start", action="store_true", help="copy only; do not start JupyterLab")
+    return _labs(labs.parse_args(rest))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
