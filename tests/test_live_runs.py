@@ -213,3 +213,42 @@ def test_a_step_replaced_before_its_first_read_is_named_never_mixed(tmp_path):
     with pytest.raises(ValueError, match="was replaced since its step was opened.*open the run again"):
         record["a"]
     assert torch.equal(Run(tmp_path / "run").step(1)["a"], torch.zeros(3))
+
+
+@pytest.mark.slow
+def test_a_run_trained_by_another_process_is_followed_to_its_end(tmp_path):
+    """A notebook's view of a run another process trains: every look at the run dir while it is written sees only
+    whole steps (no error, never a step without its metrics row), and follow ends on the last step."""
+    import subprocess
+    import sys
+    import time
+
+    from ppolab.widgets import follow, ratio_explorer
+
+    run_dir = tmp_path / "other"
+    cmd = [sys.executable, "-m", "ppolab.train", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4",
+           "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+           "data.val_max_samples=8", "trainer.test_freq=-1", "trainer.record_freq=1",
+           "trainer.total_training_steps=4", f"trainer.run_dir={run_dir}"]
+    writer = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        while not (run_dir / "config.json").exists():
+            assert writer.poll() is None, writer.stderr.read()
+            time.sleep(0.05)
+        run = Run(run_dir)
+        box = follow(ratio_explorer, run, every=None)
+        seen = set()
+        while writer.poll() is None:
+            box.refresh()  # as the poller does, but as often as the test can
+            for k in run.steps:
+                assert k in run.metrics.index, f"step {k} listed before its metrics row was logged"
+                run.step(k)["old_log_probs"]
+                seen.add(k)
+            time.sleep(0.02)
+        assert writer.returncode == 0, writer.stderr.read()
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+    box.refresh()
+    assert box.shown == 4 and run.steps == [1, 2, 3, 4] and run.being_written() == []
+    assert seen, "the reader never saw a step while the run trained"
