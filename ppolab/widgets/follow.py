@@ -40,7 +40,7 @@ def _stop_all() -> None:
         stop_following(box)
 
 
-def _carried(explorer: Callable[..., Any], old: Any, params: set[str]) -> dict[str, Any]:
+def _carried(old: Any, params: set[str]) -> dict[str, Any]:
     """The values of the old explorer's controls that the explorer takes as parameters (the learner's settings)."""
     controls = getattr(old, "controls", {}) or {}
     return {name: c.value for name, c in controls.items() if name in params and hasattr(c, "value")}
@@ -83,7 +83,7 @@ def follow(explorer: Callable[..., Any], run=None, *, every: float | None = 2.0,
                 status.value = (tr("showing step {k}").format(k=target) if takes_step else "") + writing
                 return
             args = {**kwargs, **({"step": target} if takes_step else {})}
-            carried = _carried(explorer, box.explorer, params - {"run", "step"}) if box.explorer is not None else {}
+            carried = _carried(box.explorer, params - {"run", "step"}) if box.explorer is not None else {}
             try:
                 try:
                     built = explorer(r, **{**args, **carried})
