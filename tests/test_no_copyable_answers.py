@@ -9,8 +9,9 @@ for, the check is offered as an answer
   differ on every machine, so no check could be written against them;
 * every number the lab's notebook shows: its stored outputs and its markdown.
 
-None may be accepted. Integers are not offered: a count (4 mini-batches, 20 rows) appears in any text that speaks
-about the run, and copying it teaches nothing a count could be checked against. ``COINCIDENCES`` lists, with the
+None may be accepted (a dict answer, checked as a whole, only as a whole). Integers are not offered: a count
+(4 mini-batches, 20 rows) appears in any text that speaks about the run, and copying it teaches nothing a count could
+be checked against. ``COINCIDENCES`` lists, with the
 reason, the few places where a printed number of *another* quantity lies within an exercise's tolerance.
 """
 from __future__ import annotations
@@ -40,8 +41,6 @@ COINCIDENCES = {
     ("15.1", 0.5): "a doctored run's late median pg_clipfrac in the warning-sign demo",
     ("09.3", 0.76): "the pooled vf_clipfrac of critic update 13 at the run's own ε_v, in the list of every update",
 }
-#: The capstone's part I rebuilds the logged metrics themselves; its counterfactual form comes with part II.
-CAPSTONE_PART_I = {"17.1", "17.2", "17.3", "17.5", "17.6", "17.7"}
 #: Predictions of a rough size (a tolerance of 10 % or more): any number inside the band passes by design, so a
 #: number shown elsewhere may too. Their truths — ratios of two short runs' curve means (lab 15) — are neither
 #: logged nor shown; tests/test_ablations.py checks the curves they are read from.
@@ -85,8 +84,6 @@ def numbers_in(t) -> list[float]:
 
 @pytest.mark.parametrize("ex_id", [i for i in REG if REG[i].lab in NOTEBOOKS])
 def test_no_logged_or_shown_number_is_accepted(ex_id):
-    if ex_id in CAPSTONE_PART_I:
-        pytest.xfail("lab 17 part I grades the rebuilt log itself (issue 35 §1: the capstone's part II)")
     if ex_id in PREDICTIONS:
         pytest.skip(f"{ex_id} asks for a rough size: a band, not a number to copy")
     ex = REG[ex_id]
@@ -97,6 +94,12 @@ def test_no_logged_or_shown_number_is_accepted(ex_id):
     steps = {where["step"], where["step"] + 1} if "step" in where else None
     offered = {**{v: "shown in its lab" for v in shown_numbers(ex.lab)}, **logged_numbers(resolve_run(ex.default_run),
                                                                                           steps)}
-    accepted = [f"{c} ({src}) for {v}" for v in values for c, src in offered.items()
-                if (ex_id, c) not in COINCIDENCES and matches(c, v, ex.rel, ex.abs)]
-    assert not accepted, f"{ex_id} accepts a number it should make the learner compute: {accepted[:3]}"
+    accepted = {v: [f"{c} ({src}) for {v}" for c, src in offered.items()
+                    if (ex_id, c) not in COINCIDENCES and matches(c, v, ex.rel, ex.abs)] for v in values}
+    if _kind(truth(ex_id)) == "dict":
+        # a dict is checked as a whole (every key right, or not yet): it can be copied only when every one of its
+        # values can — lab 17's what-ifs keep the terms a setting does not move (ppo_kl under another ε)
+        assert not all(accepted.values()), f"{ex_id}: every value of its dict can be copied: {accepted}"
+        return
+    found = [a for v in values for a in accepted[v]]
+    assert not found, f"{ex_id} accepts a number it should make the learner compute: {found[:3]}"

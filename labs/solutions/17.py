@@ -1,14 +1,18 @@
 """Solutions to lab 17 (the capstone): one recorded training step rebuilt in plain torch — no ``ppolab.algos``.
 
-Each ``part_17_k(run)`` is the code a learner writes in the lab; ``mistake=`` makes one of the plausible wrong
-versions the checks must refuse. ``ppolab.numbers.capstone`` gives only the bookkeeping (which rows each rank and
+Each ``part_17_k(run, …settings)`` is the code a learner writes in the lab: at the run's own settings (the default)
+it rebuilds what ``metrics.jsonl`` logged, and the graded answer is the same code at the settings
+``capstone_what_if.what_if`` names (:data:`SOLUTIONS`); ``mistake=`` makes one of the plausible wrong versions the
+checks must refuse. ``ppolab.numbers.capstone`` gives only the bookkeeping (which rows each rank and
 micro-batch held, the logged metrics of the previous step); every formula is written out here.
 """
 import math
+from dataclasses import replace
 
 import torch
 
 from ppolab.numbers import capstone
+from ppolab.numbers.capstone_what_if import what_if
 from ppolab.record import resolve_run
 
 RUN = "ppo_fire_tiny"
@@ -72,10 +76,10 @@ def _pre_mask(t):
 
 
 # ------------------------------------------------------------------ 17.1 rewards with the reward-side KL
-def part_17_1(run=None, mistake=None):
+def part_17_1(run=None, mistake=None, kl_penalty=None, kl_ctrl=None):
     r, s, t, real = _setup(run)
     alg = r.ppo_config().algorithm
-    ctrl = alg.kl_ctrl
+    ctrl = kl_ctrl or alg.kl_ctrl
     beta = ctrl.kl_coef
     if ctrl.type == "adaptive" and s > 1 and mistake != "initial_beta":  # step 0 logs validation only
         prev = capstone.logged(r, s - 1)
@@ -87,7 +91,7 @@ def part_17_1(run=None, mistake=None):
             error = min(max(prev["actor/reward_kl_penalty"] / ctrl.target_kl - 1, -0.2), 0.2)
             beta = beta * (1 + error * n / ctrl.horizon)
     mask = t["response_mask"].float() if mistake == "mask_after_rejection" else _pre_mask(t)
-    kind = "k3" if mistake == "k3" else alg.kl_penalty
+    kind = alg.kl_penalty if mistake == "run_estimator" else (kl_penalty or alg.kl_penalty)
     kld = kl_estimate(t["old_log_probs"], t["ref_log_prob"], kind) * mask
     rewards = t["token_level_scores"] - beta * kld
     per_row = mmean(kld, mask, dim=-1)
@@ -135,11 +139,12 @@ def rejection_keep(t, options, thresholds, mistake=None):
     return keep
 
 
-def part_17_2(run=None, mistake=None):
+def part_17_2(run=None, mistake=None, rollout_rs=None, rollout_rs_threshold=None):
     r, s, t, real = _setup(run)
     corr = r.ppo_config().algorithm.rollout_correction
     m = _pre_mask(t)
-    keep = rejection_keep(t, corr.rollout_rs, corr.rollout_rs_threshold, mistake)
+    keep = rejection_keep(t, rollout_rs or corr.rollout_rs, rollout_rs_threshold or corr.rollout_rs_threshold,
+                          mistake)
     rejected_rows = ((1 - keep) * m).sum(-1) > 0
     rows = real if mistake == "real_rows_only" else torch.ones_like(real)
     token_mask = t["response_mask"].float() if mistake == "mask_after_rejection" else m
@@ -170,11 +175,12 @@ def whiten(x, mask):
     return (x - mean) * torch.rsqrt(var + EPS)
 
 
-def part_17_3(run=None, mistake=None):
+def part_17_3(run=None, mistake=None, gamma=None, lam=None):
     r, s, t, real = _setup(run)
     alg = r.ppo_config().algorithm
     mask = _pre_mask(t) if mistake == "mask_before_rejection" else t["response_mask"].float()
-    raw = gae(t["token_level_rewards"], t["values"], mask, alg.gamma, alg.lam)
+    raw = gae(t["token_level_rewards"], t["values"], mask, alg.gamma if gamma is None else gamma,
+              alg.lam if lam is None else lam)
     returns = raw + t["values"]
     adv = raw if mistake == "no_whitening" else whiten(raw, mask)
     if mistake == "returns_after_whitening":
@@ -250,11 +256,17 @@ def reduce_micro(micro, mistake=None):
     return {k: sum(m[k] for m in micro) / (1 if add(k) else len(micro)) for k in keys}
 
 
-def actor_step(run=None, k=0, mistake=None):
+def _with(config, **setting):
+    """``config`` with the given settings (None: the run's own)."""
+    return replace(config, **{k: v for k, v in setting.items() if v is not None})
+
+
+def actor_step(run=None, k=0, mistake=None, eps_low=None, eps_high=None, clip_ratio_c=None):
     """Optimizer step k's actor metrics: per rank Σ/mean over micro-batches, then the mean over ranks."""
     r, s, t, real = _setup(run)
     cfg = r.ppo_config()
-    a = cfg.actor_rollout_ref.actor
+    a = _with(cfg.actor_rollout_ref.actor, clip_ratio_low=eps_low, clip_ratio_high=eps_high,
+              clip_ratio_c=clip_ratio_c)
     plan = capstone.update_plan(r, s, "actor")[k]
     dp = len(plan)
     rows = [i for rank in plan for mb in rank for i in mb]
@@ -274,14 +286,14 @@ def actor_step(run=None, k=0, mistake=None):
     return {key: sum(m[key] for m in ranks) / dp for key in ranks[0]}
 
 
-def part_17_4(run=None, mistake=None):
-    return actor_step(run, capstone.actor_case(run)["opt_step"], mistake)
+def part_17_4(run=None, mistake=None, **setting):
+    return actor_step(run, capstone.actor_case(run)["opt_step"], mistake, **setting)
 
 
-def part_17_5(run=None, mistake=None):
+def part_17_5(run=None, mistake=None, **setting):
     r, s, t, real = _setup(run)
     n = len(capstone.update_plan(r, s, "actor"))
-    steps = [actor_step(r, k, mistake) for k in range(n)]
+    steps = [actor_step(r, k, mistake, **setting) for k in range(n)]
     if mistake == "last_step_only":
         return steps[-1]
     if mistake == "sum_over_steps":
@@ -290,9 +302,9 @@ def part_17_5(run=None, mistake=None):
 
 
 # ------------------------------------------------------------------ 17.6 the critic's updates
-def critic_step(r, s, t, k, mistake=None):
+def critic_step(r, s, t, k, mistake=None, cliprange_value=None):
     cfg = r.ppo_config()
-    c = cfg.critic
+    c = _with(cfg.critic, cliprange_value=cliprange_value)
     plan = capstone.update_plan(r, s, "critic")[k]
     dp = len(plan)
     rows = [i for rank in plan for mb in rank for i in mb]
@@ -319,18 +331,19 @@ def critic_step(r, s, t, k, mistake=None):
     return {key: sum(m[key] for m in ranks) / dp for key in ranks[0]}
 
 
-def part_17_6(run=None, mistake=None):
+def part_17_6(run=None, mistake=None, **setting):
     r, s, t, real = _setup(run)
     n = len(capstone.update_plan(r, s, "critic"))
-    steps = [critic_step(r, s, t, k, mistake) for k in range(n)]
+    steps = [critic_step(r, s, t, k, mistake, **setting) for k in range(n)]
     return {key: sum(m[key] for m in steps) / n for key in steps[0]}
 
 
 # ------------------------------------------------------------------ 17.7 the step's losses
-def part_17_7(run=None, mistake=None):
+def part_17_7(run=None, mistake=None, actor_setting=None, critic_setting=None):
+    """actor/loss (and critic/loss) from 17.5's and 17.6's numbers at those settings (None: the run's own)."""
     r, s, t, real = _setup(run)
     a = r.ppo_config().actor_rollout_ref.actor
-    actor = part_17_5(r, mistake="stage4_entropy" if mistake == "stage4_entropy" else None)
+    actor = part_17_5(r, mistake="stage4_entropy" if mistake == "stage4_entropy" else None, **(actor_setting or {}))
     entropy = actor.get("actor/entropy_loss", 0.0)  # 17.5's own aggregate of actor_entropy
     sign = 1 if mistake == "entropy_added" else -1
     loss = actor["actor/pg_loss"] + sign * a.entropy_coeff * entropy
@@ -338,7 +351,7 @@ def part_17_7(run=None, mistake=None):
         loss += (1.0 if mistake == "no_kl_coef" else a.kl_loss_coef) * actor["actor/kl_loss"]
     out = {"actor/loss": loss}
     if "critic_vpreds" in t:
-        out["critic/loss"] = part_17_6(r)["critic/vf_loss"]
+        out["critic/loss"] = part_17_6(r, **(critic_setting or {}))["critic/vf_loss"]
     return out
 
 
@@ -391,8 +404,24 @@ def part_17_8(run=None, mistake=None):
             for p in params:
                 p.grad = None
 
-SOLUTIONS = {"17.1": part_17_1, "17.2": part_17_2, "17.3": part_17_3, "17.4": part_17_4, "17.5": part_17_5,
-             "17.6": part_17_6, "17.7": part_17_7, "17.8": part_17_8}
+#: Each part's code at the run's own settings: what the lab compares with metrics.jsonl before it grades.
+AT_RUN_SETTINGS = {"17.1": part_17_1, "17.2": part_17_2, "17.3": part_17_3, "17.4": part_17_4, "17.5": part_17_5,
+                   "17.6": part_17_6, "17.7": part_17_7}
+
+
+def _graded(fn, part):
+    """``fn`` at the settings the graded answer asks for (17.7: 17.5's and 17.6's)."""
+    def answer(run=None, mistake=None):
+        if part == "17.7":
+            has_critic = "critic_vpreds" in _setup(run)[2]
+            return fn(run, mistake, actor_setting=what_if("17.5", run),
+                      critic_setting=what_if("17.6", run) if has_critic else None)
+        return fn(run, mistake, **what_if(part, run))
+    answer.__name__ = f"{fn.__name__}[what-if]"
+    return answer
+
+
+SOLUTIONS = {**{part: _graded(fn, part) for part, fn in AT_RUN_SETTINGS.items()}, "17.8": part_17_8}
 
 
 def _wrong(fn, mistake):
@@ -402,16 +431,17 @@ def _wrong(fn, mistake):
     return answer
 
 
+G = SOLUTIONS
 WRONG = {
-    "17.1": [_wrong(part_17_1, m) for m in ("beta_from_previous_step", "mask_after_rejection", "real_rows_only",
-                                            "initial_beta", "k3")],
-    "17.2": [_wrong(part_17_2, m) for m in ("real_rows_only", "first_option_only", "mask_after_rejection")],
-    "17.3": [_wrong(part_17_3, m) for m in ("no_whitening", "mask_before_rejection", "returns_after_whitening")],
-    "17.4": [_wrong(part_17_4, m) for m in ("no_dp_size", "no_dual_clip", "local_tokens", "response_mask_tokens")],
-    "17.5": [_wrong(part_17_5, m) for m in ("no_dp_size", "legacy", "no_dual_clip", "sum_over_ranks",
+    "17.1": [_wrong(G["17.1"], m) for m in ("beta_from_previous_step", "mask_after_rejection", "real_rows_only",
+                                            "initial_beta", "run_estimator")],
+    "17.2": [_wrong(G["17.2"], m) for m in ("real_rows_only", "first_option_only", "mask_after_rejection")],
+    "17.3": [_wrong(G["17.3"], m) for m in ("no_whitening", "mask_before_rejection", "returns_after_whitening")],
+    "17.4": [_wrong(G["17.4"], m) for m in ("no_dp_size", "no_dual_clip", "local_tokens", "response_mask_tokens")],
+    "17.5": [_wrong(G["17.5"], m) for m in ("no_dp_size", "legacy", "no_dual_clip", "sum_over_ranks",
                                             "last_step_only", "sum_over_steps", "response_mask_tokens",
                                             "stage4_entropy")],
-    "17.6": [_wrong(part_17_6, m) for m in ("no_dp_size", "no_value_clip", "no_half")],
-    "17.7": [_wrong(part_17_7, m) for m in ("stage4_entropy", "entropy_added", "no_kl_coef")],
+    "17.6": [_wrong(G["17.6"], m) for m in ("no_dp_size", "no_value_clip", "no_half")],
+    "17.7": [_wrong(G["17.7"], m) for m in ("stage4_entropy", "entropy_added", "no_kl_coef")],
     "17.8": [_wrong(part_17_8, m) for m in ("sign", "local_tokens", "dp_size")],
 }

@@ -219,10 +219,14 @@ def rebuild_actor_step(run: Run | str | None = None, step: int | None = None, op
     ranks; ``actor/entropy_loss`` from the recorded entropy of π_θ at that optimizer step (``actor_entropy``,
     where the run recorded it)."""
     r = resolve_run(run, SHIPPED)
-    s = capstone_step(r) if step is None else step
+    return _actor_metrics(r, capstone_step(r) if step is None else step, opt_step, actor_config(r))
+
+
+def _actor_metrics(r: Run, s: int, opt_step: int, cfg: Any) -> dict[str, float]:
+    """:func:`rebuild_actor_step` with the actor config ``cfg`` (the run's, or a what-if of
+    ``ppolab.numbers.capstone_what_if``)."""
     rec = r.step(s)
     t = rec.tensors
-    cfg = actor_config(r)
     plan = step_plan(r, s, "actor")
     if not 0 <= opt_step < len(plan.steps):
         raise ValueError(f"opt_step={opt_step!r} is out of range; allowed: 0 … {len(plan.steps) - 1}")
