@@ -1,6 +1,10 @@
 """Peak memory of one micro-batch's log-prob + entropy forward and backward at a real vocabulary (151,936 tokens).
 
-    python bench/logprob_memory.py --chunked on|off [--rows 4] [--response 64]
+    python bench/logprob_memory.py --chunked on|off|fused [--rows 4] [--response 64]
+
+``off``: the plain formulas on the model's logits; ``on``: the chunked formulas on the model's logits
+(``forward_response(..., chunked=True, fused=False)``); ``fused``: log-probs and entropy from the hidden states
+and the LM head over vocabulary chunks, no logits made (``ppolab/algos/fused_head.py``).
 
 A Qwen2 of hidden 32 and one layer, random weights built from a config (no download), so nearly all memory is
 the (rows × positions × vocab) logits and what the log-prob / entropy formulas make of them. Prints one JSON line:
@@ -15,6 +19,7 @@ import argparse
 import json
 import resource
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -50,7 +55,7 @@ def main(argv: list[str] | None = None) -> dict:
     from ppolab.roles import forward_response
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--chunked", choices=["on", "off"], required=True)
+    ap.add_argument("--chunked", choices=["on", "off", "fused"], required=True)
     ap.add_argument("--rows", type=int, default=4)
     ap.add_argument("--prompt", type=int, default=16)
     ap.add_argument("--response", type=int, default=64)
@@ -62,14 +67,16 @@ def main(argv: list[str] | None = None) -> dict:
     ids = torch.randint(0, QWEN_VOCAB, (args.rows, args.prompt + args.response),
                         generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
+    path = {"chunked": args.chunked != "off", "fused": args.chunked == "fused"}
     # warm-up on a tiny batch: allocator pools, kernels, autograd graph machinery
-    forward_response(model, ids[:1, -4:], mask[:1, -4:], 2, 1.0, True, True, chunked=args.chunked == "on")
+    forward_response(model, ids[:1, -4:], mask[:1, -4:], 2, 1.0, True, True, **path)
     base = peak_rss_mib()
-    out = forward_response(model, ids, mask, args.response, 0.7, True, True, chunked=args.chunked == "on")
+    start = time.perf_counter()
+    out = forward_response(model, ids, mask, args.response, 0.7, True, True, **path)
     (out.log_probs.sum() + 0.01 * out.entropy.sum()).backward()
     result = {"chunked": args.chunked, "rows": args.rows, "positions": args.response + 1,
               "logits_mib": args.rows * (args.response + 1) * QWEN_VOCAB * 4 / 2**20,
-              "peak_mib": peak_rss_mib() - base}
+              "peak_mib": peak_rss_mib() - base, "seconds": time.perf_counter() - start}
     print(json.dumps(result))
     return result
 

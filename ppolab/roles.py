@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ppolab.algos import calculate_sum_pi_squared_from_logits, entropy_from_logits, logprobs_from_logits, scale_logits
+from ppolab.algos.fused_head import fused_head_logprobs_entropy
 from ppolab.algos.logprob import chunked_logprobs_entropy, logit_rows_per_pass, use_chunked_logits
 from ppolab.models import check_target_modules, check_vocab_fits, load_tokenizer_and_model
 
@@ -52,6 +53,7 @@ def forward_response(
     value_head: nn.Module | None = None,
     want_sum_pi_squared: bool = False,
     chunked: bool | None = None,
+    fused: bool | None = None,
 ) -> ResponseOutputs:
     """Run ``model`` on prompt ‖ response and read the response positions.
 
@@ -61,19 +63,31 @@ def forward_response(
     are divided by the temperature before log-probs and entropy (verl `prepare_model_outputs`). Values are the value
     head on the hidden state at the same shifted positions (the value of the state *before* each token).
 
-    ``chunked``: compute log-probs / entropy / Σπ² a slice of positions at a time
-    (:func:`ppolab.algos.logprob.chunked_logprobs_entropy`), so a real vocabulary (151,936 tokens) costs no
-    full-size float32 copies of the logits; None decides by size (above ``CHUNK_LOGITS_THRESHOLD`` logits), which
-    the shipped tiny model never reaches — its runs keep the plain formulas below, bit for bit. Without gradients
+    ``chunked``: the path for a real vocabulary (151,936 tokens), where the logits are the largest tensor of the
+    step. Where the head allows it (:func:`_fusable_head`) and Σπ² is not asked for, log-probs and entropy come from
+    the decoder's hidden states and the head's weight over vocabulary chunks, never making the logits
+    (:func:`ppolab.algos.fused_head.fused_head_logprobs_entropy`); otherwise from the model's logits a slice of
+    positions at a time (:func:`ppolab.algos.logprob.chunked_logprobs_entropy`), with no full-size float32 copy.
+    None decides by size (above ``CHUNK_LOGITS_THRESHOLD`` logits), which the shipped tiny model never reaches —
+    its runs keep the plain formulas below, bit for bit. ``fused=False`` keeps a chunked forward on the logits
+    (a bench's or a test's comparison); None fuses where the head allows it. Without gradients
     (a reading, an inference pass) the rows go through the model a few at a time
     (:func:`ppolab.algos.logprob.logit_rows_per_pass`), so no pass holds more than 2^27 logits (512 MiB in fp32);
     the shipped model never needs more than one pass.
     """
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    if chunked is None and vocab:
+        chunked = use_chunked_logits(input_ids.shape[0], response_length, int(vocab))
+    wanted = (want_log_probs or want_entropy) and not want_sum_pi_squared
+    head = _fusable_head(model) if chunked and wanted and fused is not False else None
+    if head is not None:  # the fused path makes no logits at all: no pass needs to be split by rows
+        return _forward_fused(model, head, input_ids, attention_mask, response_length, temperature, want_log_probs,
+                              want_entropy, value_head)
     per_pass = logit_rows_per_pass(response_length + 1, int(vocab)) if vocab else input_ids.shape[0]
     if not torch.is_grad_enabled() and input_ids.shape[0] > per_pass:
         parts = [forward_response(model, input_ids[s:s + per_pass], attention_mask[s:s + per_pass], response_length,
-                                  temperature, want_log_probs, want_entropy, value_head, want_sum_pi_squared, chunked)
+                                  temperature, want_log_probs, want_entropy, value_head, want_sum_pi_squared, chunked,
+                                  fused)
                  for s in range(0, input_ids.shape[0], per_pass)]
         return ResponseOutputs(**{f: None if getattr(parts[0], f) is None else torch.cat([getattr(p, f) for p in parts])
                                   for f in ("log_probs", "entropy", "values", "sum_pi_squared")})
@@ -98,6 +112,42 @@ def forward_response(
             result.sum_pi_squared = calculate_sum_pi_squared_from_logits(logits)
     if value_head is not None:
         hidden = out.hidden_states[-1][:, -response_length - 1 : -1, :]
+        result.values = value_head(hidden.to(value_head.weight.dtype)).squeeze(-1)
+    return result
+
+
+def _fusable_head(model: nn.Module) -> nn.Linear | None:
+    """The model's LM head where log-probs and entropy can be computed from the hidden states without making the
+    logits (:func:`ppolab.algos.fused_head.fused_head_logprobs_entropy`): a plain ``nn.Linear`` head (tied or
+    not; not a LoRA-wrapped one) of a causal LM whose forward is decoder → head with nothing in between — no logit
+    soft-capping or scaling (Gemma 2, Cohere) — and whose decoder is reachable. Else None: the logits path."""
+    get_head, get_decoder = getattr(model, "get_output_embeddings", None), getattr(model, "get_decoder", None)
+    if get_head is None or get_decoder is None:
+        return None
+    try:
+        head, decoder = get_head(), get_decoder()
+    except (AttributeError, NotImplementedError):
+        return None
+    cfg = getattr(model, "config", None)
+    if type(head) is not nn.Linear or decoder is None or decoder is model:
+        return None
+    if getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None) not in (None, 1, 1.0):
+        return None
+    return head
+
+
+def _forward_fused(model: nn.Module, head: nn.Linear, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   response_length: int, temperature: float, want_log_probs: bool, want_entropy: bool,
+                   value_head: nn.Module | None) -> ResponseOutputs:
+    """:func:`forward_response` through the decoder alone: its last hidden states at the R positions that score the
+    response (the one-token shift) go to the fused head computation, and to the value head where there is one."""
+    out = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
+                              position_ids=position_ids_from_mask(attention_mask), use_cache=False)
+    hidden = out.last_hidden_state[:, -response_length - 1: -1, :]
+    log_probs, entropy = fused_head_logprobs_entropy(hidden, head.weight, input_ids[:, -response_length:],
+                                                     temperature, want_entropy, head.bias)
+    result = ResponseOutputs(log_probs=log_probs if want_log_probs else None, entropy=entropy)
+    if value_head is not None:
         result.values = value_head(hidden.to(value_head.weight.dtype)).squeeze(-1)
     return result
 

@@ -150,6 +150,16 @@ def test_one_micro_batch_at_a_real_vocabulary_stays_within_two_logit_copies_and_
     assert plain["peak_mib"] > bound, (plain, bound)
 
 
+@pytest.mark.slow  # three fresh processes at a real vocabulary (≈ 10 s)
+def test_the_fused_head_makes_no_logits_at_a_real_vocabulary():
+    """The same micro-batch through the fused LM head (log-probs and entropy from the hidden states over vocabulary
+    chunks, ppolab/algos/fused_head.py): its peak stays under half of one float32 copy of the logits it never
+    makes — the chunked logits path, which must hold the model's logits, lands above that."""
+    fused = run_memory_bench("fused")
+    assert fused["peak_mib"] < 0.5 * fused["logits_mib"], fused
+    assert run_memory_bench("on")["peak_mib"] > 0.5 * fused["logits_mib"]
+
+
 def test_the_shipped_runs_never_reach_the_chunked_path(monkeypatch):
     """Chunking starts above CHUNK_LOGITS_THRESHOLD logits. Every tiny preset's largest possible forward — the
     whole step batch at the longest response, on the 29-token model — stays far below it, so shipped runs keep the
