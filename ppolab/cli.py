@@ -17,9 +17,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ppolab.course import LABS as COURSE_LABS
 from ppolab.models import REPO_ROOT
 
-LABS = REPO_ROOT / "labs"
+LABS = COURSE_LABS
 
 
 def copy_labs(dest: Path, zh: bool = False) -> tuple[list[str], list[str], list[str]]:
@@ -27,8 +28,8 @@ def copy_labs(dest: Path, zh: bool = False) -> tuple[list[str], list[str], list[
     notebook already in ``dest`` that differs from the course's is the learner's — kept, never overwritten."""
     source = LABS / "zh" if zh else LABS
     if not source.is_dir():
-        raise FileNotFoundError(f"{source} is not here: the labs ship with a checkout of ppolab (git clone, then "
-                                "pip install -e .)")
+        raise FileNotFoundError(f"{source} is not here: the labs ship with a checkout of ppolab and inside its wheel "
+                                "(ppolab/_course) — reinstall ppolab, or git clone and pip install -e .")
     dest.mkdir(parents=True, exist_ok=True)
     copied, same, kept = [], [], []
     for nb in sorted(source.glob("*.ipynb")):

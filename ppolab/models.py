@@ -16,12 +16,14 @@ from packaging.version import Version
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast, Qwen2Config
 from transformers.utils import logging as hf_logging
 
+from ppolab.course import COURSE_ROOT, DATA
+
 hf_logging.set_verbosity_error()
 hf_logging.disable_progress_bar()
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SHIPPED_MODEL = REPO_ROOT / "data" / "models" / "tiny-arith"
-SHIPPED_ARITH = REPO_ROOT / "data" / "arith"
+REPO_ROOT = COURSE_ROOT  # the checkout, or the wheel's ppolab/_course (ppolab/course.py)
+SHIPPED_MODEL = DATA / "models" / "tiny-arith"
+SHIPPED_ARITH = DATA / "arith"
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}

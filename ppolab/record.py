@@ -44,6 +44,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 # read_json lives with the run dir's other file rules (rundir.py imports nothing of ppolab's at module level)
+from ppolab.course import DATA
 from ppolab.rundir import REDO as _REDO
 from ppolab.rundir import read_json  # noqa: F401 — re-exported: ppolab.train and readers import it from here
 
@@ -874,12 +875,11 @@ class Run:
         recorded one (``config.json``'s ``fingerprints``). Never a different model: otherwise a
         :class:`ppolab.errors.MissingFileError` naming the recorded path, both fingerprints and what to do."""
         from ppolab.errors import MissingFileError
-        from ppolab.models import REPO_ROOT
         from ppolab.rundir import fingerprint, flatten
 
         recorded = str(flatten(self.config).get(field) or "")
         expected = (self.info.get("fingerprints") or {}).get(field)
-        candidates = [Path(recorded).expanduser(), REPO_ROOT / "data" / "models" / Path(recorded).name]
+        candidates = [Path(recorded).expanduser(), DATA / "models" / Path(recorded).name]
         found = {}
         for candidate in candidates if recorded else []:
             if (candidate / "config.json").is_file():
@@ -923,7 +923,7 @@ class Run:
 
 
 #: The demo runs shipped in ``data/runs`` (``python -m ppolab.train ... trainer.run_dir=data/runs/<name>``).
-SHIPPED_RUNS = {name: Path(__file__).resolve().parents[1] / "data" / "runs" / name
+SHIPPED_RUNS = {name: DATA / "runs" / name
                 for name in ("grpo_tiny", "ppo_gae_tiny", "grpo_tool_tiny", "grpo_tiny_vllm_bf16", "ppo_fire_tiny",
                              "grpo_temp_tiny")}
 
@@ -941,5 +941,8 @@ def resolve_run(run: Run | str | os.PathLike | None = None, default: str = "grpo
 
 
 def load_run(path: str | os.PathLike) -> Run:
-    """Open a run directory written by :class:`Recorder`."""
+    """Open a run directory written by :class:`Recorder`, or a shipped run by its name (``load_run("grpo_tiny")``,
+    from any working directory and from a wheel: :data:`SHIPPED_RUNS`) where no folder of that name is here."""
+    if isinstance(path, str) and path in SHIPPED_RUNS and not Path(path).exists():
+        return Run(SHIPPED_RUNS[path])
     return Run(path)

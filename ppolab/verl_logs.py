@@ -16,11 +16,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ppolab.course import DATA
 from ppolab.errors import FileFormatError, MissingFileError
 
 #: The shipped example of a verl job's log: ppo_fire_tiny's metrics written by verl 0.9.1's own FileLogger
 #: (tools/verl_log_example.py) — what the labs open when the learner names no log (``PPOLAB_VERL_LOG``).
-EXAMPLE = Path(__file__).resolve().parent.parent / "data" / "verl_logs" / "ppo_fire_tiny.jsonl"
+EXAMPLE = DATA / "verl_logs" / "ppo_fire_tiny.jsonl"
 
 
 def lab_log() -> Path:

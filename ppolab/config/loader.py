@@ -32,12 +32,13 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ppolab.config.actor import check_loss_agg_mode
 from ppolab.config.schema import ConfigError, ConfigNotice, PPOConfig
+from ppolab.course import COURSE_ROOT
 
 from ppolab.config.validation import check_config, registry_names  # noqa: F401
 
 PRESET_DIR = Path(__file__).parent / "presets"
 _A, _R, _REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
-PPOLAB_ROOT = Path(__file__).resolve().parent.parent.parent
+PPOLAB_ROOT = COURSE_ROOT  # the checkout, or the wheel's ppolab/_course (ppolab/course.py)
 
 
 def _ppolab_root() -> str:

@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ppolab.course import DATA
 from ppolab.numbers.needs import RunLacks
 from ppolab.record import Run, load_run, resolve_run
 
 #: Steps of every short run (the base's too).
 STEPS = 12
-ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ROOT / "data" / "ablations" / "grpo_tiny"
+SHIPPED = DATA / "ablations" / "grpo_tiny"
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ SHORT = ("trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.reco
 
 
 def _cache_dir(r: Run) -> Path:
-    if r.path.resolve() == (ROOT / "data" / "runs" / "grpo_tiny").resolve():
+    if r.path.resolve() == (DATA / "runs" / "grpo_tiny").resolve():
         return SHIPPED
     key = json.dumps([r.config, STEPS, {k: v.overrides for k, v in KNOBS.items()}], sort_keys=True, default=str)
     digest = hashlib.sha1(key.encode()).hexdigest()[:12]
