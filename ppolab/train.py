@@ -150,6 +150,7 @@ def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequen
         cfg = resolve_config(cfg, [f"trainer.device={device}"], world_size=world_size)
     source = distributed.device_source(typed)
     distributed.select_device(device, int(os.environ.get("LOCAL_RANK", "0")), world_size=world_size, source=source)
+    distributed.keep_freed_memory(cfg.trainer.device)  # no page faults for each step's large tensors on CPU
     info = distributed.init_from_env(cfg.trainer.device)
     t = cfg.trainer
     # Rank 0 claims the run dir before any model loads; the others learn whether it could.

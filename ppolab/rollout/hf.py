@@ -75,9 +75,11 @@ def generate_tokens(model, tokenizer, contexts: Sequence[Sequence[int]], max_new
     of logits beside the model, never the (rows, L, V) history ``output_logits`` would keep.
     """
     pad = tokenizer.pad_token_id
+    vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
+    draw = sampling.do_sample and vocab >= DRAW_VOCAB  # ppolab draws the tokens itself (SampledLogProbs)
     kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=list(stop_ids),
-                  do_sample=sampling.do_sample)
-    if sampling.do_sample:
+                  do_sample=sampling.do_sample and not draw)
+    if sampling.do_sample and not draw:
         # transformers fills an unset top_k with 50; 0 switches it off (verl's -1).
         kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p,
                       top_k=sampling.top_k if sampling.top_k > 0 else 0)
@@ -89,7 +91,7 @@ def generate_tokens(model, tokenizer, contexts: Sequence[Sequence[int]], max_new
         with neutral_generation_config(model, tokenizer):
             for start in range(0, len(contexts), chunk_size):
                 ids, mask = left_pad(contexts[start:start + chunk_size], pad)
-                recorder = SampledLogProbs(sampling)
+                recorder = SampledLogProbs(sampling, draw=draw)
                 sequences = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
                                            logits_processor=LogitsProcessorList([recorder]), **kwargs)
                 new = sequences[:, ids.shape[1]:]
@@ -115,21 +117,28 @@ class SampledLogProbs(LogitsProcessor):
     (rows, V) row plus (rows,) per step. Returns ``scores`` unchanged, so sampling is untouched.
     """
 
-    def __init__(self, sampling: SamplingParams):
+    def __init__(self, sampling: SamplingParams, draw: bool = False):
         self.temperature = sampling.temperature if sampling.do_sample else 1.0
         self.top_k, self.top_p = sampling.top_k, sampling.top_p
         self.filtered = sampling.do_sample and (sampling.top_k > 0 or sampling.top_p < 1.0)
+        self.draw = draw
         self.steps: list[torch.Tensor] = []  # (rows,) log-probs of the tokens drawn so far
         self.pending: tuple[torch.Tensor, torch.Tensor] | None = None  # (z (rows, V), logsumexp (rows,))
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.pending is not None:
             self.steps.append(self._pick(input_ids[:, -1]))
-        z = scale_logits(scores.float(), self.temperature)
+        # when drawing at temperature 1, z is the scores themselves (read before they are overwritten below)
+        z = scores.float() if self.draw and self.temperature == 1.0 else scale_logits(scores.float(), self.temperature)
         if self.filtered:  # the distribution the token is drawn from: temperature, then top-k, then top-p
             z = top_k_top_p_filter(z, self.top_k, self.top_p)
-        self.pending = (z, torch.logsumexp(z, dim=-1))
-        return scores
+        if not self.draw:
+            self.pending = (z, torch.logsumexp(z, dim=-1))
+            return scores
+        tokens, log_probs = draw_from_logits(z)
+        self.steps.append(log_probs)
+        # generate runs greedy here: a row whose only finite score is the drawn token picks exactly that token
+        return scores.fill_(float("-inf")).scatter_(-1, tokens[:, None], 0.0)
 
     def _pick(self, tokens: torch.Tensor) -> torch.Tensor:
         """log π of ``tokens`` (rows,) under the pending step's distribution, as a (rows,) tensor."""
@@ -146,6 +155,29 @@ class SampledLogProbs(LogitsProcessor):
             return new_tokens.new_zeros(new_tokens.shape, dtype=torch.float32)
         # a stop check that ran a step past the end (transformers defers it on some devices) is cut off here
         return torch.stack(self.steps[:length], dim=1)
+
+
+#: From this vocabulary size on, the hf engine draws each token itself (:func:`draw_from_logits`) instead of
+#: ``generate``'s ``torch.multinomial``, which on CPU draws one exponential variate per vocabulary entry and row
+#: (62 % of a decode step at 151,936 tokens). The shipped tiny models (29 tokens) stay below it, so their runs
+#: keep the random stream they were recorded with.
+DRAW_VOCAB = 1 << 15
+
+
+def draw_from_logits(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row from softmax(z), and its log-probability, by the inverse CDF: u ~ U[0, 1) per row, the
+    first token whose cumulative probability exceeds u·total — exactly the categorical distribution (a −inf logit
+    has zero width and is never drawn), with one uniform per row from torch's global generator, as ``generate``'s
+    sampling uses it. Shapes: z (rows, V) float32, temperature-scaled and filtered — overwritten (z − max) → tokens
+    (rows,) int64, log π(token) (rows,) = (z − max)[token] − log Σ e^{z − max}, computed from the same pass. Four
+    passes over the row (max, shift, exp, cumsum) and a binary search, where ``torch.multinomial`` makes V random
+    numbers a row and the log-prob record a logsumexp of its own."""
+    shifted = z.sub_(z.amax(dim=-1, keepdim=True))
+    cdf = torch.exp(shifted).cumsum_(dim=-1)
+    total = cdf[:, -1:]
+    u = torch.rand(z.shape[0], 1, device=z.device, dtype=cdf.dtype) * total
+    tokens = torch.searchsorted(cdf, u, right=True).clamp_(max=z.shape[-1] - 1)
+    return tokens.squeeze(-1), (shifted.gather(-1, tokens) - total.log()).squeeze(-1)
 
 
 @contextlib.contextmanager
