@@ -359,25 +359,17 @@ def _jsonl_rows(path: Path):
     """``(line number, row)`` of a JSON-lines file, read line by line (a regular file only: :func:`regular_file`);
     a line that does not parse is an error naming the file and line."""
     from ppolab.errors import FileFormatError
-    from ppolab.rundir import regular_file
+    from ppolab.rundir import json_lines
 
-    with open(regular_file(path), encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise FileFormatError(f"{path}, line {number}: not valid JSON ({e.msg}), a torn or edited line; fix "
-                                      "or delete that line (its step's metrics are lost), or " + _REDO) from None
-            if not isinstance(row, dict):
-                raise FileFormatError(f"{path}, line {number}: expected a JSON object of metrics, got "
-                                      f"{type(row).__name__}; fix or delete that line")
-            step = row.get("step", 0)
-            if isinstance(step, bool) or not isinstance(step, (int, float)) or step != int(step):
-                raise FileFormatError(f"{path}, line {number}: step {step!r} is not a whole number; fix or delete "
-                                      "that line")
-            yield number, row
+    for number, row in json_lines(path, "fix or delete that line (its step's metrics are lost), or " + _REDO):
+        if not isinstance(row, dict):
+            raise FileFormatError(f"{path}, line {number}: expected a JSON object of metrics, got "
+                                  f"{type(row).__name__}; fix or delete that line")
+        step = row.get("step", 0)
+        if isinstance(step, bool) or not isinstance(step, (int, float)) or step != int(step):
+            raise FileFormatError(f"{path}, line {number}: step {step!r} is not a whole number; fix or delete "
+                                  "that line")
+        yield number, row
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -605,7 +597,7 @@ class LazyTensors(Mapping):
         self.path = path
         with open(path, "rb") as f:
             st = os.fstat(f.fileno())
-            self.inode, self._size = (st.st_dev, st.st_ino, st.st_mtime_ns), st.st_size
+            self.version, self._size = (st.st_dev, st.st_ino, st.st_mtime_ns), st.st_size
             if self._size < 8:
                 raise ValueError(f"{self._size} bytes, shorter than a safetensors header")
             n = int.from_bytes(f.read(8), "little")
@@ -636,9 +628,9 @@ class LazyTensors(Mapping):
         if self._bytes is None:
             from ppolab.errors import FileFormatError
 
-            if self._stamp() == self.inode:
+            if self._stamp() == self.version:
                 storage = torch.UntypedStorage.from_file(str(self.path), shared=False, nbytes=self._size)
-                if self._stamp() == self.inode:
+                if self._stamp() == self.version:
                     self._bytes = torch.empty(0, dtype=torch.uint8).set_(storage)
             if self._bytes is None:
                 raise FileFormatError(f"{self.path} was replaced since its step was opened (a resumed run recorded "
@@ -830,8 +822,11 @@ class Run:
                     raise FileFormatError(f"{tensors_file} is not a complete safetensors file ({e}); open another "
                                           f"step (recorded: {steps}) or {_REDO}") from None
                 info = read_json(info_file)
-                if tensors._stamp() == tensors.inode:  # the .json read while this tensors file was in place
+                if tensors._stamp() == tensors.version:  # the .json read while this tensors file was in place
                     break
+            else:  # replaced three times while being opened: say so rather than pair two versions
+                raise FileFormatError(f"step {k} of {self.path} was rewritten while it was being opened (a resumed "
+                                      "run recording it again): open it again in a moment")
             self._cache[k] = StepRecord(k, tensors, info)
         return self._cache[k]
 

@@ -246,6 +246,24 @@ def regular_file(path: str | os.PathLike, limit: int | None = None) -> Path:
     return path
 
 
+def json_lines(path: str | os.PathLike, todo: str) -> Iterable[tuple[int, Any]]:
+    """``(line number, value)`` of every non-blank line of a JSON-lines file, read line by line from a regular file
+    (:func:`regular_file`), so memory stays bounded whatever its size; a line that does not parse (a torn write, an
+    edit) is :class:`ppolab.errors.FileFormatError` naming the file, the line and ``todo``. The one reader of
+    metrics.jsonl and of a verl job's FileLogger file; each checks what its lines must hold."""
+    from ppolab.errors import FileFormatError
+
+    with open(regular_file(path), encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise FileFormatError(f"{path}, line {number}: not valid JSON ({e.msg}), a torn or edited line; "
+                                      f"{todo}") from None
+
+
 def read_json(path: str | os.PathLike, todo: str = REDO) -> Any:
     """A JSON file (a regular file of at most :data:`MAX_JSON_BYTES`), or :class:`ppolab.errors.FileFormatError`
     naming it and ``todo``."""

@@ -40,23 +40,15 @@ EXPECTED = ("verl's file logger JSONL (trainer.logger=[console,file]: one {\"ste
 def _file_logger_rows(path: Path) -> dict[int, dict[str, Any]]:
     """step → metrics of a FileLogger JSONL, read line by line; a step logged twice (verl logs the validation
     before training at step 0 and may log a step's parts separately) merges, the later value winning."""
-    from ppolab.rundir import regular_file
+    from ppolab.rundir import json_lines
 
     rows: dict[int, dict[str, Any]] = {}
-    with open(regular_file(path), encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise FileFormatError(f"{path}, line {number}: not valid JSON ({e.msg}) — a torn or truncated line; "
-                                      f"expected {EXPECTED}") from None
-            step = obj.get("step") if isinstance(obj, dict) else None
-            if not isinstance(obj, dict) or not isinstance(obj.get("data"), dict) or isinstance(step, bool) \
-                    or not isinstance(step, int):
-                raise FileFormatError(f"{path}, line {number}: {line.strip()[:80]!r} is not a line of {EXPECTED}")
-            rows.setdefault(step, {}).update(obj["data"])
+    for number, obj in json_lines(path, f"expected {EXPECTED}"):
+        step = obj.get("step") if isinstance(obj, dict) else None
+        if not isinstance(obj, dict) or not isinstance(obj.get("data"), dict) or isinstance(step, bool) \
+                or not isinstance(step, int):
+            raise FileFormatError(f"{path}, line {number}: {json.dumps(obj)[:80]!r} is not a line of {EXPECTED}")
+        rows.setdefault(step, {}).update(obj["data"])
     if not rows:
         raise FileFormatError(f"{path} holds no metrics: expected {EXPECTED}")
     return rows
@@ -119,14 +111,14 @@ def report(path: str | Path) -> list[str]:
     §15's warning signs (as lab 15 shows them on a ppolab run), and the metric names ppolab has no description for
     (listed, not dropped)."""
     from ppolab.i18n import tr
-    from ppolab.numbers.metrics import meaning, sign_text, warning_signs
+    from ppolab.numbers.metrics import known_meaning, sign_text, warning_signs
 
     frame = read_verl_metrics(path)
     try:  # the shipped example by its place in the project, not this machine's absolute path
         shown = Path(path).resolve().relative_to(EXAMPLE.parents[2])
     except ValueError:
         shown = path
-    unknown = sorted(c for c in frame.columns if meaning(c) == meaning("\0"))
+    unknown = sorted(c for c in frame.columns if known_meaning(c) is None)
     signs = warning_signs(frame)
     lines = [tr("{path}: {n} logged steps ({first}–{last}), {m} metrics").format(
                  path=shown, n=len(frame), first=frame.index.min(), last=frame.index.max(), m=frame.shape[1]),

@@ -90,8 +90,9 @@ THRESHOLDS = {
 }
 
 
-def meaning(name: str) -> str:
-    """The one-line meaning of metric ``name`` (exact entry first, then the longest matching ``prefix/*``)."""
+def known_meaning(name: str) -> str | None:
+    """The one-line meaning of metric ``name`` (exact entry first, then the longest matching ``prefix/*``), or None
+    for a name ppolab has no description for."""
     if name in METRIC_MEANINGS:
         return METRIC_MEANINGS[name]
     parts = name.split("/")
@@ -99,7 +100,12 @@ def meaning(name: str) -> str:
         key = "/".join(parts[:cut]) + "/*"
         if key in METRIC_MEANINGS:
             return METRIC_MEANINGS[key]
-    return "(no description: not a verl metric name ppolab knows)"
+    return None
+
+
+def meaning(name: str) -> str:
+    """:func:`known_meaning`, or a line saying ppolab has no description for that name."""
+    return known_meaning(name) or "(no description: not a verl metric name ppolab knows)"
 
 
 def _frame(run):
