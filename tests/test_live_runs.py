@@ -176,6 +176,24 @@ def test_follow_keeps_an_explorer_on_the_newest_step(tmp_path):
     assert len(dash.explorer.figures["metric"].data[0].x) > n
 
 
+@pytest.mark.slow  # three replays of step 1 (the explorer's own): in .ci/run's slow phase
+def test_follow_keeps_a_step_limited_explorer_on_the_steps_it_can_show(tmp_path):
+    """The micro-batch invariance explorer replays step 1 alone: followed on a training run it shows step 1 once it
+    lands and stays there as later steps land, offering only that step."""
+    from ppolab.widgets import follow, invariance_explorer
+
+    live = LiveCopy(tmp_path / "run")
+    steps = recorded()[:3]
+    assert steps[0] == 1
+    box = follow(invariance_explorer, Run(live.dest), every=None)
+    for s in steps:
+        live.files(s)
+        live.commit(s)
+        box.refresh()
+        assert box.shown == 1 and "stopped" not in box.children[0].children[1].value
+        assert [v for _, v in box.controls["step"].options] == ["latest", 1]
+
+
 @pytest.mark.slow
 def test_train_in_background_is_followed_to_its_end(tmp_path):
     import ppolab

@@ -50,11 +50,15 @@ def follow(explorer: Callable[..., Any], run=None, *, every: float | None = 2.0,
     """``explorer(run, step=k, **kwargs)`` on the run's newest committed step, rebuilt as steps land.
 
     ``explorer``: any ``ppolab.widgets`` explorer taking ``(run, step=…)`` — or one without a step (the metrics
-    dashboard), rebuilt when the run logs a step. ``every``: seconds between looks at the run dir (a daemon thread;
-    None: only when :meth:`refresh` is called). Controls: ``step`` (Dropdown: "latest" or a committed step).
-    Attributes: ``explorer`` (the explorer shown now), ``shown`` (its step), ``refresh()`` (look now), ``stop()``.
+    dashboard), rebuilt when the run logs a step. An explorer that can show only some steps (the micro-batch
+    invariance explorer replays step 1 alone) says which in ``explorer.showable_steps(run)``; "latest" is then the
+    newest of those, and it stays there while later steps land. ``every``: seconds between looks at the run dir (a
+    daemon thread; None: only when :meth:`refresh` is called). Controls: ``step`` (Dropdown: "latest" or a committed
+    step). Attributes: ``explorer`` (the explorer shown now), ``shown`` (its step), ``refresh()`` (look now),
+    ``stop()``.
     """
     r = resolve_run(run)
+    showable = getattr(explorer, "showable_steps", None)  # an explorer that can show only some steps names them
     params = set(inspect.signature(explorer).parameters)
     takes_step = "step" in params
     choice = W.Dropdown(options=[(tr("latest"), LATEST)], value=LATEST, description=tr("step"))
@@ -68,6 +72,8 @@ def follow(explorer: Callable[..., Any], run=None, *, every: float | None = 2.0,
     def refresh(*_: Any) -> None:
         with lock:
             steps, pending = r.steps, r.being_written()
+            if showable is not None:
+                steps = [k for k in steps if k in set(showable(r))]
             seen = (tuple(steps), len(r.metrics)) if not takes_step else tuple(steps)
             options = [(tr("latest"), LATEST)] + [(str(s), s) for s in steps]
             if list(choice.options) != options:

@@ -226,3 +226,11 @@ def invariance_explorer(run=None, step: int = 1, *, loss_agg_mode: str | None = 
         box.close = close_and_stop
         box.prefetch.start()
     return box
+
+
+def _showable_steps(run) -> list[int]:
+    """The steps :func:`invariance_explorer` can replay exactly: step 1 alone (``ppolab.widgets.follow`` reads it)."""
+    return [1]
+
+
+invariance_explorer.showable_steps = _showable_steps
