@@ -5,6 +5,7 @@
                                               start JupyterLab there
     ppolab site OUT [--labs 00,04]            tools/build_site.py: the course as a static website
     ppolab logs PATH                          python -m ppolab.verl_logs: a verl job's metrics, §15's warning signs
+    ppolab doctor verl PATH [--metrics F]     python -m ppolab.doctor: a verl job's config in the chapter's arithmetic
 
 Each subcommand hands its arguments to the module that does the work; this file only dispatches.
 """
@@ -77,9 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog="ppolab", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.splitlines()[2:7]))
-    parser.add_argument("command", choices=("train", "labs", "site", "logs"))
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in ("train", "labs", "site", "logs"):
+                                     epilog="\n".join(__doc__.splitlines()[2:8]))
+    commands = ("train", "labs", "site", "logs", "doctor")
+    parser.add_argument("command", choices=commands)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         parser.parse_args(argv[:1])  # prints help or names the unknown command, and exits
     command, rest = argv[0], argv[1:]
     if command == "train":
@@ -92,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         from ppolab.verl_logs import main as logs_main
 
         return logs_main(rest)
+    if command == "doctor":
+        from ppolab.doctor import main as doctor_main
+
+        return doctor_main(rest)
     labs = argparse.ArgumentParser(prog="ppolab labs", description="copy the course into DIR and start JupyterLab")
     labs.add_argument("dir", help="a folder for your copy of the notebooks (made if missing)")
     labs.add_argument("--zh", action="store_true", help="the Chinese edition (labs/zh)")

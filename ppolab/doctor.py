@@ -1,0 +1,280 @@
+"""``ppolab doctor verl PATH``: a verl job's config read in the chapter's arithmetic, with the §16 mistakes it trips.
+
+    ppolab doctor verl outputs/2026-12-03/10-00-00            # a Hydra output folder (its .hydra/config.yaml)
+    ppolab doctor verl ppo_trainer.yaml actor_rollout_ref.rollout.n=8 --metrics run.jsonl
+
+PATH is a verl output folder (Hydra writes the resolved-to-be config of ``trainer/main_ppo.py`` to
+``.hydra/config.yaml``; a folder with several runs is searched three levels deep) or a verl YAML, with dotted
+overrides as on verl's command line. The report (:func:`diagnose`, the same from a notebook cell):
+
+1. **Arithmetic** (chapter §11–§12, lab 12's table): the step's trajectories, mini-batches and optimizer steps, the
+   actor's micro-batches per rank (fixed or the token budget), the critic's (its engine's budget, §11.6), the
+   reference's and the old-log-prob pass's, which KL path or paths, the loss mode and its aggregation;
+2. **verl's own config checks** that would stop the job (ppolab's ``check_config`` holds verl 0.9.1's — the
+   divisibility of ``utils/config.py::validate_config`` and of the workers), before they cost a GPU hour;
+3. **§16's nine mistakes** that this config (or its metrics) trips, one line each with what the chapter says — and
+   nothing for a point that does not apply;
+4. with ``--metrics`` (a FileLogger JSONL or a TensorBoard folder): lab 15's warning signs and the metric names
+   ppolab has no description for (:mod:`ppolab.verl_logs`).
+
+Keys of the verl config that ppolab's trainer has no field for are listed by count (verl has many: engines,
+profilers, checkpoints); every number above is read from the fields ppolab shares with verl, under verl's names.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from ppolab.errors import FileFormatError, MissingFileError
+
+#: What a verl PPO config holds at its top level (verl 0.9.1 ``trainer/config/ppo_trainer.yaml``).
+VERL_GROUPS = ("actor_rollout_ref", "algorithm", "data", "trainer")
+EXPECTED = ("a verl PPO config: the .hydra/config.yaml of a verl trainer/main_ppo.py run, or a YAML with its "
+            f"groups {', '.join(VERL_GROUPS)}")
+
+
+#: Fields whose values ppolab's own trainer limits more narrowly than verl does (its loggers; verl's −1 for "no
+#: cap" or "use the warm-up ratio"): the doctor does not read them, so ppolab's limits never pass for verl's checks.
+NOT_VERLS_LIMITS = frozenset({"trainer.logger", "data.val_max_samples", "data.train_max_samples",
+                              "actor_rollout_ref.actor.optim.lr_warmup_steps", "critic.optim.lr_warmup_steps"})
+
+
+def find_config(path: str | Path) -> Path:
+    """The verl YAML ``path`` names: the file itself, or the one ``.hydra/config.yaml`` in the folder or up to
+    three levels below it (Hydra's ``outputs/<date>/<time>/``); several or none is an error naming them."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise MissingFileError(f"{p} does not exist; give a verl output folder (with .hydra/config.yaml) or a "
+                               "verl YAML")
+    if p.is_file():
+        return p
+    found = sorted(f for d in range(4) for f in p.glob("/".join(["*"] * d + [".hydra", "config.yaml"])))
+    if not found:
+        raise FileFormatError(f"{p} holds no .hydra/config.yaml within three levels: expected {EXPECTED}")
+    if len(found) > 1:
+        raise FileFormatError(f"{p} holds {len(found)} verl configs — give one of them: "
+                              + ", ".join(str(f.parent.parent) for f in found[:5]) + (" …" if len(found) > 5 else ""))
+    return found[0]
+
+
+def read_verl_config(path: str | Path, overrides: Sequence[str] = ()) -> tuple[dict[str, Any], Path]:
+    """(the resolved config as plain dicts, the file read): YAML, then ``overrides`` (``key=value``, verl's dotted
+    names), then interpolations (``${oc.select:…}``, ``${…}``) resolved as Hydra would."""
+    import yaml
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ppolab.rundir import regular_file
+
+    f = find_config(path)
+    try:
+        conf = OmegaConf.load(regular_file(f, 16 * 2**20))
+    except (yaml.YAMLError, OmegaConfBaseException, UnicodeDecodeError) as e:
+        why = " ".join(str(e).split())[:160]
+        raise FileFormatError(f"{f} is not valid YAML ({why}): expected {EXPECTED}") from None
+    if not OmegaConf.is_dict(conf) or not all(g in conf for g in VERL_GROUPS):
+        have = ", ".join(list(conf.keys())[:6]) if OmegaConf.is_dict(conf) else type(conf).__name__
+        raise FileFormatError(f"{f} is not a verl PPO config (its top level: {have}): expected {EXPECTED}")
+    try:
+        if overrides:
+            conf = OmegaConf.merge(conf, OmegaConf.from_dotlist(list(overrides)))
+        plain = OmegaConf.to_container(conf, resolve=True)
+    except OmegaConfBaseException as e:
+        raise FileFormatError(f"{f}: {' '.join(str(e).split())[:200]} — fix the override or the interpolation "
+                              "it names") from None
+    return plain, f
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: tree}
+
+
+def ppolab_view(raw: dict[str, Any]):
+    """(ppolab's PPOConfig of the fields it shares with ``raw``, the verl keys it has no field for, the shared keys
+    whose value ppolab cannot take — with the value): verl's names, ppolab's types."""
+    from ppolab.config import ConfigError
+    from ppolab.config.loader import _compose, _to_tree, valid_keys
+
+    known = set(valid_keys()) - NOT_VERLS_LIMITS
+    flat = _flat(raw)
+    shared = {k: v for k, v in flat.items() if k in known and v is not None}
+    ignored = sorted(k for k in flat if k not in known)
+    refused: dict[str, Any] = {}
+    for _ in range(len(shared) + 1):
+        try:
+            return _compose([("verl config", _to_tree("verl config", shared))]), ignored, refused
+        except ConfigError as e:
+            bad = next((k for k in shared if f"{k}=" in str(e)), None)
+            if bad is None:
+                raise
+            refused[bad] = shared.pop(bad)
+    raise AssertionError("unreachable")
+
+
+def _world(raw: dict[str, Any]) -> int:
+    t = raw.get("trainer", {})
+    return max(1, int(t.get("n_gpus_per_node") or 1) * max(1, int(t.get("nnodes") or 1)))
+
+
+def arithmetic(cfg, world: int) -> list[tuple[str, str, str]]:
+    """Lab 12's table of the step (chapter §11–§12), then one line each for the passes' micro-batching, the KL
+    paths and the loss: (quantity, formula or setting, value)."""
+    from ppolab.batching import padding_multiple, plan_batches
+
+    a, ro, ref, c, alg = (cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.ref,
+                          cfg.critic, cfg.algorithm)
+    n = ro.n
+    critic = alg.adv_estimator == "gae"
+    minis = [a.ppo_mini_batch_size * n] + ([c.ppo_mini_batch_size * n] if critic else [])
+    micro = None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu
+    plan = plan_batches(cfg.data.train_batch_size, n, a.ppo_mini_batch_size, world, micro, a.ppo_epochs,
+                        pad_to=padding_multiple(world, *minis))
+    rows = [(q, f, v) for q, f, v in plan.rows()]
+    rows.append(("actor micro-batches (§11.5)", f"use_dynamic_bsz={a.use_dynamic_bsz}",
+                 f"ppo_max_token_len_per_gpu={a.ppo_max_token_len_per_gpu} tokens a micro-batch"
+                 if a.use_dynamic_bsz else f"ppo_micro_batch_size_per_gpu={a.ppo_micro_batch_size_per_gpu} rows"
+                 if a.ppo_micro_batch_size_per_gpu else "unset (see verl's checks)"))
+    for name, part in (("old log-prob pass (§2)", ro), ("reference pass (§7)", ref)):
+        rows.append((name, f"log_prob_use_dynamic_bsz={part.log_prob_use_dynamic_bsz}",
+                     f"{part.log_prob_max_token_len_per_gpu} tokens a micro-batch" if part.log_prob_use_dynamic_bsz
+                     else f"{part.log_prob_micro_batch_size_per_gpu} rows a micro-batch"
+                     if part.log_prob_micro_batch_size_per_gpu else "unset (see verl's checks)"))
+    if critic:
+        rows.append(("critic micro-batches (§11.6: V1's engine)", "ppo_infer_max_token_len_per_gpu, dynamic",
+                     f"{c.ppo_infer_max_token_len_per_gpu} tokens a micro-batch; {c.ppo_epochs} epoch(s) of "
+                     f"{c.ppo_mini_batch_size}×{n} rows"))
+    paths = []
+    if alg.use_kl_in_reward:
+        paths.append(f"reward side: {alg.kl_penalty}, {alg.kl_ctrl.type} β={alg.kl_ctrl.kl_coef} (§7.1)")
+    if a.use_kl_loss:
+        paths.append(f"loss side: {a.kl_loss_type}, kl_loss_coef={a.kl_loss_coef} (§7.2)")
+    rows.append(("KL to π_ref (§7)", "use_kl_in_reward / use_kl_loss", "; ".join(paths) or "none"))
+    low = a.clip_ratio_low if a.clip_ratio_low is not None else a.clip_ratio
+    high = a.clip_ratio_high if a.clip_ratio_high is not None else a.clip_ratio
+    rows.append(("policy loss (§3–§5, §10)", f"loss_mode={a.policy_loss.loss_mode}",
+                 f"loss_agg_mode={a.loss_agg_mode}, clip ε=({low}, {high}), c={a.clip_ratio_c}, "
+                 f"entropy_coeff={a.entropy_coeff}"))
+    return rows
+
+
+def _metric(frame, name: str) -> float | None:
+    if frame is None or name not in frame.columns:
+        return None
+    col = frame[name].dropna()
+    return float(col.iloc[-len(col) // 2:].median()) if len(col) else None
+
+
+def mistakes(cfg, world: int, frame=None) -> list[str]:
+    """§16's points this config (and, given, its metrics ``frame``) trips: one line each, with the chapter's word."""
+    a, ro, alg = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.algorithm
+    out = []
+    if alg.adv_estimator in ("grpo", "grpo_passk", "grpo_vectorized", "rloo", "rloo_vectorized") \
+            and a.policy_loss.loss_mode == "vanilla":
+        out.append(f"§16.1 adv_estimator={alg.adv_estimator} with policy_loss.loss_mode=vanilla: the advantages are "
+                   "GRPO's, the loss is still vanilla PPO's clipped loss — the estimator does not change the loss")
+    if frame is not None and "actor/ppo_kl" in frame.columns and any(
+            k in frame.columns for k in ("actor/kl_loss", "actor/reward_kl_penalty")):
+        out.append("§16.2 actor/ppo_kl is logged beside the reference KL: ppo_kl compares π_θ with π_old (PPO's "
+                   "old policy), the reference KL is actor/kl_loss or actor/reward_kl_penalty — another path")
+    if alg.use_kl_in_reward and a.use_kl_loss:
+        out.append(f"§16.3 both KL paths are on (reward side β={alg.kl_ctrl.kl_coef}, loss side "
+                   f"kl_loss_coef={a.kl_loss_coef}): they act in different stages and add up — two constraints")
+    if not a.use_dynamic_bsz and a.ppo_micro_batch_size_per_gpu and \
+            a.ppo_micro_batch_size_per_gpu * world < a.ppo_mini_batch_size * ro.n:
+        out.append(f"§16.4 micro-batch {a.ppo_micro_batch_size_per_gpu}/GPU is only a gradient-accumulation slice: "
+                   f"the optimizer steps once per mini-batch of {a.ppo_mini_batch_size * ro.n} trajectories")
+    if ro.n > 1:
+        out.append(f"§16.5 ppo_mini_batch_size={a.ppo_mini_batch_size} counts prompts: the trainer multiplies it by "
+                   f"rollout.n={ro.n}, so a mini-batch is {a.ppo_mini_batch_size * ro.n} trajectories (memory and "
+                   "optimizer steps follow that number)")
+    if a.ppo_epochs > 1:
+        n_mini = -(-cfg.data.train_batch_size // a.ppo_mini_batch_size)
+        out.append(f"§16.6 ppo_epochs={a.ppo_epochs}: not a repeated forward — {a.ppo_epochs} epochs × {n_mini} "
+                   f"mini-batches = {a.ppo_epochs * n_mini} optimizer steps each training step, the same data "
+                   "re-scored by the updated policy")
+    weighting = {"token-mean": "every token weighs the same, so long responses weigh more",
+                 "seq-mean-token-mean": "every response weighs the same, so a long response's tokens weigh less",
+                 "seq-mean-token-sum": "every response's summed tokens: long responses weigh more",
+                 "seq-mean-token-sum-norm": "summed tokens over a constant: long responses weigh more"}
+    out.append(f"§16.7 loss_agg_mode={a.loss_agg_mode}: {weighting.get(a.loss_agg_mode, 'its own weighting')} — "
+               "token-mean and seq-mean-token-mean optimise differently weighted objectives")
+    multi = getattr(getattr(ro, "multi_turn", None), "enable", False)
+    if multi:
+        out.append("§16.8 multi-turn rollout with tools: tool observations join the context (attention) with "
+                   "response_mask=0, so they are not the model's actions and stay out of the actor loss")
+    if frame is not None:
+        adv_max, adv_min = _metric(frame, "critic/advantages/max"), _metric(frame, "critic/advantages/min")
+        kl, beta = _metric(frame, "actor/reward_kl_penalty"), _metric(frame, "actor/reward_kl_penalty_coeff")
+        score = _metric(frame, "critic/score/mean")
+        if adv_max is not None and adv_min is not None and abs(adv_max) < 1e-6 and abs(adv_min) < 1e-6:
+            out.append("§16.9 the advantages are zero (critic/advantages max = min = 0 over the later steps): groups "
+                       "with uniform rewards — no learnable signal, whatever the clip ratio")
+        elif kl is not None and beta is not None and score is not None and beta * kl > abs(score):
+            out.append(f"§16.9 the reward is drowned by the KL: β·KL ≈ {beta * kl:.3g} per token against a mean score "
+                       f"{score:.3g} — the clip has no task signal to keep in check")
+    return out
+
+
+def diagnose(path: str | Path, overrides: Sequence[str] = (), metrics: str | Path | None = None) -> list[str]:
+    """The doctor's report as lines (see the module's docstring); the same text the command prints."""
+    from ppolab.config.validation import check_config
+
+    raw, f = read_verl_config(path, overrides)
+    cfg, ignored, refused = ppolab_view(raw)
+    world = _world(raw)
+    lines = [f"verl config {f} — {world} GPU(s) (trainer.n_gpus_per_node × nnodes); {len(ignored)} verl keys "
+             "ppolab has no field for are not read"]
+    lines += [f"  {k}={v!r}: ppolab cannot read this value (left at its default)" for k, v in refused.items()]
+    try:
+        errors, _ = check_config(cfg.resolve(), world)
+    except Exception as e:  # noqa: BLE001 — a field combination the checks cannot even evaluate
+        errors = [f"{type(e).__name__}: {e}"]
+    lines.append("")
+    lines.append("verl's own checks:" if errors else "verl's own checks: none would stop this job")
+    lines += [f"  STOP: {e}" for e in errors]
+    lines.append("")
+    lines.append("the step in the chapter's arithmetic (§11–§12, lab 12):")
+    try:
+        rows = arithmetic(cfg, world)
+        w0 = max(len(q) for q, _, _ in rows)
+        lines += [f"  {q:<{w0}}  {v}  ({formula})" for q, formula, v in rows]
+    except ValueError as e:  # a division verl would refuse: named above; the arithmetic stops there too
+        lines.append(f"  cannot be laid out: {e}")
+    frame = None
+    if metrics is not None:
+        from ppolab.verl_logs import read_verl_metrics
+
+        frame = read_verl_metrics(metrics)
+    lines.append("")
+    lines.append("§16, the nine mistakes — what this job trips:")
+    lines += [f"  {m}" for m in mistakes(cfg, world, frame)]
+    if metrics is not None:
+        from ppolab.verl_logs import report
+
+        lines.append("")
+        lines += report(metrics)
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``ppolab doctor verl PATH [--metrics FILE_OR_DIR] [key=value …]``."""
+    p = argparse.ArgumentParser(prog="ppolab doctor", description=__doc__.splitlines()[0])
+    p.add_argument("what", choices=("verl",), help="what to examine: a verl job")
+    p.add_argument("path", help="a verl output folder (its .hydra/config.yaml) or a verl YAML")
+    p.add_argument("--metrics", help="the job's metrics: a FileLogger JSONL or a TensorBoard folder")
+    p.add_argument("overrides", nargs="*", help="verl overrides, key=value")
+    args = p.parse_args(argv)
+    try:
+        print("\n".join(diagnose(args.path, args.overrides, args.metrics)))
+    except (FileFormatError, MissingFileError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

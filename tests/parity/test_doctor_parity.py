@@ -1,0 +1,59 @@
+"""``ppolab doctor verl`` on verl 0.9.1's own default config (``trainer/config/_generated_ppo_trainer.yaml``, the
+composed ``ppo_trainer.yaml`` that ``trainer/main_ppo.py`` starts from): the stops verl's ``utils/config.py::
+validate_config`` would raise on it (no micro-batch size set for the actor, the critic and the two log-prob passes),
+its arithmetic as verl computes it (``real_train_batch_size = train_batch_size × n`` over
+``trainer.n_gpus_per_node × nnodes`` GPUs; ``ppo_mini_batch_size × n`` trajectories a mini-batch), and of §16's nine
+points only the one every config trips (the aggregation's weighting).
+
+Skipped unless verl's source is on the path (``.ci/run``'s verl parity phase puts it there)."""
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+from ppolab.doctor import diagnose
+
+_SPEC = importlib.util.find_spec("verl")
+if _SPEC is None or not _SPEC.submodule_search_locations:
+    pytest.skip("verl's source is not on the path (see tests/parity/test_verl_logs_parity.py)", allow_module_level=True)
+DEFAULT = Path(next(iter(_SPEC.submodule_search_locations))) / "trainer" / "config" / "_generated_ppo_trainer.yaml"
+MICRO = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8", "critic.ppo_micro_batch_size_per_gpu=4"]
+
+
+def value(lines, quantity):
+    return int(re.search(rf"{re.escape(quantity)}\s+(\d+)", "\n".join(lines)).group(1))
+
+
+def test_verls_default_config_stops_where_verl_would_and_trips_only_the_aggregation_point():
+    lines = diagnose(DEFAULT)
+    stops = [ln for ln in lines if ln.startswith("  STOP:")]
+    for key in ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size_per_gpu",
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"):
+        assert any(key in s for s in stops), (key, stops)
+    assert {m for ln in lines for m in re.findall(r"§16\.(\d)", ln)} == {"7"}, lines
+
+
+def test_with_micro_batches_set_the_arithmetic_is_verls():
+    lines = diagnose(DEFAULT, MICRO + ["actor_rollout_ref.rollout.n=4"])
+    assert not [ln for ln in lines if ln.startswith("  STOP:")], lines
+    import yaml
+
+    raw = yaml.safe_load(DEFAULT.read_text())
+    n_gpus = raw["trainer"]["n_gpus_per_node"] * raw["trainer"]["nnodes"]
+    real_train_batch_size = raw["data"]["train_batch_size"] * 4
+    mini = raw["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] * 4
+    assert value(lines, "trajectories") == real_train_batch_size
+    assert value(lines, "global mini-batch") == mini
+    assert value(lines, "local mini-batch (per rank)") == mini // n_gpus
+    assert value(lines, "optimizer steps per training step") == real_train_batch_size // mini
+
+
+def test_a_batch_verl_cannot_split_over_its_gpus_is_stopped():
+    # verl: real_train_batch_size % n_gpus == 0 (utils/config.py::validate_config) — 1024 × 1 over 3 × 1 GPUs
+    lines = diagnose(DEFAULT, MICRO + ["trainer.n_gpus_per_node=3"])
+    assert any(ln.startswith("  STOP:") and "3 GPUs" in ln for ln in lines), lines

@@ -1,0 +1,87 @@
+"""``ppolab doctor verl``: a verl config read in the chapter's arithmetic, §16's points named exactly where they apply,
+and one line for input that is not a verl job. The configs here are verl-shaped YAML built from ppolab's own (verl's
+names); tests/parity/test_doctor_parity.py reads verl 0.9.1's own default config."""
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+import pytest
+import yaml
+
+from ppolab.config import load_config, to_dict
+from ppolab.doctor import diagnose, main, mistakes, ppolab_view
+
+#: A neutral job: GAE, one answer a prompt, one epoch, no KL, micro-batch × GPUs = mini-batch (no accumulation).
+NEUTRAL = ["algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.ppo_epochs=1",
+           "algorithm.use_kl_in_reward=false", "actor_rollout_ref.actor.use_kl_loss=false",
+           "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "critic.ppo_mini_batch_size=4"]
+
+
+def verl_yaml(tmp_path, overrides=(), gpus=2, name="config.yaml"):
+    cfg = to_dict(load_config("ppo_gae_tiny", NEUTRAL + list(overrides)))  # verl's checks are the doctor's to run
+    cfg["trainer"]["n_gpus_per_node"], cfg["trainer"]["nnodes"] = gpus, 1
+    cfg["trainer"]["logger"] = ["console", "wandb"]  # verl's logger list: not ppolab's to judge
+    cfg["actor_rollout_ref"]["rollout"]["gpu_memory_utilization"] = 0.5  # a verl-only key
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def points(lines):
+    return sorted({m.group(1) for ln in lines for m in [re.search(r"§16\.(\d)", ln)] if m})
+
+
+def test_a_neutral_job_trips_only_the_aggregation_point(tmp_path):
+    lines = diagnose(verl_yaml(tmp_path))
+    assert points(lines) == ["7"], lines
+    assert any("none would stop this job" in ln for ln in lines)
+    text = "\n".join(lines)
+    assert re.search(r"optimizer steps per training step\s+2\b", text) and re.search(r"global mini-batch\s+4\b", text)
+
+
+@pytest.mark.parametrize("overrides,point", [
+    (["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+      "critic.ppo_mini_batch_size=2"], {"1", "5"}),  # GRPO needs n > 1: §16.5 comes with it
+    (["algorithm.use_kl_in_reward=true", "actor_rollout_ref.actor.use_kl_loss=true"], {"3"}),
+    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"], {"4"}),
+    (["actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+      "critic.ppo_mini_batch_size=2"], {"5"}),
+    (["actor_rollout_ref.actor.ppo_epochs=3"], {"6"}),
+])
+def test_each_point_is_named_exactly_where_the_config_trips_it(tmp_path, overrides, point):
+    assert set(points(diagnose(verl_yaml(tmp_path, overrides)))) == point | {"7"}
+
+
+def test_metrics_trip_the_signal_points(tmp_path):
+    cfg = ppolab_view(yaml.safe_load(verl_yaml(tmp_path).read_text()))[0]
+    flat = pd.DataFrame({"critic/advantages/max": [0.0] * 4, "critic/advantages/min": [0.0] * 4,
+                         "actor/ppo_kl": [0.01] * 4, "actor/kl_loss": [0.02] * 4})
+    assert {"2", "9"} <= set(points(mistakes(cfg, 2, flat)))
+    drowned = pd.DataFrame({"actor/reward_kl_penalty": [2.0] * 4, "actor/reward_kl_penalty_coeff": [0.5] * 4,
+                            "critic/score/mean": [0.3] * 4})
+    assert any("drowned" in m for m in mistakes(cfg, 2, drowned))
+
+
+def test_verls_divisibility_checks_stop_before_a_gpu_hour(tmp_path):
+    lines = diagnose(verl_yaml(tmp_path, gpus=3))  # a mini-batch of 4 over 3 GPUs
+    assert any(ln.startswith("  STOP:") and "3" in ln for ln in lines), lines
+
+
+def test_a_hydra_output_folder_is_found_and_a_config_from_elsewhere_is_named(tmp_path, capsys):
+    verl_yaml(tmp_path / "outputs" / "2026-12-03" / "10-00-00" / ".hydra", name="config.yaml")
+    assert main(["verl", str(tmp_path / "outputs")]) == 0
+    assert "§16.7" in capsys.readouterr().out
+    verl_yaml(tmp_path / "outputs" / "2026-12-03" / "11-00-00" / ".hydra", name="config.yaml")
+    other = tmp_path / "sft.yaml"
+    other.write_text("model: {name: x}\noptim: {lr: 1e-5}\n")
+    torn = tmp_path / "torn.yaml"
+    torn.write_text("actor_rollout_ref: [\n")
+    for path, words in ((tmp_path / "outputs", "holds 2 verl configs"), (other, "is not a verl PPO config"),
+                        (torn, "is not valid YAML"), (tmp_path / "missing", "does not exist"),
+                        (tmp_path / "outputs" / "2026-12-03" / "10-00-00" / ".hydra" / "nothing", "does not exist")):
+        assert main(["verl", str(path)]) == 1
+        err = capsys.readouterr().err.strip()
+        assert words in err and len(err.splitlines()) == 1, err
