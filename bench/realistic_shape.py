@@ -274,6 +274,51 @@ def launch(ranks: int, train_args: list[str], log: Path, poll_s: float = 0.5) ->
     return proc.returncode, peaks, time.perf_counter() - start
 
 
+def rooflines(threads: int = 1, n: int = 1024, copy_mib: int = 512) -> tuple[float, float]:
+    """(GFLOP/s of a square fp32 matmul, GB/s of a large copy) on ``threads`` threads of this machine — the
+    rooflines each stage is held against (the ranks run with OMP_NUM_THREADS=1)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        a @ b
+        start = time.perf_counter()
+        for _ in range(3):
+            a @ b
+        flops = 3 * 2 * n ** 3 / (time.perf_counter() - start) / 1e9
+        x = torch.empty(copy_mib * 2**18)
+        y = torch.empty_like(x)
+        y.copy_(x)
+        start = time.perf_counter()
+        for _ in range(3):
+            y.copy_(x)
+        gbs = 3 * 2 * x.numel() * 4 / (time.perf_counter() - start) / 1e9
+    finally:
+        torch.set_num_threads(before)
+    return flops, gbs
+
+
+def stage_work(m: dict, parameters: int, hidden: int, vocab: int, rows: int, epochs: int = 1) -> dict[str, tuple]:
+    """Per stage (FLOPs, bytes): the arithmetic of a decoder step at this shape. Per token the LM head costs
+    2·H·V FLOPs and the trunk 2·(parameters − V·H) (tied embedding); forward passes score the response tokens
+    with the head and run the trunk over prompt + response; an update is forward + backward (×3) per epoch, the
+    fused head adding one recomputation (×4 on the head). Bytes: the head's weight read once per 256-token block
+    (the fused path's row block) or per decode step, plus each token's hidden state per layer — a lower bound."""
+    length = float(m.get("response_length/mean", 0.0))
+    prompt = float(m.get("prompt_length/mean", 0.0))
+    trunk, head = 2.0 * (parameters - vocab * hidden), 2.0 * hidden * vocab
+    weight = vocab * hidden * 4
+    tokens, scored = rows * (prompt + length), rows * length
+    fwd = (tokens * trunk + scored * head, weight * scored / 256 + tokens * hidden * 4 * 8)
+    return {
+        "gen": (tokens * trunk + scored * head, weight * length + tokens * hidden * 4 * 8),
+        "old_log_prob": fwd, "ref": fwd,
+        "update_actor": (epochs * (3 * tokens * trunk + 4 * scored * head), epochs * 4 * fwd[1]),
+    }
+
+
 def report(run_dir: Path, peaks: dict[int, float], wall: float) -> None:
     """Print per-rank peaks, per-step seconds (with the stage split) and recorded bytes per step."""
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -289,6 +334,27 @@ def report(run_dir: Path, peaks: dict[int, float], wall: float) -> None:
               f"{m.get('response_length/mean', float('nan')):.0f} mean, score {m.get('critic/score/mean', 0):.3f}")
     for f in sorted((run_dir / "steps").glob("step_*.safetensors")):
         print(f"  recorded {f.name:<28} {f.stat().st_size:12,d} bytes ({f.stat().st_size / 2**20:.1f} MiB)")
+    config = json.loads((run_dir / "config.json").read_text())["config"]
+    model = json.loads((Path(config["actor_rollout_ref"]["model"]["path"]) / "config.json").read_text())
+    hidden, vocab, layers = model["hidden_size"], model["vocab_size"], model["num_hidden_layers"]
+    inter = model["intermediate_size"]
+    kv = hidden // model["num_attention_heads"] * model["num_key_value_heads"]
+    parameters = vocab * hidden + layers * (2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * inter)
+    rows = config["data"]["train_batch_size"] * config["actor_rollout_ref"]["rollout"]["n"]
+    epochs = config["actor_rollout_ref"]["actor"]["ppo_epochs"]
+    flops_peak, gbs_peak = rooflines()
+    print(f"  rooflines here, 1 thread: {flops_peak:.0f} GFLOP/s (square fp32 matmul), {gbs_peak:.1f} GB/s (copy)")
+    last = steps[-1]
+    work = stage_work(last, parameters, hidden, vocab, rows // max(1, len(peaks)), epochs)
+    print(f"  {'stage':<14}{'s':>8}{'GFLOP':>9}{'GB':>8}{'GFLOP/s':>10}{'× compute roofline':>20}")
+    total = 0.0
+    for stage, (flops, moved) in work.items():
+        sec = float(last.get(f"timing_s/{stage}", float("nan")))
+        total += flops / 1e9 / flops_peak
+        print(f"  {stage:<14}{sec:8.1f}{flops / 1e9:9.0f}{moved / 1e9:8.2f}{flops / 1e9 / sec:10.1f}"
+              f"{sec / (flops / 1e9 / flops_peak):20.1f}")
+    print(f"  the step's compute at the roofline: {total:.1f} s; measured {last['perf/time_per_step']:.1f} s "
+          f"({last['perf/time_per_step'] / total:.1f}×)")
 
 
 def main(argv: list[str] | None = None) -> int:
