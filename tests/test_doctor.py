@@ -85,3 +85,13 @@ def test_a_hydra_output_folder_is_found_and_a_config_from_elsewhere_is_named(tmp
         assert main(["verl", str(path)]) == 1
         err = capsys.readouterr().err.strip()
         assert words in err and len(err.splitlines()) == 1, err
+
+
+def test_metrics_show_the_warning_signs_lab_15_shows(tmp_path):
+    """With --metrics (here the shipped example: ppo_fire_tiny's metrics as verl's FileLogger wrote them) the report
+    carries the warning signs and unknown-metric list of ppolab.verl_logs.report, line for line."""
+    from ppolab.verl_logs import EXAMPLE, report
+
+    lines = diagnose(verl_yaml(tmp_path), metrics=EXAMPLE)
+    tail = report(EXAMPLE)
+    assert lines[-len(tail):] == tail
