@@ -27,7 +27,22 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from ppolab.course import DATA
 from ppolab.errors import FileFormatError, MissingFileError
+from ppolab.i18n import Sign, sign_text, tr
+
+#: The shipped example of a verl job: the output folder of a verl 0.9.1 job with ppo_fire_tiny's settings, its
+#: ``.hydra/config.yaml`` composed by verl's own Hydra config (tools/verl_config_example.py) — what labs 12 and 16
+#: open when the learner names no job of their own (``PPOLAB_VERL_JOB``).
+EXAMPLE_JOB = DATA / "verl_jobs" / "ppo_fire_tiny"
+
+
+def lab_job() -> Path:
+    """The verl job a lab opens: ``$PPOLAB_VERL_JOB`` when set (an output folder or a verl YAML), else
+    :data:`EXAMPLE_JOB`."""
+    import os
+
+    return Path(os.environ["PPOLAB_VERL_JOB"]).expanduser() if os.environ.get("PPOLAB_VERL_JOB") else EXAMPLE_JOB
 
 #: What a verl PPO config holds at its top level (verl 0.9.1 ``trainer/config/ppo_trainer.yaml``).
 VERL_GROUPS = ("actor_rollout_ref", "algorithm", "data", "trainer")
@@ -133,32 +148,59 @@ def arithmetic(cfg, world: int) -> list[tuple[str, str, str]]:
     micro = None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu
     plan = plan_batches(cfg.data.train_batch_size, n, a.ppo_mini_batch_size, world, micro, a.ppo_epochs,
                         pad_to=padding_multiple(world, *minis))
-    rows = [(q, f, v) for q, f, v in plan.rows()]
-    rows.append(("actor micro-batches (§11.5)", f"use_dynamic_bsz={a.use_dynamic_bsz}",
-                 f"ppo_max_token_len_per_gpu={a.ppo_max_token_len_per_gpu} tokens a micro-batch"
-                 if a.use_dynamic_bsz else f"ppo_micro_batch_size_per_gpu={a.ppo_micro_batch_size_per_gpu} rows"
-                 if a.ppo_micro_batch_size_per_gpu else "unset (see verl's checks)"))
+    rows = [(tr(q), f, v) for q, f, v in plan.rows()]
+    unset = tr("unset (see verl's checks)")
+    rows.append((tr("actor micro-batches (§11.5)"), f"use_dynamic_bsz={a.use_dynamic_bsz}",
+                 tr("ppo_max_token_len_per_gpu={n} tokens a micro-batch").format(n=a.ppo_max_token_len_per_gpu)
+                 if a.use_dynamic_bsz else tr("ppo_micro_batch_size_per_gpu={n} rows").format(
+                     n=a.ppo_micro_batch_size_per_gpu) if a.ppo_micro_batch_size_per_gpu else unset))
     for name, part in (("old log-prob pass (§2)", ro), ("reference pass (§7)", ref)):
-        rows.append((name, f"log_prob_use_dynamic_bsz={part.log_prob_use_dynamic_bsz}",
-                     f"{part.log_prob_max_token_len_per_gpu} tokens a micro-batch" if part.log_prob_use_dynamic_bsz
-                     else f"{part.log_prob_micro_batch_size_per_gpu} rows a micro-batch"
-                     if part.log_prob_micro_batch_size_per_gpu else "unset (see verl's checks)"))
+        rows.append((tr(name), f"log_prob_use_dynamic_bsz={part.log_prob_use_dynamic_bsz}",
+                     tr("{n} tokens a micro-batch").format(n=part.log_prob_max_token_len_per_gpu)
+                     if part.log_prob_use_dynamic_bsz else tr("{n} rows a micro-batch").format(
+                         n=part.log_prob_micro_batch_size_per_gpu) if part.log_prob_micro_batch_size_per_gpu
+                     else unset))
     if critic:
-        rows.append(("critic micro-batches (§11.6: V1's engine)", "ppo_infer_max_token_len_per_gpu, dynamic",
-                     f"{c.ppo_infer_max_token_len_per_gpu} tokens a micro-batch; {c.ppo_epochs} epoch(s) of "
-                     f"{c.ppo_mini_batch_size}×{n} rows"))
+        rows.append((tr("critic micro-batches (§11.6: V1's engine)"), "ppo_infer_max_token_len_per_gpu, dynamic",
+                     tr("{n} tokens a micro-batch; {epochs} epoch(s) of {mini}×{rollout_n} rows").format(
+                         n=c.ppo_infer_max_token_len_per_gpu, epochs=c.ppo_epochs, mini=c.ppo_mini_batch_size,
+                         rollout_n=n)))
     paths = []
     if alg.use_kl_in_reward:
-        paths.append(f"reward side: {alg.kl_penalty}, {alg.kl_ctrl.type} β={alg.kl_ctrl.kl_coef} (§7.1)")
+        paths.append(tr("reward side: {estimator}, {ctrl} β={beta} (§7.1)").format(
+            estimator=alg.kl_penalty, ctrl=alg.kl_ctrl.type, beta=alg.kl_ctrl.kl_coef))
     if a.use_kl_loss:
-        paths.append(f"loss side: {a.kl_loss_type}, kl_loss_coef={a.kl_loss_coef} (§7.2)")
-    rows.append(("KL to π_ref (§7)", "use_kl_in_reward / use_kl_loss", "; ".join(paths) or "none"))
-    low = a.clip_ratio_low if a.clip_ratio_low is not None else a.clip_ratio
-    high = a.clip_ratio_high if a.clip_ratio_high is not None else a.clip_ratio
-    rows.append(("policy loss (§3–§5, §10)", f"loss_mode={a.policy_loss.loss_mode}",
+        paths.append(tr("loss side: {estimator}, kl_loss_coef={coef} (§7.2)").format(
+            estimator=a.kl_loss_type, coef=a.kl_loss_coef))
+    rows.append((tr("KL to π_ref (§7)"), "use_kl_in_reward / use_kl_loss",
+                 "; ".join(paths) or tr("neither path is on")))
+    low, high = clip_window(a)
+    rows.append((tr("policy loss (§3–§5, §10)"), f"loss_mode={a.policy_loss.loss_mode}",
                  f"loss_agg_mode={a.loss_agg_mode}, clip ε=({low}, {high}), c={a.clip_ratio_c}, "
                  f"entropy_coeff={a.entropy_coeff}"))
     return rows
+
+
+def clip_window(actor) -> tuple[float, float]:
+    """(ε_low, ε_high) as verl 0.9.1's ``core_algos.py::compute_policy_loss_vanilla`` reads them: ``clip_ratio_low``
+    and ``clip_ratio_high`` where set, ``clip_ratio`` only where they are null."""
+    return (actor.clip_ratio_low if actor.clip_ratio_low is not None else actor.clip_ratio,
+            actor.clip_ratio_high if actor.clip_ratio_high is not None else actor.clip_ratio)
+
+
+def notes(cfg) -> list[str]:
+    """What the config says that its writer may not mean (beside §16's points): a ``clip_ratio`` the window does not
+    read — verl 0.9.1's defaults set ``clip_ratio_low`` and ``clip_ratio_high`` to 0.2 themselves, so changing
+    ``clip_ratio`` alone leaves the window where it was (chapter §4)."""
+    a = cfg.actor_rollout_ref.actor
+    low, high = clip_window(a)
+    if a.policy_loss.loss_mode == "vanilla" and a.clip_ratio not in (low, high):
+        return [sign_text(Sign(
+            "§4 clip_ratio={eps} is not the clip window: clip_ratio_low={low} and clip_ratio_high={high} are set "
+            "(verl's defaults set both to 0.2), and compute_policy_loss_vanilla reads clip_ratio only where they "
+            "are null — set clip_ratio_low and clip_ratio_high for the window you mean",
+            eps=a.clip_ratio, low=low, high=high))]
+    return []
 
 
 def _metric(frame, name: str) -> float | None:
@@ -168,91 +210,117 @@ def _metric(frame, name: str) -> float | None:
     return float(col.iloc[-len(col) // 2:].median()) if len(col) else None
 
 
-def mistakes(cfg, world: int, frame=None) -> list[str]:
-    """§16's points this config (and, given, its metrics ``frame``) trips: one line each, with the chapter's word."""
+def mistakes(cfg, world: int, frame=None) -> list[Sign]:
+    """§16's points this config (and, given, its metrics ``frame``) trips: one line each, with the chapter's word
+    (each a :class:`~ppolab.i18n.Sign`: the English line, shown in the notebook's language)."""
     a, ro, alg = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.algorithm
     out = []
     if alg.adv_estimator in ("grpo", "grpo_passk", "grpo_vectorized", "rloo", "rloo_vectorized") \
             and a.policy_loss.loss_mode == "vanilla":
-        out.append(f"§16.1 adv_estimator={alg.adv_estimator} with policy_loss.loss_mode=vanilla: the advantages are "
-                   "GRPO's, the loss is still vanilla PPO's clipped loss — the estimator does not change the loss")
+        out.append(Sign("§16.1 adv_estimator={estimator} with policy_loss.loss_mode=vanilla: the advantages are "
+                        "GRPO's, the loss is still vanilla PPO's clipped loss — the estimator does not change the loss",
+                        estimator=alg.adv_estimator))
     if frame is not None and "actor/ppo_kl" in frame.columns and any(
             k in frame.columns for k in ("actor/kl_loss", "actor/reward_kl_penalty")):
-        out.append("§16.2 actor/ppo_kl is logged beside the reference KL: ppo_kl compares π_θ with π_old (PPO's "
-                   "old policy), the reference KL is actor/kl_loss or actor/reward_kl_penalty — another path")
+        out.append(Sign("§16.2 actor/ppo_kl is logged beside the reference KL: ppo_kl compares π_θ with π_old (PPO's "
+                        "old policy), the reference KL is actor/kl_loss or actor/reward_kl_penalty — another path"))
     if alg.use_kl_in_reward and a.use_kl_loss:
-        out.append(f"§16.3 both KL paths are on (reward side β={alg.kl_ctrl.kl_coef}, loss side "
-                   f"kl_loss_coef={a.kl_loss_coef}): they act in different stages and add up — two constraints")
+        out.append(Sign("§16.3 both KL paths are on (reward side β={beta}, loss side kl_loss_coef={coef}): they act "
+                        "in different stages and add up — two constraints", beta=alg.kl_ctrl.kl_coef,
+                        coef=a.kl_loss_coef))
     if not a.use_dynamic_bsz and a.ppo_micro_batch_size_per_gpu and \
             a.ppo_micro_batch_size_per_gpu * world < a.ppo_mini_batch_size * ro.n:
-        out.append(f"§16.4 micro-batch {a.ppo_micro_batch_size_per_gpu}/GPU is only a gradient-accumulation slice: "
-                   f"the optimizer steps once per mini-batch of {a.ppo_mini_batch_size * ro.n} trajectories")
+        out.append(Sign("§16.4 micro-batch {micro}/GPU is only a gradient-accumulation slice: the optimizer steps "
+                        "once per mini-batch of {mini} trajectories", micro=a.ppo_micro_batch_size_per_gpu,
+                        mini=a.ppo_mini_batch_size * ro.n))
     if ro.n > 1:
-        out.append(f"§16.5 ppo_mini_batch_size={a.ppo_mini_batch_size} counts prompts: the trainer multiplies it by "
-                   f"rollout.n={ro.n}, so a mini-batch is {a.ppo_mini_batch_size * ro.n} trajectories (memory and "
-                   "optimizer steps follow that number)")
+        out.append(Sign("§16.5 ppo_mini_batch_size={mini} counts prompts: the trainer multiplies it by "
+                        "rollout.n={n}, so a mini-batch is {rows} trajectories (memory and optimizer steps follow "
+                        "that number)", mini=a.ppo_mini_batch_size, n=ro.n, rows=a.ppo_mini_batch_size * ro.n))
     if a.ppo_epochs > 1:
         n_mini = -(-cfg.data.train_batch_size // a.ppo_mini_batch_size)
-        out.append(f"§16.6 ppo_epochs={a.ppo_epochs}: not a repeated forward — {a.ppo_epochs} epochs × {n_mini} "
-                   f"mini-batches = {a.ppo_epochs * n_mini} optimizer steps each training step, the same data "
-                   "re-scored by the updated policy")
+        out.append(Sign("§16.6 ppo_epochs={epochs}: not a repeated forward — {epochs} epochs × {n_mini} mini-batches "
+                        "= {steps} optimizer steps each training step, the same data re-scored by the updated "
+                        "policy", epochs=a.ppo_epochs, n_mini=n_mini, steps=a.ppo_epochs * n_mini))
     weighting = {"token-mean": "every token weighs the same, so long responses weigh more",
                  "seq-mean-token-mean": "every response weighs the same, so a long response's tokens weigh less",
                  "seq-mean-token-sum": "every response's summed tokens: long responses weigh more",
                  "seq-mean-token-sum-norm": "summed tokens over a constant: long responses weigh more"}
-    out.append(f"§16.7 loss_agg_mode={a.loss_agg_mode}: {weighting.get(a.loss_agg_mode, 'its own weighting')} — "
-               "token-mean and seq-mean-token-mean optimise differently weighted objectives")
+    out.append(Sign("§16.7 loss_agg_mode={mode}: {weighting} — token-mean and seq-mean-token-mean optimise "
+                    "differently weighted objectives", mode=a.loss_agg_mode,
+                    weighting=tr(weighting.get(a.loss_agg_mode, "its own weighting"))))
     multi = getattr(getattr(ro, "multi_turn", None), "enable", False)
     if multi:
-        out.append("§16.8 multi-turn rollout with tools: tool observations join the context (attention) with "
-                   "response_mask=0, so they are not the model's actions and stay out of the actor loss")
+        out.append(Sign("§16.8 multi-turn rollout with tools: tool observations join the context (attention) with "
+                        "response_mask=0, so they are not the model's actions and stay out of the actor loss"))
     if frame is not None:
         adv_max, adv_min = _metric(frame, "critic/advantages/max"), _metric(frame, "critic/advantages/min")
         kl, beta = _metric(frame, "actor/reward_kl_penalty"), _metric(frame, "actor/reward_kl_penalty_coeff")
         score = _metric(frame, "critic/score/mean")
         if adv_max is not None and adv_min is not None and abs(adv_max) < 1e-6 and abs(adv_min) < 1e-6:
-            out.append("§16.9 the advantages are zero (critic/advantages max = min = 0 over the later steps): groups "
-                       "with uniform rewards — no learnable signal, whatever the clip ratio")
+            out.append(Sign("§16.9 the advantages are zero (critic/advantages max = min = 0 over the later steps): "
+                            "groups with uniform rewards — no learnable signal, whatever the clip ratio"))
         elif kl is not None and beta is not None and score is not None and beta * kl > abs(score):
-            out.append(f"§16.9 the reward is drowned by the KL: β·KL ≈ {beta * kl:.3g} per token against a mean score "
-                       f"{score:.3g} — the clip has no task signal to keep in check")
+            out.append(Sign("§16.9 the reward is drowned by the KL: β·KL ≈ {penalty:.3g} per token against a mean "
+                            "score {score:.3g} — the clip has no task signal to keep in check",
+                            penalty=beta * kl, score=score))
     return out
 
 
-def diagnose(path: str | Path, overrides: Sequence[str] = (), metrics: str | Path | None = None) -> list[str]:
-    """The doctor's report as lines (see the module's docstring); the same text the command prints."""
+#: The report's parts, in order: verl's own checks, the arithmetic (lab 12), §16's points (lab 16), the metrics
+#: report (lab 15; only with ``metrics``).
+PARTS = ("checks", "arithmetic", "mistakes", "metrics")
+
+
+def diagnose(path: str | Path, overrides: Sequence[str] = (), metrics: str | Path | None = None,
+             parts: Sequence[str] = PARTS) -> list[str]:
+    """The doctor's report as lines (see the module's docstring), in the notebook's language (``ppolab.i18n``);
+    the same text the command prints. ``parts``: those of :data:`PARTS` to show (the first line, naming the config,
+    always comes)."""
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        raise ValueError(f"parts={list(parts)!r}: unknown {unknown}; choose from {list(PARTS)}")
     from ppolab.config.validation import check_config
 
     raw, f = read_verl_config(path, overrides)
     cfg, ignored, refused = ppolab_view(raw)
     world = _world(raw)
-    lines = [f"verl config {f} — {world} GPU(s) (trainer.n_gpus_per_node × nnodes); {len(ignored)} verl keys "
-             "ppolab has no field for are not read"]
-    lines += [f"  {k}={v!r}: ppolab cannot read this value (left at its default)" for k, v in refused.items()]
+    try:  # the shipped example by its place in the project, not this machine's absolute path
+        shown = f.resolve().relative_to(EXAMPLE_JOB.parents[2])
+    except ValueError:
+        shown = f
+    lines = [tr("verl config {path} — {world} GPU(s) (trainer.n_gpus_per_node × nnodes); {ignored} verl keys "
+                "ppolab has no field for are not read").format(path=shown, world=world, ignored=len(ignored))]
+    lines += [tr("  {key}={value!r}: ppolab cannot read this value (left at its default)").format(key=k, value=v)
+              for k, v in refused.items()]
     try:
         errors, _ = check_config(cfg.resolve(), world)
     except Exception as e:  # noqa: BLE001 — a field combination the checks cannot even evaluate
         errors = [f"{type(e).__name__}: {e}"]
-    lines.append("")
-    lines.append("verl's own checks:" if errors else "verl's own checks: none would stop this job")
-    lines += [f"  STOP: {e}" for e in errors]
-    lines.append("")
-    lines.append("the step in the chapter's arithmetic (§11–§12, lab 12):")
-    try:
-        rows = arithmetic(cfg, world)
-        w0 = max(len(q) for q, _, _ in rows)
-        lines += [f"  {q:<{w0}}  {v}  ({formula})" for q, formula, v in rows]
-    except ValueError as e:  # a division verl would refuse: named above; the arithmetic stops there too
-        lines.append(f"  cannot be laid out: {e}")
+    if "checks" in parts:
+        lines.append("")
+        lines.append(tr("verl's own checks:") if errors else tr("verl's own checks: none would stop this job"))
+        lines += [f"  STOP: {e}" for e in errors]
+    if "arithmetic" in parts:
+        lines.append("")
+        lines.append(tr("the step in the chapter's arithmetic (§11–§12, lab 12):"))
+        try:
+            rows = arithmetic(cfg, world)
+            w0 = max(len(q) for q, _, _ in rows)
+            lines += [f"  {q:<{w0}}  {v}  ({formula})" for q, formula, v in rows]
+        except ValueError as e:  # a division verl would refuse: named above; the arithmetic stops there too
+            lines.append("  " + tr("cannot be laid out: {error}").format(error=e))
+        lines += [f"  {note}" for note in notes(cfg)]
     frame = None
     if metrics is not None:
         from ppolab.verl_logs import read_verl_metrics
 
         frame = read_verl_metrics(metrics)
-    lines.append("")
-    lines.append("§16, the nine mistakes — what this job trips:")
-    lines += [f"  {m}" for m in mistakes(cfg, world, frame)]
-    if metrics is not None:
+    if "mistakes" in parts:
+        lines.append("")
+        lines.append(tr("§16, the nine mistakes — what this job trips:"))
+        lines += [f"  {sign_text(m)}" for m in mistakes(cfg, world, frame)]
+    if metrics is not None and "metrics" in parts:
         from ppolab.verl_logs import report
 
         lines.append("")

@@ -95,3 +95,78 @@ def test_metrics_show_the_warning_signs_lab_15_shows(tmp_path):
     lines = diagnose(verl_yaml(tmp_path), metrics=EXAMPLE)
     tail = report(EXAMPLE)
     assert lines[-len(tail):] == tail
+
+
+# ---------------------------------------------------------------- the shipped example job (labs 12 and 16)
+def test_the_example_job_lays_out_the_step_ppo_fire_tiny_recorded():
+    """The shipped verl job has ppo_fire_tiny's settings: its arithmetic is the plan that run's worker recorded, and
+    ppolab reads the same clip window, KL paths and batch fields from verl's composed config as the run trained with."""
+    from ppolab.doctor import EXAMPLE_JOB, clip_window, find_config, lab_job
+    from ppolab.numbers import resolve_run
+    from ppolab.update_plan import recorded_plan
+
+    assert lab_job() == EXAMPLE_JOB and find_config(EXAMPLE_JOB).parent.name == ".hydra"
+    run = resolve_run("ppo_fire_tiny")
+    rec = run.step(run.steps[-1])
+    plan = recorded_plan(rec, run.ppo_config(), "actor")
+    text = "\n".join(diagnose(EXAMPLE_JOB))
+    assert int(re.search(r"optimizer steps per training step\s+(\d+)", text).group(1)) == len(plan.steps)
+    assert int(re.search(r"synthetic padding rows\s+(\d+)", text).group(1)) == int(rec.tensors["is_pad"].sum())
+    mine = ppolab_view(yaml.safe_load(find_config(EXAMPLE_JOB).read_text()))[0]
+    theirs = run.ppo_config()
+    for part, fields in (("actor", ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs",
+                                    "clip_ratio_c", "entropy_coeff", "use_kl_loss", "kl_loss_type", "kl_loss_coef",
+                                    "loss_agg_mode")),
+                         ("rollout", ("n", "log_prob_micro_batch_size_per_gpu"))):
+        a, b = getattr(mine.actor_rollout_ref, part), getattr(theirs.actor_rollout_ref, part)
+        assert {f: getattr(a, f) for f in fields} == {f: getattr(b, f) for f in fields}, part
+    assert clip_window(mine.actor_rollout_ref.actor) == clip_window(theirs.actor_rollout_ref.actor)
+    assert (mine.algorithm.kl_ctrl, mine.algorithm.use_kl_in_reward, mine.algorithm.rollout_correction.rollout_rs) == \
+        (theirs.algorithm.kl_ctrl, theirs.algorithm.use_kl_in_reward, theirs.algorithm.rollout_correction.rollout_rs)
+    assert mine.data.train_batch_size == theirs.data.train_batch_size
+
+
+def test_the_example_job_with_its_metrics_trips_the_points_lab_16_shows_on_the_run():
+    from ppolab.doctor import lab_job
+    from ppolab.verl_logs import lab_log
+
+    lines = diagnose(lab_job(), metrics=lab_log(), parts=("mistakes",))
+    assert points(lines) == ["2", "3", "6", "7"], lines
+    assert not any("STOP" in ln or "arithmetic" in ln for ln in lines)
+    grpo = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=8", "algorithm.use_kl_in_reward=false"]
+    assert points(diagnose(lab_job(), grpo, metrics=lab_log(), parts=("mistakes",))) == ["1", "2", "4", "5", "6", "7"]
+    with pytest.raises(ValueError, match="parts"):
+        diagnose(lab_job(), parts=("arithmetics",))
+
+
+def test_a_clip_ratio_the_window_does_not_read_is_named(tmp_path):
+    """verl 0.9.1's defaults set clip_ratio_low/high to 0.2: clip_ratio alone then moves nothing (§4)."""
+    only = ["actor_rollout_ref.actor.clip_ratio=0.1", "actor_rollout_ref.actor.clip_ratio_low=0.2",
+            "actor_rollout_ref.actor.clip_ratio_high=0.2"]
+    lines = diagnose(verl_yaml(tmp_path, only))
+    assert [ln for ln in lines if "§4" in ln] and any("clip ε=(0.2, 0.2)" in ln for ln in lines), lines
+    both = only[:1] + ["actor_rollout_ref.actor.clip_ratio_low=0.1", "actor_rollout_ref.actor.clip_ratio_high=0.1"]
+    assert not [ln for ln in diagnose(verl_yaml(tmp_path, both)) if "§4" in ln]
+
+
+def test_the_report_speaks_chinese_in_a_chinese_notebook(tmp_path):
+    from ppolab import i18n
+    from ppolab.doctor import lab_job
+    from ppolab.verl_logs import lab_log
+
+    before = i18n.missing()
+    i18n.set_language("zh")
+    try:
+        jobs = [diagnose(lab_job(), metrics=lab_log()),
+                diagnose(lab_job(), ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=8",
+                                     "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                                     "actor_rollout_ref.actor.clip_ratio_low=0.2",
+                                     "actor_rollout_ref.actor.clip_ratio_high=0.2"]),
+                diagnose(lab_job(), ["trainer.n_gpus_per_node=8"])]
+    finally:
+        i18n.set_language("en")
+    assert i18n.missing() == before, i18n.missing() - before
+    for lines in jobs:
+        heads = [ln for ln in lines if ln and not ln.startswith("  ")]
+        assert all(re.search(r"[\u4e00-\u9fff]", ln) for ln in heads), heads
+    assert points(jobs[0]) == ["2", "3", "6", "7"] and any(ln.strip().startswith("§4") for ln in jobs[1])

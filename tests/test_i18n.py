@@ -43,6 +43,7 @@ ALLOWED = {
     # 行 2, score, clamp 9
     "global", "dynamic", "batching", "synthetic", "score", "clamp",
     "worker",  # verl's trainer/worker split (the chapter: worker 23)
+    "GPU",  # the hardware (the chapter writes GPU 3 times, never 显卡)
 }
 
 
