@@ -252,7 +252,7 @@ LOSSES = ("actor/pg_loss", "actor/kl_loss", "actor/entropy_loss", "critic/vf_los
 def reduce_micro(micro, mistake=None):
     """One rank's mini-batch: loss shares add up, fractions are a plain mean over micro-batches."""
     keys = micro[0].keys()
-    add = (lambda k: False) if mistake == "mean_over_micro" else (lambda k: k in LOSSES)  # noqa: E731
+    add = {"mean_over_micro": lambda k: False, "sum_over_micro": lambda k: True}.get(mistake, lambda k: k in LOSSES)
     return {k: sum(m[k] for m in micro) / (1 if add(k) else len(micro)) for k in keys}
 
 
@@ -261,13 +261,14 @@ def _with(config, **setting):
     return replace(config, **{k: v for k, v in setting.items() if v is not None})
 
 
-def actor_step(run=None, k=0, mistake=None, eps_low=None, eps_high=None, clip_ratio_c=None):
-    """Optimizer step k's actor metrics: per rank Σ/mean over micro-batches, then the mean over ranks."""
+def actor_step(run=None, k=0, mistake=None, eps_low=None, eps_high=None, clip_ratio_c=None, plan=None):
+    """Optimizer step k's actor metrics: per rank Σ/mean over micro-batches, then the mean over ranks. ``plan``:
+    which rows each micro-batch holds (``capstone.update_plan``'s form; None: the recorded one)."""
     r, s, t, real = _setup(run)
     cfg = r.ppo_config()
     a = _with(cfg.actor_rollout_ref.actor, clip_ratio_low=eps_low, clip_ratio_high=eps_high,
               clip_ratio_c=clip_ratio_c)
-    plan = capstone.update_plan(r, s, "actor")[k]
+    plan = (plan or capstone.update_plan(r, s, "actor"))[k]
     dp = len(plan)
     rows = [i for rank in plan for mb in rank for i in mb]
     n_tokens = _pre_mask(t)[rows].sum()  # the global Σ loss_mask of this mini-batch, all ranks
@@ -292,7 +293,7 @@ def part_17_4(run=None, mistake=None, **setting):
 
 def part_17_5(run=None, mistake=None, **setting):
     r, s, t, real = _setup(run)
-    n = len(capstone.update_plan(r, s, "actor"))
+    n = len(setting.get("plan") or capstone.update_plan(r, s, "actor"))
     steps = [actor_step(r, k, mistake, **setting) for k in range(n)]
     if mistake == "last_step_only":
         return steps[-1]
@@ -437,8 +438,10 @@ WRONG = {
                                             "initial_beta", "run_estimator")],
     "17.2": [_wrong(G["17.2"], m) for m in ("real_rows_only", "first_option_only", "mask_after_rejection")],
     "17.3": [_wrong(G["17.3"], m) for m in ("no_whitening", "mask_before_rejection", "returns_after_whitening")],
-    "17.4": [_wrong(G["17.4"], m) for m in ("no_dp_size", "no_dual_clip", "local_tokens", "response_mask_tokens")],
+    "17.4": [_wrong(G["17.4"], m) for m in ("no_dp_size", "no_dual_clip", "local_tokens", "response_mask_tokens",
+                                            "mean_over_micro", "sum_over_micro")],
     "17.5": [_wrong(G["17.5"], m) for m in ("no_dp_size", "legacy", "no_dual_clip", "sum_over_ranks",
+                                            "mean_over_micro", "sum_over_micro",
                                             "last_step_only", "sum_over_steps", "response_mask_tokens",
                                             "stage4_entropy")],
     "17.6": [_wrong(G["17.6"], m) for m in ("no_dp_size", "no_value_clip", "no_half")],

@@ -222,12 +222,12 @@ def rebuild_actor_step(run: Run | str | None = None, step: int | None = None, op
     return _actor_metrics(r, capstone_step(r) if step is None else step, opt_step, actor_config(r))
 
 
-def _actor_metrics(r: Run, s: int, opt_step: int, cfg: Any) -> dict[str, float]:
-    """:func:`rebuild_actor_step` with the actor config ``cfg`` (the run's, or a what-if of
+def _actor_metrics(r: Run, s: int, opt_step: int, cfg: Any, plan: UpdatePlan | None = None) -> dict[str, float]:
+    """:func:`rebuild_actor_step` with the actor config ``cfg`` and the update ``plan`` (the run's, or a what-if of
     ``ppolab.numbers.capstone_what_if``)."""
     rec = r.step(s)
     t = rec.tensors
-    plan = step_plan(r, s, "actor")
+    plan = plan or step_plan(r, s, "actor")
     if not 0 <= opt_step < len(plan.steps):
         raise ValueError(f"opt_step={opt_step!r} is out of range; allowed: 0 … {len(plan.steps) - 1}")
     ranks = plan.steps[opt_step].micro_batches

@@ -12,7 +12,9 @@ with ``ppolab.algos`` exactly as the trainer calls it, on the step's recorded te
 * 17.3 — other γ and λ;
 * 17.4 / 17.5 — a clip window half the run's (narrower still where that clips nothing: the 90th percentile of the
   step's |r − 1|) and the dual-clip bound c halfway to 1, on the log-probs π_θ had at each
-  recorded optimizer step (the KL and entropy terms do not move with them: the dict as a whole is what no log holds);
+  recorded optimizer step (the KL and entropy terms do not move with them: the dict as a whole is what no log holds),
+  and the same mini-batches cut into smaller micro-batches (:func:`micro_what_if`): every rank then runs two or more,
+  so a sum where verl averages (or the reverse) shows as a factor even on a run that ran one micro-batch a rank;
 * 17.6 — half the value clip ε_v (or the 90th percentile of the step's |V_new − V_old|, if smaller), on the
   recorded critic predictions (vpred_mean does not move with it);
 * 17.7 — ``actor/loss`` and ``critic/loss`` of those 17.5 and 17.6 settings.
@@ -35,6 +37,7 @@ from ppolab.numbers.capstone import SHIPPED, _actor_metrics, capstone_step, logg
 from ppolab.numbers.needs import RunLacks
 from ppolab.numbers.steps import actor_config
 from ppolab.record import Run, resolve_run
+from ppolab.update_plan import InferBatching, UpdatePlan, recorded_plan
 
 def _other_estimator(name: str) -> str:
     return "low_var_kl" if algos.kl.canonical_kl_name(name) != "low_var_kl" else "kl"
@@ -48,7 +51,8 @@ def _g(x: float) -> float:
 def what_if(part: str, run: Run | str | None = None) -> dict[str, Any]:
     """The settings ``part``'s graded answer is computed at — keyword arguments of the function the lab has the
     learner write for that part (17.1: ``kl_penalty``, ``kl_ctrl``; 17.2: ``rollout_rs``, ``rollout_rs_threshold``;
-    17.3: ``gamma``, ``lam``; 17.4 / 17.5: ``eps_low``, ``eps_high``, ``clip_ratio_c``; 17.6:
+    17.3: ``gamma``, ``lam``; 17.4 / 17.5: ``eps_low``, ``eps_high``, ``clip_ratio_c`` and ``plan`` (the update plan in
+    ``capstone.update_plan``'s form, cut by :func:`micro_what_if`); 17.6:
     ``cliprange_value``). 17.7 has none of its own: it combines 17.5's and 17.6's."""
     r = resolve_run(run, SHIPPED)
     cfg = r.ppo_config()
@@ -78,7 +82,8 @@ def what_if(part: str, run: Run | str | None = None) -> dict[str, Any]:
         moved = _moved(t["actor_log_probs"].exp(), t["old_log_probs"].exp(), t["response_mask"], r,
                        "an optimizer step where π_θ moved away from π_old (every ratio is 1)")
         return {"eps_low": _g(min(low / 2, moved)), "eps_high": _g(min(high / 2, moved)),
-                "clip_ratio_c": _g(1 + (actor.clip_ratio_c - 1) / 2)}
+                "clip_ratio_c": _g(1 + (actor.clip_ratio_c - 1) / 2),
+                "plan": [opt.micro_batches for opt in micro_what_if(r).steps]}
     if part == "17.6":
         t = r.step(capstone_step(r)).tensors
         if "critic_vpreds" not in t:
@@ -89,6 +94,32 @@ def what_if(part: str, run: Run | str | None = None) -> dict[str, Any]:
     if part == "17.7":
         return {}
     raise KeyError(f"part {part!r} has no what-if; parts: 17.1 … 17.7")
+
+
+def micro_what_if(run: Run | str | None = None, step: int | None = None) -> UpdatePlan:
+    """The actor's update at the capstone step (or ``step``) re-planned by ``ppolab.update_plan`` with fixed
+    micro-batches of d rows (``ppo_micro_batch_size_per_gpu=d``, no dynamic batching): d is the largest divisor of
+    the rows a rank holds per mini-batch that is at most half the recorded plan's largest micro-batch — the same
+    mini-batches, the same global counts (§13: they do not depend on the cut), every rank two or more micro-batches
+    (one row per micro-batch already: the recorded cut)."""
+    r = resolve_run(run, SHIPPED)
+    s = _step(r, step)
+    recorded = step_plan(r, s, "actor")
+    largest = max(len(mb) for opt in recorded.steps for micro in opt.micro_batches for mb in micro)
+    local = recorded.local_mini_batch
+    d = max(x for x in range(1, local + 1) if local % x == 0 and x <= max(1, largest // 2))
+    return recorded_plan(r.step(s), r.ppo_config(), "actor", batching=InferBatching(micro_batch_size=d))
+
+
+def _update_plan(r: Run, s: int, plan: list | None) -> UpdatePlan | None:
+    """The :class:`UpdatePlan` of a what-if's ``plan`` (its micro-batches, as :func:`what_if` hands them out)."""
+    if plan is None:
+        return None
+    planned = micro_what_if(r, s)
+    if [opt.micro_batches for opt in planned.steps] != plan:
+        raise ValueError("plan: not the micro-batch what-if of this step; pass what_if(part, run)['plan'] or None "
+                         "(the recorded plan)")
+    return planned
 
 
 def _moved(new: torch.Tensor, old: torch.Tensor, mask: torch.Tensor, r: Run, lacks: str) -> float:
@@ -109,6 +140,9 @@ def what_if_text(part: str, run: Run | str | None = None) -> str:
     for key, value in what_if(part, run).items():
         if key == "kl_ctrl":
             out.append(f"kl_ctrl.kl_coef={value.kl_coef:g}, kl_ctrl.horizon={value.horizon:g}")
+        elif key == "plan":
+            sizes = sorted({len(mb) for opt in value for micro in opt for mb in micro})
+            out.append(f"plan=micro-batches of {'/'.join(map(str, sizes))} rows")
         else:
             out.append(f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}")
     return ", ".join(out)
@@ -161,11 +195,12 @@ def gae(r: Run, s: int, gamma: float, lam: float) -> dict[str, float]:
             "critic/returns/max": float(g.max()), "critic/returns/min": float(g.min())}
 
 
-def actor_opt_step(r: Run, s: int, k: int, eps_low: float, eps_high: float, clip_ratio_c: float) -> dict[str, float]:
+def actor_opt_step(r: Run, s: int, k: int, eps_low: float, eps_high: float, clip_ratio_c: float,
+                   plan: list | None = None) -> dict[str, float]:
     """Optimizer step ``k``'s actor metrics with that clip window and dual-clip bound (ppolab.algos.ppo_loss per rank
-    and micro-batch of the recorded plan, as the worker calls it)."""
+    and micro-batch of ``plan`` — :func:`micro_what_if`'s — or of the recorded plan, as the worker calls it)."""
     cfg = actor_config(r, clip_ratio_low=eps_low, clip_ratio_high=eps_high, clip_ratio_c=clip_ratio_c)
-    return _actor_metrics(r, s, k, cfg)
+    return _actor_metrics(r, s, k, cfg, _update_plan(r, s, plan))
 
 
 def actor_reduced(r: Run, s: int, **setting: Any) -> dict[str, float]:
