@@ -153,20 +153,38 @@ def response_logits(run: Run | str | None = None, step: int | None = None) -> di
     return _response_logits(str(Path(r.path).resolve()), int(step))
 
 
+#: Float64 elements per block of positions :func:`_moments_table` works on at once (1 MiB): at a real vocabulary one
+#: position's distribution is 1.2 MB, and the two dozen temporaries of a block that size stay in the core's cache
+#: instead of streaming the whole reading through memory two dozen times (measured at 151,936 tokens, 6 positions:
+#: about 1.5× faster a move).
+BLOCK_ELEMENTS = 1 << 17
+
+
 def _moments_table(logits: torch.Tensor, mask: torch.Tensor, ref_temperature: float, temperature: float,
                    names: tuple[str, ...]) -> dict[str, Any]:
-    lp_ref = full_log_probs(logits[mask], ref_temperature)
-    lp_theta = full_log_probs(logits[mask], temperature)
-    kl = exact_kl(lp_theta, lp_ref).mean().item()
-    rows: dict[str, dict[str, dict[str, float]]] = {}
-    for name in names:
-        rows[name] = {}
-        for sampler, lp_s in (("pi_theta", lp_theta), ("pi_ref", lp_ref)):
-            mean, var = estimator_moments(lp_theta, lp_ref, lp_s, name)
-            rows[name][sampler] = {"mean": mean.mean().item(), "bias": mean.mean().item() - kl,
-                                   "var": var.mean().item(), "std": var.mean().sqrt().item()}
-    return {"kl": kl, "reverse_kl": exact_kl(lp_ref, lp_theta).mean().item(), "rows": rows,
-            "n_positions": int(mask.sum()), "temperature": temperature, "ref_temperature": ref_temperature}
+    x = logits if bool(mask.all()) else logits[mask]
+    per_position: dict[tuple, list[torch.Tensor]] = {}
+
+    def keep(key: tuple, value: torch.Tensor) -> None:
+        per_position.setdefault(key, []).append(value)
+
+    for block in x.split(max(1, BLOCK_ELEMENTS // max(x.shape[-1], 1))):  # each position is independent
+        lp_ref = full_log_probs(block, ref_temperature)
+        lp_theta = full_log_probs(block, temperature)
+        keep(("kl",), exact_kl(lp_theta, lp_ref))
+        keep(("reverse_kl",), exact_kl(lp_ref, lp_theta))
+        for name in names:
+            for sampler, lp_s in (("pi_theta", lp_theta), ("pi_ref", lp_ref)):
+                mean, var = estimator_moments(lp_theta, lp_ref, lp_s, name)
+                keep((name, sampler, "mean"), mean)
+                keep((name, sampler, "var"), var)
+    avg = {key: torch.cat(parts).mean().item() for key, parts in per_position.items()}
+    kl = avg[("kl",)]
+    rows = {name: {sampler: {"mean": avg[(name, sampler, "mean")], "bias": avg[(name, sampler, "mean")] - kl,
+                             "var": avg[(name, sampler, "var")], "std": avg[(name, sampler, "var")] ** 0.5}
+                   for sampler in ("pi_theta", "pi_ref")} for name in names}
+    return {"kl": kl, "reverse_kl": avg[("reverse_kl",)], "rows": rows, "n_positions": int(mask.sum()),
+            "temperature": temperature, "ref_temperature": ref_temperature}
 
 
 def estimator_table(run: Run | str | None = None, step: int | None = None, temperature: float = 0.7,
