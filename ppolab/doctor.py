@@ -30,6 +30,7 @@ from typing import Any, Sequence
 from ppolab.course import DATA
 from ppolab.errors import FileFormatError, MissingFileError
 from ppolab.i18n import Sign, sign_text, tr
+from ppolab.vocab import clip_bounds, clip_ratio_unread
 
 #: The shipped example of a verl job: the output folder of a verl 0.9.1 job with ppo_fire_tiny's settings, its
 #: ``.hydra/config.yaml`` composed by verl's own Hydra config (tools/verl_config_example.py) — what labs 12 and 16
@@ -174,18 +175,11 @@ def arithmetic(cfg, world: int) -> list[tuple[str, str, str]]:
             estimator=a.kl_loss_type, coef=a.kl_loss_coef))
     rows.append((tr("KL to π_ref (§7)"), "use_kl_in_reward / use_kl_loss",
                  "; ".join(paths) or tr("neither path is on")))
-    low, high = clip_window(a)
+    low, high = clip_bounds(a)
     rows.append((tr("policy loss (§3–§5, §10)"), f"loss_mode={a.policy_loss.loss_mode}",
                  f"loss_agg_mode={a.loss_agg_mode}, clip ε=({low}, {high}), c={a.clip_ratio_c}, "
                  f"entropy_coeff={a.entropy_coeff}"))
     return rows
-
-
-def clip_window(actor) -> tuple[float, float]:
-    """(ε_low, ε_high) as verl 0.9.1's ``core_algos.py::compute_policy_loss_vanilla`` reads them: ``clip_ratio_low``
-    and ``clip_ratio_high`` where set, ``clip_ratio`` only where they are null."""
-    return (actor.clip_ratio_low if actor.clip_ratio_low is not None else actor.clip_ratio,
-            actor.clip_ratio_high if actor.clip_ratio_high is not None else actor.clip_ratio)
 
 
 def notes(cfg) -> list[str]:
@@ -193,8 +187,8 @@ def notes(cfg) -> list[str]:
     read — verl 0.9.1's defaults set ``clip_ratio_low`` and ``clip_ratio_high`` to 0.2 themselves, so changing
     ``clip_ratio`` alone leaves the window where it was (chapter §4)."""
     a = cfg.actor_rollout_ref.actor
-    low, high = clip_window(a)
-    if a.policy_loss.loss_mode == "vanilla" and a.clip_ratio not in (low, high):
+    low, high = clip_bounds(a)
+    if a.policy_loss.loss_mode == "vanilla" and clip_ratio_unread(a):
         return [sign_text(Sign(
             "§4 clip_ratio={eps} is not the clip window: clip_ratio_low={low} and clip_ratio_high={high} are set "
             "(verl's defaults set both to 0.2), and compute_policy_loss_vanilla reads clip_ratio only where they "

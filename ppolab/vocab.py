@@ -1,5 +1,6 @@
 """The names verl's config accepts, in one torch-free place: loss modes, estimators, aggregation modes, KL
-estimators and rollout-correction options.
+estimators and rollout-correction options — and the one rule that says which clip ratio is the window
+(:func:`clip_bounds`), which the config checks, the doctor and the losses all read.
 
 Config validation (no torch) and ``ppolab.algos`` (the registries) both import these tuples, so neither imports
 the other and no second copy of a name list exists. ``tests/test_algos_verl_modes.py`` checks the registries hold
@@ -41,3 +42,23 @@ def check_loss_agg_mode(mode: str, field_name: str = "loss_agg_mode") -> None:
     """Raise ``ValueError`` naming the field and the five valid modes if ``mode`` is not one of them."""
     if mode not in LOSS_AGG_MODES:
         raise ValueError(f"{field_name}={mode!r} is not valid; choose one of {', '.join(LOSS_AGG_MODES)}")
+
+
+def clip_bounds(config) -> tuple[float, float]:
+    """(ε_low, ε_high) the clip window is: ``clip_ratio_low`` and ``clip_ratio_high``, each falling back to
+    ``clip_ratio`` only when None (chapter §4.4; verl `core_algos.py::compute_policy_loss_vanilla`). verl 0.9.1's
+    config sets both to 0.2, so a ``clip_ratio`` set alone is not the window: every reader of ε reads it here."""
+    eps = config.clip_ratio
+    low = config.clip_ratio_low if config.clip_ratio_low is not None else eps
+    high = config.clip_ratio_high if config.clip_ratio_high is not None else eps
+    return low, high
+
+
+#: verl 0.9.1's ``actor.clip_ratio`` (and ``clip_ratio_low`` / ``clip_ratio_high``) default.
+DEFAULT_CLIP_RATIO = 0.2
+
+
+def clip_ratio_unread(config) -> bool:
+    """Whether ``clip_ratio`` was moved from verl's 0.2 while the window (:func:`clip_bounds`) does not read it — a
+    setting that changes nothing (what ``ppolab doctor`` and the config notices say in one line)."""
+    return config.clip_ratio != DEFAULT_CLIP_RATIO and config.clip_ratio not in clip_bounds(config)

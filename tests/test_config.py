@@ -43,7 +43,9 @@ def load_quiet(*args, **kwargs) -> PPOConfig:
 def test_defaults_match_verl_facts_sheet_section_14():
     c = PPOConfig()
     a, crit, alg, ro = c.actor_rollout_ref.actor, c.critic, c.algorithm, c.actor_rollout_ref.rollout
-    assert (a.clip_ratio, a.clip_ratio_low, a.clip_ratio_high, a.clip_ratio_c) == (0.2, None, None, 3.0)
+    # verl 0.9.1's actor.yaml and ActorConfig set all three clip ratios: clip_ratio is the window only where the
+    # other two are null (algos.policy_loss.clip_bounds)
+    assert (a.clip_ratio, a.clip_ratio_low, a.clip_ratio_high, a.clip_ratio_c) == (0.2, 0.2, 0.2, 3.0)
     assert (a.entropy_coeff, a.calculate_entropy) == (0.0, False)
     assert (a.use_kl_loss, a.kl_loss_coef, a.kl_loss_type) == (False, 0.001, "low_var_kl")
     assert (a.loss_agg_mode, a.loss_scale_factor, a.policy_loss.loss_mode) == ("token-mean", None, "vanilla")
@@ -270,7 +272,7 @@ VALIDATION_CASES = [  # (preset, overrides, world_size, substring the error must
     (G, [f"{A}.clip_ratio_c=1.0"], 1, f"{A}.clip_ratio_c=1.0 must be > 1"),
     (G, [f"{A}.clip_ratio_low=-0.1"], 1, f"{A}.clip_ratio_low=-0.1 must be in [0, 1)"),
     (G, [f"{A}.clip_ratio_low=1.0"], 1, f"{A}.clip_ratio_low=1.0 must be in [0, 1)"),
-    (G, [f"{A}.clip_ratio=1.5"], 1, f"{A}.clip_ratio=1.5 must be in [0, 1)"),
+    (G, [f"{A}.clip_ratio=1.5", f"{A}.clip_ratio_low=null"], 1, f"{A}.clip_ratio=1.5 must be in [0, 1)"),
     (G, [f"{A}.clip_ratio_high=-0.2"], 1, f"{A}.clip_ratio_high=-0.2 must be ≥ 0"),
     (P, ["critic.cliprange_value=0"], 1, "critic.cliprange_value=0.0 must be > 0"),
     (G, [f"{R}.temperature=0"], 1, f"{R}.temperature=0.0 must be > 0"),
@@ -359,6 +361,19 @@ def test_both_kl_paths_emit_a_notice_once():
     cfg = load_quiet(G)
     cfg.algorithm.use_kl_in_reward = True
     assert any("both KL paths" in n for n in validate(cfg))
+
+
+def test_clip_ratio_set_alone_is_not_the_window_and_says_so():
+    """verl 0.9.1: clip_ratio_low/high default to 0.2 and win; clip_ratio is only their fallback (chapter §4.4)."""
+    from ppolab.algos.policy_loss import clip_bounds
+
+    with pytest.warns(ConfigNotice, match=rf"{A}\.clip_ratio=0\.1 is not the clip window.*0\.2/0\.2"):
+        cfg = load_config(G, [f"{A}.clip_ratio=0.1"])
+    assert clip_bounds(cfg.actor_rollout_ref.actor) == (0.2, 0.2)
+    both = load_quiet(G, [f"{A}.clip_ratio_low=0.1", f"{A}.clip_ratio_high=0.1"])
+    assert clip_bounds(both.actor_rollout_ref.actor) == (0.1, 0.1)  # verl's 0.2 clip_ratio unread: no notice…
+    fallback = load_quiet(G, [f"{A}.clip_ratio=0.1", f"{A}.clip_ratio_low=null", f"{A}.clip_ratio_high=null"])
+    assert clip_bounds(fallback.actor_rollout_ref.actor) == (0.1, 0.1)  # …read only where both are null
 
 
 def test_sum_norm_without_scale_factor_is_a_notice():

@@ -101,9 +101,10 @@ def test_metrics_show_the_warning_signs_lab_15_shows(tmp_path):
 def test_the_example_job_lays_out_the_step_ppo_fire_tiny_recorded():
     """The shipped verl job has ppo_fire_tiny's settings: its arithmetic is the plan that run's worker recorded, and
     ppolab reads the same clip window, KL paths and batch fields from verl's composed config as the run trained with."""
-    from ppolab.doctor import EXAMPLE_JOB, clip_window, find_config, lab_job
+    from ppolab.doctor import EXAMPLE_JOB, find_config, lab_job
     from ppolab.numbers import resolve_run
     from ppolab.update_plan import recorded_plan
+    from ppolab.vocab import clip_bounds
 
     assert lab_job() == EXAMPLE_JOB and find_config(EXAMPLE_JOB).parent.name == ".hydra"
     run = resolve_run("ppo_fire_tiny")
@@ -120,7 +121,7 @@ def test_the_example_job_lays_out_the_step_ppo_fire_tiny_recorded():
                          ("rollout", ("n", "log_prob_micro_batch_size_per_gpu"))):
         a, b = getattr(mine.actor_rollout_ref, part), getattr(theirs.actor_rollout_ref, part)
         assert {f: getattr(a, f) for f in fields} == {f: getattr(b, f) for f in fields}, part
-    assert clip_window(mine.actor_rollout_ref.actor) == clip_window(theirs.actor_rollout_ref.actor)
+    assert clip_bounds(mine.actor_rollout_ref.actor) == clip_bounds(theirs.actor_rollout_ref.actor)
     assert (mine.algorithm.kl_ctrl, mine.algorithm.use_kl_in_reward, mine.algorithm.rollout_correction.rollout_rs) == \
         (theirs.algorithm.kl_ctrl, theirs.algorithm.use_kl_in_reward, theirs.algorithm.rollout_correction.rollout_rs)
     assert mine.data.train_batch_size == theirs.data.train_batch_size

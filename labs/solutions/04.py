@@ -4,7 +4,8 @@ from ppolab import algos
 import math
 
 from ppolab.exercises.lab04 import below_window_case, code_case, predict_case
-from ppolab.numbers import actor_config, optimizer_step_batch, resolve_run, step_tensors
+from ppolab.numbers import optimizer_step_batch, resolve_run, step_tensors
+from ppolab.numbers.cases import run_eps
 
 RUN = "ppo_fire_tiny"
 
@@ -21,8 +22,8 @@ def _code(run=None):  # exercise 04.3's (step, optimizer step) in this run
     return c["step"], c["opt_step"]
 
 
-def _run_eps(run=None):  # the run's own clip_ratio (0.07 for ppo_fire_tiny)
-    return actor_config(resolve_run(run, default=RUN)).clip_ratio
+def _run_eps(run=None):  # the run's own ε, its clip window (0.07 for ppo_fire_tiny)
+    return run_eps(resolve_run(run, default=RUN))
 
 
 def clipfrac(run=None, step=None, opt_step=None, eps=0.05):

@@ -5,12 +5,13 @@ import math
 
 from ppolab.exercises.lab05 import asym_case, dual_case, top_negative_case
 from ppolab.numbers import actor_config, optimizer_step_batch, resolve_run, step_tensors
+from ppolab.numbers.cases import run_eps
 
 RUN = "ppo_fire_tiny"
 
 
-def _eps(run=None):  # the run's clip_ratio (0.07 for ppo_fire_tiny)
-    return actor_config(resolve_run(run, default=RUN)).clip_ratio
+def _eps(run=None):  # the run's ε, its clip window (0.07 for ppo_fire_tiny)
+    return run_eps(resolve_run(run, default=RUN))
 
 
 def _batch(run=None, step=None, opt_step=None):  # default: exercise 05.5's optimizer step

@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from ppolab.algos.aggregation import GlobalBatchInfo, agg_loss, batch_info_kwargs
+from ppolab.vocab import clip_bounds  # noqa: F401 (re-exported: algos.policy_loss.clip_bounds)
 from ppolab.algos.masked import masked_mean
 
 #: Log-ratio clamp before exp (vanilla, sapo, cispo): keeps the ratio in [e^-20, e^20] (chapter §3).
@@ -55,14 +56,6 @@ def get_policy_loss_fn(name: str) -> PolicyLossFn:
             f"policy_loss.loss_mode={name!r} is not registered; choose one of {', '.join(POLICY_LOSS_REGISTRY)}"
         )
     return POLICY_LOSS_REGISTRY[name]
-
-
-def clip_bounds(config) -> tuple[float, float]:
-    """(ε_low, ε_high): each falls back to ``clip_ratio`` when None (chapter §4.4)."""
-    eps = config.clip_ratio
-    low = config.clip_ratio_low if config.clip_ratio_low is not None else eps
-    high = config.clip_ratio_high if config.clip_ratio_high is not None else eps
-    return low, high
 
 
 def _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights, global_batch_info):

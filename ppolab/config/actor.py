@@ -98,11 +98,12 @@ class ActorConfig:
     """verl's ``actor_rollout_ref.actor``: clipping, loss assembly, batching and optimiser of the actor."""
 
     clip_ratio: float = 0.2
-    """ε, the symmetric PPO clip range (fallback for the two below)."""
-    clip_ratio_low: Optional[float] = None
-    """ε_low: ratio lower bound is 1 − ε_low; None means clip_ratio."""
-    clip_ratio_high: Optional[float] = None
-    """ε_high: ratio upper bound is 1 + ε_high; None means clip_ratio."""
+    """ε, the symmetric PPO clip range — only where the two below are null: verl 0.9.1 sets both to 0.2 by default,
+    so ``clip_ratio`` alone moves nothing (``ppolab.algos.policy_loss.clip_bounds``; lab 04)."""
+    clip_ratio_low: Optional[float] = 0.2
+    """ε_low: ratio lower bound is 1 − ε_low (verl's default 0.2); null means clip_ratio."""
+    clip_ratio_high: Optional[float] = 0.2
+    """ε_high: ratio upper bound is 1 + ε_high (verl's default 0.2); null means clip_ratio."""
     clip_ratio_c: float = 3.0
     """Dual-clip constant C > 1 bounding the loss of negative-advantage tokens at −A·C."""
     tau_pos: float = 1.0

@@ -188,6 +188,8 @@ def _shape_fits(tp: Any, value: Any) -> bool:
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             return False
+        if origin is tuple and args and Ellipsis not in args and len(value) != len(args):
+            return False  # OmegaConf 2.4 checks a fixed tuple's length itself, 2.3 (what Hydra 1.3 pins) does not
         inner = [a for a in args if a is not Ellipsis]
         return all(_shape_fits(inner[0] if origin is list or len(inner) == 1 else inner[min(i, len(inner) - 1)], v)
                    for i, v in enumerate(value)) if inner else True
@@ -259,7 +261,23 @@ def _compose(sources: list[tuple[str, dict]]) -> PPOConfig:
     except (ValueError, OmegaConfBaseException) as e:
         raise ConfigError(str(e)) from None
     assert isinstance(cfg, PPOConfig)
+    _tuples(cfg)
     return cfg.resolve()
+
+
+def _tuples(cfg: PPOConfig) -> None:
+    """Turn the lists OmegaConf 2.3 leaves in tuple-typed fields (``optim.betas``) into tuples, as 2.4 does: the same
+    config whichever OmegaConf a verl environment (Hydra 1.3 pins < 2.4) brings."""
+    for key, tp in _schema()[0].items():
+        kinds = typing.get_args(tp) if typing.get_origin(tp) is Union else (tp,)
+        if not any(typing.get_origin(k) is tuple for k in kinds):
+            continue
+        *parents, leaf = key.split(".")
+        node: Any = cfg
+        for part in parents:
+            node = getattr(node, part, None)
+        if isinstance(getattr(node, leaf, None), list):
+            setattr(node, leaf, tuple(getattr(node, leaf)))
 
 
 # ------------------------------------------------------------------------------------------------ public

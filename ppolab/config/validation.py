@@ -14,7 +14,7 @@ from typing import Any
 
 from ppolab.config.schema import PPOConfig
 from ppolab.vocab import (ADV_ESTIMATORS, BYPASS_LOSS_TYPES, GROUP_ADV_ESTIMATORS, KL_PENALTY_TYPES, LOSS_AGG_MODES,
-                          POLICY_LOSS_MODES, ROLLOUT_RS_OPTIONS)
+                          POLICY_LOSS_MODES, ROLLOUT_RS_OPTIONS, clip_bounds, clip_ratio_unread)
 
 _A, _R, _REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
 
@@ -397,6 +397,12 @@ def _check_rollout_rs(c: _Checks, logp: bool) -> None:
 def _notices(c: _Checks) -> None:
     """Legal combinations that are usually unintended."""
     cfg, alg = c.cfg, c.cfg.algorithm
+    actor = cfg.actor_rollout_ref.actor
+    if clip_ratio_unread(actor):
+        c.notices.append(f"{_A}.clip_ratio={actor.clip_ratio} is not the clip window: clip_ratio_low and "
+                         f"clip_ratio_high are set ({'/'.join(map(str, clip_bounds(actor)))}; verl's defaults are "
+                         "0.2/0.2) and clip_ratio is read only where they are null (chapter §4.4); set those two for "
+                         "the window you mean")
     if cfg.actor_rollout_ref.actor.use_kl_loss and alg.use_kl_in_reward:
         c.notices.append(f"both KL paths are on (algorithm.use_kl_in_reward and {_A}.use_kl_loss): the "
                          "reference KL shapes the rewards AND is added to the loss, so it is applied twice "

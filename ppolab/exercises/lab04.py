@@ -7,7 +7,7 @@ import torch
 
 from ppolab import algos
 from ppolab.exercises import exercise
-from ppolab.numbers.cases import clip_case, clip_window_case
+from ppolab.numbers.cases import clip_case, clip_window_case, run_eps
 
 #: The lab's run: PPO + GAE trained at clip_ratio 0.07, where the clip binds on a few % of the tokens.
 RUN = "ppo_fire_tiny"
@@ -79,7 +79,7 @@ def below_window_case(run=None) -> dict:
                 i, j = divmod(int(ratio.flatten().argmin()), where.shape[1])
                 picks[f"row_{name}"], picks[f"pos_{name}"] = int(b["rows"][i]), j
             if len(picks) == 4:
-                return {"step": s, "opt_step": k, "eps": actor_config_of(r).clip_ratio, **picks}
+                return {"step": s, "opt_step": k, "eps": run_eps(r), **picks}
     raise RunLacks("real tokens with each sign of advantage after the first optimizer step", r)
 
 

@@ -8,7 +8,7 @@ import torch
 
 from ppolab import algos
 from ppolab.exercises import exercise
-from ppolab.numbers.cases import clip_window_case, dual_clip_case
+from ppolab.numbers.cases import clip_window_case, dual_clip_case, run_eps
 
 #: The lab's run: trained with clip_ratio 0.07 and clip_ratio_c 1.2.
 RUN = "ppo_fire_tiny"
@@ -21,9 +21,9 @@ DUAL_STEP, DUAL_OPEN, DUAL_CODE = 18, 4, 12
 def asym_case(run=None) -> dict:
     """Exercise 05.3's (step, optimizer step): the lab's where clip-higher (ε_high = 0.2) releases tokens there, else
     where it releases the most (else the two counts would be equal and a repeated count would pass)."""
-    from ppolab.numbers import actor_config, resolve_run
+    from ppolab.numbers import resolve_run
 
-    eps = actor_config(resolve_run(run, default=RUN)).clip_ratio
+    eps = run_eps(resolve_run(run, default=RUN))
     return clip_window_case(run, ASYM, eps, 0.2, default=RUN)
 
 

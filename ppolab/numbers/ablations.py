@@ -24,6 +24,7 @@ from typing import Any
 from ppolab.course import DATA
 from ppolab.numbers.needs import RunLacks
 from ppolab.record import Run, load_run, resolve_run
+from ppolab.vocab import clip_bounds
 
 #: Steps of every short run (the base's too).
 STEPS = 12
@@ -40,7 +41,9 @@ class Knob:
 
 
 KNOBS: dict[str, Knob] = {
-    "clip_ratio": Knob(("actor_rollout_ref.actor.clip_ratio=0.05",), "actor/pg_clipfrac", "clip ε 0.2 → 0.05"),
+    # the window is clip_ratio_low/high where set (verl's defaults set both): all three, so it narrows on any run
+    "clip_ratio": Knob(("actor_rollout_ref.actor.clip_ratio=0.05", "actor_rollout_ref.actor.clip_ratio_low=0.05",
+                        "actor_rollout_ref.actor.clip_ratio_high=0.05"), "actor/pg_clipfrac", "clip ε 0.2 → 0.05"),
     "ppo_epochs": Knob(("actor_rollout_ref.actor.ppo_epochs=4",), "actor/ppo_kl", "ppo_epochs 2 → 4"),
     "loss_agg_mode": Knob(("actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum",), "actor/grad_norm",
                           "loss_agg_mode token-mean → seq-mean-token-sum"),
@@ -110,7 +113,7 @@ def applies(run: Run | str | os.PathLike | None, knob: str) -> bool:
     if knob == "temperature":
         return a.rollout.temperature != 0.7
     if knob == "clip_ratio":
-        return a.actor.clip_ratio != 0.05
+        return clip_bounds(a.actor) != (0.05, 0.05)
     if knob == "ppo_epochs":
         return a.actor.ppo_epochs != 4
     if knob == "loss_agg_mode":

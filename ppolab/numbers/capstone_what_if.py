@@ -76,8 +76,7 @@ def what_if(part: str, run: Run | str | None = None) -> dict[str, Any]:
     if part == "17.3":
         return {"gamma": 0.9 if alg.gamma != 0.9 else 0.95, "lam": 0.8 if alg.lam != 0.8 else 0.9}
     if part in ("17.4", "17.5"):
-        low = actor.clip_ratio_low if actor.clip_ratio_low is not None else actor.clip_ratio
-        high = actor.clip_ratio_high if actor.clip_ratio_high is not None else actor.clip_ratio
+        low, high = algos.policy_loss.clip_bounds(actor)
         t = r.step(capstone_step(r)).tensors
         moved = _moved(t["actor_log_probs"].exp(), t["old_log_probs"].exp(), t["response_mask"], r,
                        "an optimizer step where π_θ moved away from π_old (every ratio is 1)")

@@ -62,6 +62,13 @@ def _clip_terms(r: Run, step: int, k: int, c: float | None = None) -> tuple[dict
     return b, algos.ppo_clip_terms(b["old_log_probs"], b["log_prob"], b["advantages"], low, high, *extra)
 
 
+def run_eps(run: Run | str | None) -> float:
+    """The run's ε as labs 04 and 05 quote it: the lower bound ε_low of the window its loss clipped at
+    (``algos.policy_loss.clip_bounds`` — ``clip_ratio_low``, or ``clip_ratio`` where that is null; the window is
+    symmetric on every shipped run and at verl's defaults, an asymmetric one is lab 05's subject)."""
+    return float(algos.policy_loss.clip_bounds(actor_config(resolve_run(run)))[0])
+
+
 @_cached
 def clip_case(r: Run, prefer: tuple[int, int] | None = None) -> Case:
     """The recorded step and optimizer step where the PPO clip (at the run's ε) takes out the most real response
@@ -74,7 +81,7 @@ def clip_case(r: Run, prefer: tuple[int, int] | None = None) -> Case:
     found = _pick(prefer, _opt_pairs(r, first_opt=1), clipped)
     if found is None:
         raise RunLacks("a PPO clip that binds (clipped tokens at an optimizer step after the first)", r)
-    return {"step": found[0], "opt_step": found[1], "eps": actor_config(r).clip_ratio}
+    return {"step": found[0], "opt_step": found[1], "eps": run_eps(r)}
 
 
 @_cached
@@ -102,7 +109,7 @@ def clip_fire_case(r: Run, prefer: tuple[int, int] | None = None) -> Case:
                        "mini-batches or ppo_epochs give one)", r)
     eps = max(0.01, math.floor(100 * largest / 2) / 100)  # the slider's 0.01 grid; half the largest move
     return {"step": found[0], "opt_step": found[1], "eps": eps, "narrowed": True,
-            "run_eps": actor_config(r).clip_ratio}
+            "run_eps": run_eps(r)}
 
 
 def fire_line(case: Case) -> str | None:
@@ -134,7 +141,7 @@ def clip_window_case(r: Run, prefer: tuple[int, int] | None, eps_low: float, eps
     found = _pick(prefer, _opt_pairs(r, first_opt=1), moved)
     if found is None:
         raise RunLacks(f"a PPO clip that binds and clips other tokens at ε_low = {eps_low}, ε_high = {eps_high}", r)
-    return {"step": found[0], "opt_step": found[1], "eps": actor_config(r).clip_ratio}
+    return {"step": found[0], "opt_step": found[1], "eps": run_eps(r)}
 
 
 def _dual_binding(r: Run, step: int) -> list[int]:

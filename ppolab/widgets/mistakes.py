@@ -19,6 +19,7 @@ import plotly.graph_objects as go
 import torch
 
 from ppolab.i18n import tr
+from ppolab.vocab import clip_bounds
 from ppolab.algos import (
     FixedKLController,
     GlobalBatchInfo,
@@ -370,7 +371,8 @@ def _m9_clip_only(run=None, step=None, opt_step=None) -> Effect:
     """Widening the clip changes the clip fraction, never the trajectories whose advantage is zero."""
     r, rec, _k, b = _setup(run, step, opt_step)
     base = actor_config(r)
-    tuned = actor_config(r, clip_ratio=base.clip_ratio / 2)
+    low, high = clip_bounds(base)  # the window itself: clip_ratio alone is not it (verl's defaults set both bounds)
+    tuned = actor_config(r, clip_ratio=base.clip_ratio / 2, clip_ratio_low=low / 2, clip_ratio_high=high / 2)
     rows_with_grad, zero_adv_with_grad, metrics, losses, row_grad = {}, {}, {}, {}, {}
     nonempty = b["response_mask"].sum(-1) > 0  # padding rows and rows rejection sampling emptied carry no token
     zero_adv = nonempty & ((b["advantages"].abs() * b["response_mask"]).sum(-1) == 0)
@@ -392,7 +394,7 @@ def _m9_clip_only(run=None, step=None, opt_step=None) -> Effect:
     return Effect(
         "actor/pg_loss", losses["off"], losses["on"], pair=(row_grad["off"], row_grad["on"]),
         pair_label="trajectory (Σ|∂loss/∂log π| over its tokens)",
-        details={"clip_off": base.clip_ratio, "clip_on": tuned.clip_ratio,
+        details={"clip_off": clip_bounds(base)[1], "clip_on": clip_bounds(tuned)[1],
                  "pg_clipfrac_off": metrics["off"]["actor/pg_clipfrac"],
                  "pg_clipfrac_on": metrics["on"]["actor/pg_clipfrac"], "rows": int(nonempty.sum()),
                  "rows_without_tokens": int((~nonempty).sum()),
