@@ -132,7 +132,7 @@ def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequen
     """Train with verl's semantics and return the run directory as a :class:`Run`.
 
     ``config``: a :class:`PPOConfig`, a preset name (``grpo_tiny`` default, ``ppo_gae_tiny``, …) or a YAML path;
-    ``overrides``: verl-style ``["actor_rollout_ref.actor.clip_ratio=0.1", ...]`` or a dict.
+    ``overrides``: verl-style ``["actor_rollout_ref.actor.clip_ratio_low=0.1", ...]`` or a dict.
     ``on_step(step, metrics, record)`` is called after every step (``record`` is the recorded step or None)
     — a notebook can live-plot with it — and, when validation runs before training, once at step 0 with its
     metrics (``record`` None). A KeyboardInterrupt stops cleanly: the run dir stays loadable, at

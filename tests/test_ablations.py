@@ -55,7 +55,9 @@ def test_a_fresh_run_gets_its_own_ablations_in_the_cache(trained_run, tmp_path, 
     runs = ablations.ablation_runs(run, ("clip_ratio", "temperature"))
     assert set(runs) == {"base", "clip_ratio", "temperature"}
     assert all(str(r.path).startswith(str(tmp_path)) for r in runs.values())
-    assert config_changes(runs["clip_ratio"], runs["base"]) == {"actor_rollout_ref.actor.clip_ratio"}
+    assert config_changes(runs["clip_ratio"], runs["base"]) == {  # the window is the two bounds (verl's 0.2 each)
+        "actor_rollout_ref.actor.clip_ratio", "actor_rollout_ref.actor.clip_ratio_low",
+        "actor_rollout_ref.actor.clip_ratio_high"}
     assert "clip_ratio (clip ε 0.2 → 0.05: actor/pg_clipfrac)" in exercises.prompt("15.6", run=run)
     with pytest.raises(ablations.RunLacks):
         ablations.ablation_runs(run, ("ppo_epochs",), train=False)

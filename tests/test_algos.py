@@ -183,7 +183,7 @@ def test_gspo_uses_one_sequence_ratio_and_per_token_gradient():
     lp = torch.tensor([[0.1, 0.2, 9.0], [0.05, -0.05, 0.0]], requires_grad=True)
     m = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
     adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]])
-    cfg = ActorConfig(clip_ratio=0.5)
+    cfg = ActorConfig(clip_ratio_low=0.5, clip_ratio_high=0.5)
     loss, metrics = A.compute_policy_loss_gspo(old, lp, adv, m, config=cfg)
     s0 = math.exp(0.15)  # the masked 9.0 does not count
     assert loss.item() == pytest.approx((-(s0 * 2) + 1.0 * 3) / 5, rel=1e-6)
