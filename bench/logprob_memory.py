@@ -1,13 +1,16 @@
 """Peak memory of one micro-batch's log-prob + entropy forward and backward at a real vocabulary (151,936 tokens).
 
     python bench/logprob_memory.py --chunked on|off|fused [--rows 4] [--response 64]
+    python bench/logprob_memory.py --chunked fused --hidden 896 --rows 4 --response 256   # Qwen2.5-0.5B's head
 
 ``off``: the plain formulas on the model's logits; ``on``: the chunked formulas on the model's logits
 (``forward_response(..., chunked=True, fused=False)``); ``fused``: log-probs and entropy from the hidden states
 and the LM head over vocabulary chunks, no logits made (``ppolab/algos/fused_head.py``).
 
 A Qwen2 of hidden 32 and one layer, random weights built from a config (no download), so nearly all memory is
-the (rows × positions × vocab) logits and what the log-prob / entropy formulas make of them. Prints one JSON line:
+the (rows × positions × vocab) logits and what the log-prob / entropy formulas make of them; ``--hidden 896`` gives
+it Qwen2.5-0.5B's LM head (896 × 151,936, tied; one layer instead of 24 — the trunk's activations are not what the
+three paths differ in), the shape ``bench/qwen_shape_vllm.py`` serves. Prints one JSON line:
 ``peak_mib`` is the rise of the process's peak resident set (``VmHWM``) over the baseline taken right before
 the forward; ``logits_mib`` is one float32 copy of the model's logits, the unit the bound is stated in. Run each
 setting in its own process: the peak never goes down. glibc serves these allocations (≥ 32 MiB) with mmap,
@@ -59,9 +62,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rows", type=int, default=4)
     ap.add_argument("--prompt", type=int, default=16)
     ap.add_argument("--response", type=int, default=64)
+    ap.add_argument("--hidden", type=int, default=32, help="the trunk's width (896: Qwen2.5-0.5B's head)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    model = tiny_qwen()
+    model = tiny_qwen(hidden=args.hidden)
     model.requires_grad_(False)
     model.model.layers[0].mlp.up_proj.weight.requires_grad_(True)  # a trainable weight below the logits
     ids = torch.randint(0, QWEN_VOCAB, (args.rows, args.prompt + args.response),
@@ -74,7 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
     start = time.perf_counter()
     out = forward_response(model, ids, mask, args.response, 0.7, True, True, **path)
     (out.log_probs.sum() + 0.01 * out.entropy.sum()).backward()
-    result = {"chunked": args.chunked, "rows": args.rows, "positions": args.response + 1,
+    result = {"chunked": args.chunked, "hidden": args.hidden, "rows": args.rows, "positions": args.response + 1,
               "logits_mib": args.rows * (args.response + 1) * QWEN_VOCAB * 4 / 2**20,
               "peak_mib": peak_rss_mib() - base, "seconds": time.perf_counter() - start}
     print(json.dumps(result))

@@ -34,6 +34,7 @@ EXPLORERS: dict[str, tuple[tuple, tuple]] = {
     "dual_clip_explorer": (("grpo_tiny",), ()),
     "loss_assembly": (("grpo_tiny",), ()),
     "kl_explorer": (("ppo_gae_tiny",), ()),
+    "exact_kl_explorer": (("ppo_gae_tiny",), ()),  # §7.3 on full distributions: the vocabulary-wide one
     "value_clip_explorer": (("ppo_gae_tiny",), ()),
     "mask_viewer": (("grpo_tiny",), ()),
     "aggregation_explorer": (("grpo_tiny",), ()),
