@@ -19,6 +19,7 @@ _WHERE = {
     "gradient_gallery": "ppolab.widgets.gradients",
     # the two KL paths (lab 08)
     "kl_explorer": "ppolab.widgets.kl",
+    "exact_kl_explorer": "ppolab.widgets.kl",
     # critic (lab 09)
     "value_clip_explorer": "ppolab.widgets.value",
     # masks, aggregation, batches (labs 01, 10–12)
