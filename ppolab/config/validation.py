@@ -399,11 +399,11 @@ def _notices(c: _Checks) -> None:
     cfg, alg = c.cfg, c.cfg.algorithm
     actor = cfg.actor_rollout_ref.actor
     if clip_ratio_unread(actor):
+        low, high = clip_bounds(actor)
         c.notices.append(f"{_A}.clip_ratio={actor.clip_ratio} is not the clip window: clip_ratio_low and "
-                         f"clip_ratio_high are set ({'/'.join(map(str, clip_bounds(actor)))}; verl's defaults are "
-                         "0.2/0.2) and clip_ratio is read only where they are null (chapter §4.4); set those two for "
-                         "the window you mean")
-    if cfg.actor_rollout_ref.actor.use_kl_loss and alg.use_kl_in_reward:
+                         f"clip_ratio_high are set ({low}/{high}; verl's defaults are 0.2/0.2) and clip_ratio is read "
+                         "only where they are null (chapter §4.4); set those two for the window you mean")
+    if actor.use_kl_loss and alg.use_kl_in_reward:
         c.notices.append(f"both KL paths are on (algorithm.use_kl_in_reward and {_A}.use_kl_loss): the "
                          "reference KL shapes the rewards AND is added to the loss, so it is applied twice "
                          "(chapter §7.4); turn one off unless this is intended")

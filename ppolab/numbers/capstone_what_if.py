@@ -202,10 +202,13 @@ def actor_opt_step(r: Run, s: int, k: int, eps_low: float, eps_high: float, clip
     return _actor_metrics(r, s, k, cfg, _update_plan(r, s, plan))
 
 
-def actor_reduced(r: Run, s: int, **setting: Any) -> dict[str, float]:
-    """Every optimizer step of the actor at ``setting`` (:func:`actor_opt_step`), reduced as ``reduce_metrics`` logs
-    them: the mean over optimizer steps."""
-    steps = [actor_opt_step(r, s, k, **setting) for k in range(len(step_plan(r, s, "actor").steps))]
+def actor_reduced(r: Run, s: int, eps_low: float, eps_high: float, clip_ratio_c: float,
+                  plan: list | None = None) -> dict[str, float]:
+    """Every optimizer step of the actor at that setting (:func:`actor_opt_step`), reduced as ``reduce_metrics``
+    logs them: the mean over optimizer steps. The config and the plan are built once for all of them."""
+    cfg = actor_config(r, clip_ratio_low=eps_low, clip_ratio_high=eps_high, clip_ratio_c=clip_ratio_c)
+    update = _update_plan(r, s, plan) or step_plan(r, s, "actor")
+    steps = [_actor_metrics(r, s, k, cfg, update) for k in range(len(update.steps))]
     return {key: float(np.mean([m[key] for m in steps])) for key in steps[0]}
 
 

@@ -68,7 +68,7 @@ def _grad_of_loss(fn, batch: dict[str, torch.Tensor], cfg: ActorConfig) -> tuple
 
 def _clip_on_batch(rec, k, cfg):
     b = optimizer_step_batch(rec, k)
-    low, high = cfg.clip_ratio_low, cfg.clip_ratio_high
+    low, high = clip_bounds(cfg)
     terms = ppo_clip_terms(b["old_log_probs"], b["log_prob"], b["advantages"], low, high, cfg.clip_ratio_c)
     grad, metrics = _grad_of_loss(compute_policy_loss_vanilla, b, cfg)
     return b, terms, grad, metrics
