@@ -2,7 +2,7 @@
 
     ppolab train [--preset P] [overrides…]   python -m ppolab.train
     ppolab labs DIR [--zh] [--no-start]       copy the course into DIR (never over a notebook you edited), then
-                                              start JupyterLab there
+                [-- LAB_ARGS…]                start this Python's JupyterLab there (LAB_ARGS: options for JupyterLab)
     ppolab site OUT [--labs 00,04]            tools/build_site.py: the course as a static website
     ppolab logs PATH                          python -m ppolab.verl_logs: a verl job's metrics, §15's warning signs
     ppolab doctor verl PATH [--metrics F]     python -m ppolab.doctor: a verl job's config in the chapter's arithmetic
@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import importlib.util
 import shutil
+import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from ppolab.course import LABS as COURSE_LABS
@@ -47,7 +50,10 @@ def copy_labs(dest: Path, zh: bool = False) -> tuple[list[str], list[str], list[
     return copied, same, kept
 
 
-def _labs(args: argparse.Namespace) -> int:
+def _labs(args: argparse.Namespace, lab_args: Sequence[str] = ()) -> int:
+    """Copy the course into ``args.dir``, then run ``python -m jupyterlab [lab_args…] DIR`` with this interpreter:
+    not ``jupyter lab``, which runs the first ``jupyter-lab`` on PATH — another environment's JupyterLab, whose
+    kernel would be a Python without this ppolab. Returns JupyterLab's exit status."""
     dest = Path(args.dir).expanduser()
     try:
         copied, same, kept = copy_labs(dest, args.zh)
@@ -59,7 +65,25 @@ def _labs(args: argparse.Namespace) -> int:
         print(f"  kept your {name} (it differs from the course's; delete it to get the course's again)")
     if args.no_start:
         return 0
-    return subprocess.call([sys.executable, "-m", "jupyter", "lab", str(dest)])
+    if importlib.util.find_spec("jupyterlab") is None:
+        print(f"error: JupyterLab is not installed in {sys.executable}: `{sys.executable} -m pip install jupyterlab`, "
+              f"or open {dest} with a JupyterLab whose kernel has ppolab", file=sys.stderr)
+        return 1
+    sys.stdout.flush()  # the lines above before JupyterLab's own output when both go to one file or pipe
+    lab = subprocess.Popen([sys.executable, "-m", "jupyterlab", *lab_args, str(dest)])
+    try:  # `kill` of this process stops JupyterLab (and so its kernels) instead of leaving it running orphaned
+        previous = signal.signal(signal.SIGTERM, lambda *_: lab.terminate())
+    except ValueError:  # not the main thread: no handler
+        previous = None
+    try:
+        while True:
+            try:
+                return lab.wait()
+            except KeyboardInterrupt:  # JupyterLab got the Ctrl-C too: it asks to confirm, or stops; wait for it
+                continue
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _site(argv: list[str]) -> int:
@@ -98,11 +122,18 @@ def main(argv: list[str] | None = None) -> int:
         from ppolab.doctor import main as doctor_main
 
         return doctor_main(rest)
-    labs = argparse.ArgumentParser(prog="ppolab labs", description="copy the course into DIR and start JupyterLab")
+    labs = argparse.ArgumentParser(prog="ppolab labs", usage="ppolab labs [-h] [--zh] [--no-start] DIR [-- LAB_ARGS…]",
+                                   description="copy the course into DIR and start JupyterLab",
+                                   epilog="Arguments after -- go to JupyterLab as they are, e.g. "
+                                          "`ppolab labs my-course -- --no-browser --port=8899`.")
     labs.add_argument("dir", help="a folder for your copy of the notebooks (made if missing)")
     labs.add_argument("--zh", action="store_true", help="the Chinese edition (labs/zh)")
     labs.add_argument("--no-start", action="store_true", help="copy only; do not start JupyterLab")
-    return _labs(labs.parse_args(rest))
+    lab_args: list[str] = []
+    if "--" in rest:
+        cut = rest.index("--")
+        rest, lab_args = rest[:cut], rest[cut + 1:]
+    return _labs(labs.parse_args(rest), lab_args)
 
 
 if __name__ == "__main__":

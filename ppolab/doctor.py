@@ -10,8 +10,11 @@ overrides as on verl's command line. The report (:func:`diagnose`, the same from
 1. **Arithmetic** (chapter §11–§12, lab 12's table): the step's trajectories, mini-batches and optimizer steps, the
    actor's micro-batches per rank (fixed or the token budget), the critic's (its engine's budget, §11.6), the
    reference's and the old-log-prob pass's, which KL path or paths, the loss mode and its aggregation;
-2. **verl's own config checks** that would stop the job (ppolab's ``check_config`` holds verl 0.9.1's — the
-   divisibility of ``utils/config.py::validate_config`` and of the workers), before they cost a GPU hour;
+2. **verl's own config checks** that would stop the job, before they cost a GPU hour: where verl is installed (as
+   in a verl user's environment), verl's own ``utils/config.py::validate_config`` is run on the config as
+   ``trainer/main_ppo.py`` calls it and its stop is quoted in its words (:func:`verl_verdict`); every stop is also
+   listed from ppolab's ``check_config``, which holds verl 0.9.1's checks (the divisibility of ``validate_config``
+   and of the workers' config dataclasses) and needs no verl;
 3. **§16's nine mistakes** that this config (or its metrics) trips, one line each with what the chapter says — and
    nothing for a point that does not apply;
 4. with ``--metrics`` (a FileLogger JSONL or a TensorBoard folder): lab 15's warning signs and the metric names
@@ -23,7 +26,11 @@ profilers, checkpoints); every number above is read from the fields ppolab share
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
+import io
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -54,6 +61,7 @@ EXPECTED = ("a verl PPO config: the .hydra/config.yaml of a verl trainer/main_pp
 #: Fields whose values ppolab's own trainer limits more narrowly than verl does (its loggers; verl's −1 for "no
 #: cap" or "use the warm-up ratio"): the doctor does not read them, so ppolab's limits never pass for verl's checks.
 NOT_VERLS_LIMITS = frozenset({"trainer.logger", "data.val_max_samples", "data.train_max_samples",
+                              "actor_rollout_ref.rollout.name",  # ppolab: hf | vllm, and its rollout dtype hf only
                               "actor_rollout_ref.actor.optim.lr_warmup_steps", "critic.optim.lr_warmup_steps"})
 
 
@@ -129,6 +137,62 @@ def ppolab_view(raw: dict[str, Any]):
                 raise
             refused[bad] = shared.pop(bad)
     raise AssertionError("unreachable")
+
+
+def _innermost(e: BaseException) -> BaseException:
+    """The exception a wrapper was raised from (Hydra's ``InstantiationException`` wraps the config dataclass's own
+    ``__post_init__`` error), so the quote is verl's sentence, not Hydra's."""
+    seen = {id(e)}
+    while e.__cause__ is not None and id(e.__cause__) not in seen:
+        e = e.__cause__
+        seen.add(id(e))
+    return e
+
+
+def _while_importing(e: BaseException) -> bool:
+    """Whether ``e`` (or what it wraps) was raised by a module's top-level code — an import on the way, such as
+    ``validate_config`` importing verl's vLLM helpers where vLLM is not installed: the machine's doing, not the
+    config's. verl's checks themselves run in functions."""
+    while e is not None:
+        tb = e.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code.co_name == "<module>":
+                return True
+            tb = tb.tb_next
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def verl_verdict(raw: dict[str, Any]) -> tuple[str, str | None] | None:
+    """verl's own verdict on ``raw`` where verl is importable here, else None: ``(version, stop)`` with ``stop``
+    None when verl 0.9.1's ``utils/config.py::validate_config`` passes, else its exception in verl's words —
+    called as ``trainer/main_ppo.py`` calls it, with ``use_reference_policy`` and ``use_critic`` from
+    ``trainer/ppo/utils.py::need_reference_policy`` / ``need_critic``. A config whose check cannot run here (the
+    critic's model folder is loaded by ``HFModelConfig`` and is not on this machine; a LoRA rollout on vLLM imports
+    verl's vLLM helpers, which need vLLM) gives ``stop`` starting ``"could not run: "``. What verl prints on the way (its NOTICE and success lines) is not passed on."""
+    if importlib.util.find_spec("verl") is None:
+        return None
+    from omegaconf import OmegaConf
+
+    sink = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(sink), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import verl
+            from verl.trainer.ppo.utils import need_critic, need_reference_policy
+            from verl.utils.config import validate_config
+
+            version = str(getattr(verl, "__version__", "?"))
+            conf = OmegaConf.create(raw)
+            validate_config(conf, use_reference_policy=need_reference_policy(conf), use_critic=need_critic(conf))
+    except ImportError as e:  # verl's package is here but not its dependencies (ray, tensordict, …)
+        return "?", f"could not run: {type(e).__name__}: {e}"
+    except Exception as e:  # noqa: BLE001 — verl's checks raise AssertionError and ValueError; anything else is named
+        inner = _innermost(e)
+        if isinstance(inner, OSError) or _while_importing(e):
+            return version, f"could not run: {type(inner).__name__}: {' '.join(str(inner).split())[:200]}"
+        return version, f"{type(inner).__name__}: {' '.join(str(inner).split())[:400]}"
+    return version, None
 
 
 def _world(raw: dict[str, Any]) -> int:
@@ -293,7 +357,21 @@ def diagnose(path: str | Path, overrides: Sequence[str] = (), metrics: str | Pat
         errors = [f"{type(e).__name__}: {e}"]
     if "checks" in parts:
         lines.append("")
-        lines.append(tr("verl's own checks:") if errors else tr("verl's own checks: none would stop this job"))
+        verdict = verl_verdict(raw)
+        verl_stops = verdict is not None and verdict[1] is not None and not verdict[1].startswith("could not run")
+        lines.append(tr("verl's own checks:") if errors or verl_stops
+                     else tr("verl's own checks: none would stop this job"))
+        if verdict is not None:
+            version, stop = verdict
+            if stop is None:
+                said = tr("passes")
+            elif stop.startswith("could not run: "):
+                said = tr("could not run here ({why}); ppolab's copy of its checks follows").format(
+                    why=stop[len("could not run: "):])
+            else:
+                said = tr("stops: {stop}").format(stop=stop)
+            lines.append("  " + tr("verl {version}'s utils/config.py::validate_config, run here: {said}").format(
+                version=version, said=said))
         lines += [f"  STOP: {e}" for e in errors]
     if "arithmetic" in parts:
         lines.append("")

@@ -38,3 +38,12 @@ def copy_of(finished, tmp_path) -> Path:
     dst = tmp_path / "copy"
     shutil.copytree(finished, dst)
     return dst
+
+
+@pytest.fixture(scope="session")
+def wheel_venv(tmp_path_factory) -> Path:
+    """A fresh venv with ppolab installed from a wheel of this checkout, built once a session (``tests/wheel_env.py``;
+    used by ``tests/test_wheel.py`` and ``tests/browser/test_labs_command.py``). Tests only run it."""
+    from wheel_env import wheel_venv as build
+
+    return build(tmp_path_factory)

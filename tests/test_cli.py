@@ -45,3 +45,30 @@ def test_logs_train_and_site_reach_their_modules(capsys):
     with pytest.raises(SystemExit):
         main(["bogus"])
     assert "invalid choice: 'bogus'" in capsys.readouterr().err
+
+
+def test_labs_starts_this_pythons_jupyterlab_with_the_arguments_after_dashdash(tmp_path, monkeypatch, capsys):
+    import sys
+
+    import ppolab.cli
+
+    started = []
+
+    class FakeLab:
+        def __init__(self, argv):
+            started.append(argv)
+
+        def wait(self):
+            return 0
+
+        def terminate(self):
+            pass
+
+    monkeypatch.setattr(ppolab.cli.subprocess, "Popen", FakeLab)
+    dest = tmp_path / "course"
+    assert main(["labs", str(dest), "--", "--no-browser", "--port=8899", "--zh"]) == 0
+    # `python -m jupyterlab` of this interpreter (not the first `jupyter-lab` on PATH); `--zh` after -- is JupyterLab's
+    assert started == [[sys.executable, "-m", "jupyterlab", "--no-browser", "--port=8899", "--zh", str(dest)]]
+    lab = next(LABS.glob("04_*.ipynb"))
+    assert (dest / lab.name).read_bytes() == lab.read_bytes()  # the English edition: --zh went to JupyterLab
+    assert main(["labs", str(tmp_path / "zh"), "--zh", "--no-start", "--", "--port=1"]) == 0 and len(started) == 1

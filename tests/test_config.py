@@ -257,9 +257,9 @@ VALIDATION_CASES = [  # (preset, overrides, world_size, substring the error must
     (G, ["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=null"], 1,
      "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu is unset"),
     # group estimators need a group
-    (G, [f"{R}.n=1"], 1, "a group of one has no baseline"),
-    (G, [f"{R}.n=1", "algorithm.adv_estimator=rloo"], 1, f"{R}.n=1 with algorithm.adv_estimator=rloo"),
-    (G, [f"{R}.n=1", "algorithm.adv_estimator=grpo_passk"], 1, "a group of one has no baseline"),
+    # (a group of one is legal in verl — mean 0, std 1 — and a notice: test_a_group_of_one_is_a_notice; only
+    # grpo_passk raises on it)
+    (G, [f"{R}.n=1", "algorithm.adv_estimator=grpo_passk"], 1, "verl raises at the first step"),
     # dynamic token budgets (max_prompt_length + max_response_length = 48)
     (G, [f"{A}.use_dynamic_bsz=true", f"{A}.ppo_max_token_len_per_gpu=40"], 1,
      (f"{A}.ppo_max_token_len_per_gpu=40 is smaller than data.max_prompt_length + "
@@ -484,3 +484,10 @@ def test_verls_real_train_batch_size_check():
         load_config("grpo_tiny", odd, world_size=2)
     load_config("grpo_tiny", odd, world_size=1)
     load_config("grpo_tiny", [*odd, "actor_rollout_ref.actor.use_dynamic_bsz=true"], world_size=3)
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo"])
+def test_a_group_of_one_is_a_notice_not_a_stop(estimator):
+    # verl 0.9.1 core_algos.py: `if len(id2score[idx]) == 1: mean, std = 0, 1` — the raw score is the advantage
+    with pytest.warns(ConfigNotice, match=rf"{R}\.n=1 with algorithm\.adv_estimator={estimator}: .*the raw score"):
+        load_config(G, [f"{R}.n=1", f"algorithm.adv_estimator={estimator}", f"{A}.ppo_micro_batch_size_per_gpu=8"])

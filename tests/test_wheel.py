@@ -1,48 +1,25 @@
 """The wheel carries the course: built from this checkout, installed (not editable) into a fresh venv and used from a
 folder outside the repository, it trains, opens a shipped run and copies the labs — and a lab runs there.
 
-The fresh venv takes ppolab from the wheel alone; its other packages (torch, transformers, …) come from the test's
-own environment through a ``.pth`` line, so the test installs nothing from an index. The path line does not run that
-environment's editable-install hook, so no checkout can shadow the wheel (asserted)."""
+The venv (tests/wheel_env.py, the ``wheel_venv`` fixture) takes ppolab from the wheel alone and its other packages
+from the test's own environment; it is built once a session and shared with tests/browser/test_labs_command.py, which
+starts JupyterLab with ``ppolab labs`` and runs lab 04 in a browser."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import sysconfig
-import venv
 from pathlib import Path
 
 import pytest
+from wheel_env import run
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow  # builds a wheel, trains a step and runs a lab in a fresh venv (≈ 1 min)
 
 
-def run(cmd: list[str], cwd: Path, timeout: int = 600) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PPOLAB_RUN", "PYTHONPATH"))}
-    out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
-    assert out.returncode == 0, f"{' '.join(map(str, cmd))}\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
-    return out.stdout
-
-
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> tuple[Path, Path]:
-    tmp = tmp_path_factory.mktemp("wheel")
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp / "dist"),
-         str(ROOT)], cwd=tmp)
-    wheel = next((tmp / "dist").glob("ppolab-*.whl"))
-    env_dir = tmp / "venv"
-    venv.create(env_dir, with_pip=True)
-    py = env_dir / "bin" / "python"
-    purelib = run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp).strip()
-    Path(purelib, "ppolab_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], cwd=tmp)
-    outside = tmp / "elsewhere"
-    outside.mkdir()
-    print(f"wheel {wheel.name}: {wheel.stat().st_size / 2**20:.1f} MiB")
-    return env_dir, outside
+def installed(wheel_venv, tmp_path_factory) -> tuple[Path, Path]:
+    """The wheel's venv and an empty folder outside the repository for this file's tests to work in."""
+    return wheel_venv, tmp_path_factory.mktemp("elsewhere")
 
 
 def test_the_wheel_opens_a_shipped_run_from_any_folder(installed):

@@ -46,6 +46,7 @@ OVERRIDES = [
     "actor_rollout_ref.actor.ppo_epochs=4",
     "actor_rollout_ref.actor.optim.lr=5e-4",
     "actor_rollout_ref.rollout.n=1",
+    "actor_rollout_ref.rollout.name=vllm",  # mandatory (`???`) in verl's rollout config: verl stops without it
     "actor_rollout_ref.rollout.dtype=bfloat16",
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=64",
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=64",

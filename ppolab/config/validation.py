@@ -100,10 +100,12 @@ def _batch_errors(c: _Checks, p: str) -> list[str]:
                    "step would be one mini-batch made mostly of synthetic padding rows")
     if (mini * n) % ws:
         out.append(f"{p}.ppo_mini_batch_size × {_R}.n = {mini}×{n} is not divisible by world_size={ws}: "
-                   "every rank needs the same local mini-batch")
+                   "every rank needs the same local mini-batch (verl's worker asserts it at its first update: "
+                   "workers/engine_workers.py::TrainingWorker.train_mini_batch)")
     elif not c.get(f"{p}.use_dynamic_bsz") and micro is not None and p != "critic" and (mini * n // ws) % micro:
         out.append(f"{p}.ppo_micro_batch_size_per_gpu={micro} does not divide the local mini-batch "
-                   f"{p}.ppo_mini_batch_size × {_R}.n / world_size = {mini}×{n}/{ws} = {mini * n // ws}")
+                   f"{p}.ppo_mini_batch_size × {_R}.n / world_size = {mini}×{n}/{ws} = {mini * n // ws} (verl's "
+                   "engine asserts it at its first update: workers/engine/utils.py::prepare_micro_batches)")
     return out
 
 
@@ -321,8 +323,11 @@ def _check_policy_loss(c: _Checks) -> None:
 def _check_algorithm_trainer(c: _Checks) -> None:
     cfg, alg = c.cfg, c.cfg.algorithm
     est, n = alg.adv_estimator, cfg.actor_rollout_ref.rollout.n
-    c.ok(not (est in GROUP_ADV_ESTIMATORS and n == 1), f"{_R}.n=1 with algorithm.adv_estimator={est}: a "
-         f"group of one has no baseline (verl then uses the raw score); set {_R}.n ≥ 2 (e.g. 8)")
+    # verl gives a group of one mean 0 and std 1 (core_algos.py, `len(id2score[idx]) == 1`): the raw score is the
+    # advantage — legal, a notice (_notices). Only grpo_passk raises on it, at the first step's advantages.
+    c.ok(not (est == "grpo_passk" and n == 1), f"{_R}.n=1 with algorithm.adv_estimator=grpo_passk: a group of "
+         "one has no baseline and verl raises at the first step (core_algos.py::"
+         f"compute_grpo_passk_outcome_advantage needs ≥ 2 samples a group); set {_R}.n ≥ 2 (e.g. 8)")
     c.unit("algorithm.gamma", lo_open=False)
     c.unit("algorithm.lam", lo_open=False)
     if cfg.custom_reward_function.timeout_s is not None:
@@ -403,6 +408,11 @@ def _notices(c: _Checks) -> None:
         c.notices.append(f"{_A}.clip_ratio={actor.clip_ratio} is not the clip window: clip_ratio_low and "
                          f"clip_ratio_high are set ({low}/{high}; verl's defaults are 0.2/0.2) and clip_ratio is read "
                          "only where they are null (chapter §4.4); set those two for the window you mean")
+    n = cfg.actor_rollout_ref.rollout.n
+    if alg.adv_estimator in GROUP_ADV_ESTIMATORS and alg.adv_estimator != "grpo_passk" and n == 1:
+        c.notices.append(f"{_R}.n=1 with algorithm.adv_estimator={alg.adv_estimator}: a group of one has no "
+                         "baseline — verl gives it mean 0 and std 1, so the raw score is the advantage (chapter "
+                         f"§2); set {_R}.n ≥ 2 (e.g. 8) for a group baseline")
     if actor.use_kl_loss and alg.use_kl_in_reward:
         c.notices.append(f"both KL paths are on (algorithm.use_kl_in_reward and {_A}.use_kl_loss): the "
                          "reference KL shapes the rewards AND is added to the loss, so it is applied twice "

@@ -7,6 +7,7 @@ outputs back into the committed notebook). It is killed in the fixture finalizer
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -18,6 +19,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,27 +137,10 @@ def chromium_path() -> str:
     return path
 
 
-@pytest.fixture(scope="session")
-def lab_server(tmp_path_factory) -> LabServer:
-    root_dir = Path(os.environ.get("PPOLAB_BROWSER_ROOT", REPO_ROOT)).resolve()
-    home = tmp_path_factory.mktemp("jupyterlab")
-    settings_dir = home / "user-settings"
-    workspaces_dir = home / "workspaces"
-    runtime_dir = home / "runtime"
-    for d in (settings_dir, workspaces_dir, runtime_dir):
-        d.mkdir()
-    _write_lab_settings(settings_dir)
-
-    port = _free_port()
-    token = secrets.token_hex(16)
-    log_path = home / "jupyterlab.log"
-    env = dict(os.environ)
-    env["JUPYTER_RUNTIME_DIR"] = str(runtime_dir)
-    env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
-    cmd = [
-        sys.executable,
-        "-m",
-        "jupyterlab",
+def lab_options(port: int, token: str, home: Path) -> list[str]:
+    """The server's options: loopback only, ``port`` and ``token``, no browser, and the throwaway settings and
+    workspaces under ``home`` (:func:`_write_lab_settings`)."""
+    return [
         "--allow-root",
         "--no-browser",
         "--ServerApp.open_browser=False",
@@ -163,14 +148,30 @@ def lab_server(tmp_path_factory) -> LabServer:
         f"--ServerApp.port={port}",
         "--ServerApp.port_retries=0",
         f"--IdentityProvider.token={token}",
-        f"--ServerApp.root_dir={root_dir}",
-        f"--LabApp.user_settings_dir={settings_dir}",
-        f"--LabApp.workspaces_dir={workspaces_dir}",
+        f"--LabApp.user_settings_dir={home / 'user-settings'}",
+        f"--LabApp.workspaces_dir={home / 'workspaces'}",
     ]
+
+
+@contextlib.contextmanager
+def running_lab(command: Callable[[list[str]], list[str]], root_dir: Path, home: Path, cwd: Path | None = None,
+                env: dict[str, str] | None = None) -> Iterator[LabServer]:
+    """A JupyterLab server started by ``command(options)`` (``options``: :func:`lab_options` with a free port and a
+    random token), serving ``root_dir``, in its own process group, its log in ``home/jupyterlab.log``; yielded once
+    ``/api/status`` answers, stopped (:func:`_stop`) on exit."""
+    for d in ("user-settings", "workspaces", "runtime"):
+        (home / d).mkdir(parents=True, exist_ok=True)
+    _write_lab_settings(home / "user-settings")
+    port = _free_port()
+    token = secrets.token_hex(16)
+    log_path = home / "jupyterlab.log"
+    env = dict(os.environ if env is None else env)
+    env["JUPYTER_RUNTIME_DIR"] = str(home / "runtime")
+    env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            cmd,
-            cwd=root_dir,
+            command(lab_options(port, token, home)),
+            cwd=cwd or root_dir,
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -183,3 +184,19 @@ def lab_server(tmp_path_factory) -> LabServer:
         yield server
     finally:
         _stop(proc)
+
+
+@pytest.fixture(scope="session")
+def start_lab():
+    """:func:`running_lab`, for a test that starts its own server (``with start_lab(command, root_dir, home) as
+    server``): a fixture, so test files need not import a conftest."""
+    return running_lab
+
+
+@pytest.fixture(scope="session")
+def lab_server(tmp_path_factory) -> LabServer:
+    root_dir = Path(os.environ.get("PPOLAB_BROWSER_ROOT", REPO_ROOT)).resolve()
+    home = tmp_path_factory.mktemp("jupyterlab")
+    command = [sys.executable, "-m", "jupyterlab"]
+    with running_lab(lambda options: [*command, *options, f"--ServerApp.root_dir={root_dir}"], root_dir, home) as srv:
+        yield srv

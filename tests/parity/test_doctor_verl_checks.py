@@ -1,0 +1,95 @@
+"""``ppolab doctor verl``'s stops against verl 0.9.1's own ``utils/config.py::validate_config``, run on the same
+configs: on random batch settings (batch, n, GPUs, mini- and micro-batches fixed or dynamic, with and without a
+critic or a reference) the doctor stops wherever verl's ``validate_config`` raises, and quotes verl's own words;
+where ``validate_config`` passes, the doctor stops only on what verl's workers assert at their first update, and
+cites the file.
+
+verl's ``validate_config`` instantiates the workers' config dataclasses through Hydra and loads the critic's model
+config, so this needs verl's source with the packages its import chain pulls in (ray, tensordict, codetiming:
+``.ci/run``'s verl phase installs them) and points the models at the shipped tiny model. Skipped otherwise."""
+from __future__ import annotations
+
+import importlib.util
+import random
+from pathlib import Path
+
+import pytest
+
+from ppolab.course import DATA
+from ppolab.doctor import diagnose, read_verl_config, verl_verdict
+
+_SPEC = importlib.util.find_spec("verl")
+if _SPEC is None or not _SPEC.submodule_search_locations:
+    pytest.skip("verl's source is not on the path (see .ci/run's verl phase)", allow_module_level=True)
+try:
+    import ray  # noqa: F401 — verl/__init__.py imports protocol.py, which imports ray and tensordict
+    import tensordict  # noqa: F401
+except ImportError as e:
+    pytest.skip(f"verl's validate_config needs {e.name} to import (.ci/run's verl phase installs it)",
+                allow_module_level=True)
+
+DEFAULT = Path(next(iter(_SPEC.submodule_search_locations))) / "trainer" / "config" / "_generated_ppo_trainer.yaml"
+TINY = str(DATA / "models" / "tiny-arith")
+MODELS = [f"actor_rollout_ref.model.path={TINY}", f"critic.model.path={TINY}", f"critic.model.tokenizer_path={TINY}"]
+N_CASES = 150
+#: Where verl 0.9.1 asserts what ``validate_config`` leaves out: the local mini-batch (mini × n / dp) and its cut
+#: into micro-batches, both at a worker's first update — the doctor's stop cites the file and function.
+WORKER_ASSERTS = ("workers/engine_workers.py::TrainingWorker.train_mini_batch",
+                  "workers/engine/utils.py::prepare_micro_batches")
+
+
+def case(rng: random.Random) -> list[str]:
+    """One random verl command line's batch settings: about half of them break one of verl's checks."""
+    pick = rng.choice
+    actor, critic = "actor_rollout_ref.actor", "critic"
+    out = [f"data.train_batch_size={pick([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 60, 64])}",
+           f"actor_rollout_ref.rollout.n={pick([1, 2, 3, 4, 8])}",
+           f"trainer.n_gpus_per_node={pick([1, 2, 3, 4, 8])}", f"trainer.nnodes={pick([1, 1, 1, 2])}",
+           f"{actor}.ppo_mini_batch_size={pick([1, 2, 4, 8, 16, 32, 64])}",
+           f"{critic}.ppo_mini_batch_size={pick([1, 2, 4, 8, 16, 32, 64])}",
+           f"algorithm.adv_estimator={pick(['gae', 'grpo'])}",
+           f"{actor}.use_kl_loss={pick([True, False])}", f"algorithm.use_kl_in_reward={pick([True, False])}"]
+    dynamic = rng.random() < 0.2
+    out += [f"{actor}.use_dynamic_bsz={dynamic}", f"{critic}.use_dynamic_bsz={dynamic}"]
+    for key in (f"{actor}.ppo_micro_batch_size_per_gpu", f"{critic}.ppo_micro_batch_size_per_gpu",
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+                "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"):
+        out.append(f"{key}={pick(['null', 1, 2, 4, 4, 8, 8, 16])}")
+    if rng.random() < 0.1:
+        out.append(f"{actor}.loss_agg_mode={pick(['token-mean', 'seq-mean-token-sum-norm', 'seq-mean'])}")
+    return out
+
+
+def test_the_doctor_stops_exactly_where_verls_validate_config_does():
+    rng = random.Random(20261204)
+    stopped = worker_only = 0
+    for i in range(N_CASES):
+        overrides = MODELS + case(rng)
+        lines = diagnose(DEFAULT, overrides, parts=("checks",))  # runs verl's validate_config (verl_verdict)
+        said = next(ln for ln in lines if "validate_config, run here" in ln)
+        assert said.startswith("  verl 0.9.1's"), said
+        assert "could not run" not in said, (said, overrides)
+        verls = None if said.endswith(": passes") else said.split(": stops: ", 1)[1]
+        stops = [ln for ln in lines if ln.startswith("  STOP:")]
+        where = f"case {i}: verl's validate_config says {verls!r}, the doctor {stops}\n{overrides}"
+        if verls is not None:
+            assert stops, where
+        else:  # what validate_config does not check, verl's workers assert at their first update: said so
+            assert all(any(w in s for w in WORKER_ASSERTS) for s in stops), where
+            worker_only += bool(stops)
+        stopped += verls is not None
+    assert 0.25 * N_CASES < stopped < 0.85 * N_CASES, stopped  # both verdicts well represented
+    assert worker_only > 0.05 * N_CASES, worker_only
+
+
+def test_verls_words_are_quoted_where_it_stops():
+    """On a batch verl cannot split over its GPUs the quoted stop is verl's own assertion message."""
+    raw, _ = read_verl_config(DEFAULT, MODELS + ["data.train_batch_size=6", "trainer.n_gpus_per_node=4",
+                                                 "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                                                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+                                                 "critic.ppo_micro_batch_size_per_gpu=1",
+                                                 "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+                                                 "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1"])
+    version, stop = verl_verdict(raw)
+    assert (version, stop) == ("0.9.1", "AssertionError: real_train_batch_size (6) must be divisible by minimal "
+                                        "possible batch size (4)"), stop
