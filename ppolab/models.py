@@ -46,12 +46,33 @@ _REBUILD = ("re-run python -m ppolab.sft to rebuild the shipped tiny model, or c
             "directory there again")
 
 
+def _rebuild(p: Path) -> str:
+    """What to do about a damaged model directory: the shipped tiny model is rebuilt by ``ppolab.sft``; a user's own
+    is saved again whole (``model.save_pretrained(DIR)`` and ``tokenizer.save_pretrained(DIR)``)."""
+    try:
+        shipped = Path(p).resolve() == SHIPPED_MODEL.resolve()
+    except OSError:
+        shipped = False
+    if shipped:
+        return _REBUILD
+    return ("copy the complete model directory there again (config.json, weights and tokenizer files: "
+            "model.save_pretrained(DIR) and tokenizer.save_pretrained(DIR) write them all)")
+
+
+#: The other files a tokenizer reads beside :data:`TOKENIZER_FILES`.
+TOKENIZER_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja")
+
+
 def _check_tokenizer_files(p: Path) -> None:
     from ppolab.errors import MissingFileError
+    from ppolab.rundir import regular_file
 
+    for name in (*TOKENIZER_FILES, *TOKENIZER_EXTRAS):  # a pipe or device there would be skipped (is_file), and
+        if (p / name).exists() or (p / name).is_symlink():  # the tokenizer loaded without it: named instead
+            regular_file(p / name, todo="a model directory's files are plain files; " + _rebuild(p))
     if not any((p / name).is_file() for name in TOKENIZER_FILES):
         raise MissingFileError(f"the model directory {p} has no tokenizer files (none of "
-                               f"{', '.join(TOKENIZER_FILES)}); {_REBUILD}")
+                               f"{', '.join(TOKENIZER_FILES)}); {_rebuild(p)}")
 
 
 def _check_weight_files(p: Path) -> None:
@@ -65,20 +86,24 @@ def _check_weight_files(p: Path) -> None:
         try:
             shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         except (ValueError, KeyError, TypeError) as e:
-            raise FileFormatError(f"{index} does not parse ({e}); {_REBUILD}") from None
+            raise FileFormatError(f"{index} does not parse ({e}); {_rebuild(p)}") from None
         files = [p / s for s in shards]
     elif (p / "model.safetensors").is_file() or not list(p.glob("pytorch_model*.bin")):
         files = [p / "model.safetensors"]
     else:
         return  # a PyTorch .bin checkpoint: transformers reads it (and names it) itself
     for f in files:
+        if f.exists():
+            from ppolab.rundir import regular_file
+
+            regular_file(f, todo="a model directory's files are plain files; " + _rebuild(p))  # never read
         if not f.is_file():
-            raise MissingFileError(f"{f} is missing: the model directory has no weights; {_REBUILD}")
+            raise MissingFileError(f"{f} is missing: the model directory has no weights; {_rebuild(p)}")
         try:
             with safe_open(str(f), framework="pt"):
                 pass
         except Exception as e:  # safetensors raises its own error type for a truncated or foreign file
-            raise FileFormatError(f"{f} is not a complete safetensors file ({e}); {_REBUILD}") from None
+            raise FileFormatError(f"{f} is not a complete safetensors file ({e}); {_rebuild(p)}") from None
 
 
 def load_tokenizer(path: str | os.PathLike) -> Any:

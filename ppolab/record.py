@@ -47,6 +47,7 @@ from safetensors.torch import load_file, save_file
 from ppolab.course import DATA
 from ppolab.rundir import REDO as _REDO
 from ppolab.rundir import read_json  # noqa: F401 — re-exported: ppolab.train and readers import it from here
+from ppolab.rundir import regular_file
 
 STEP_FILE = "step_{:06d}"
 #: The folder of a run dir holding the tokenizer it was trained with.
@@ -361,14 +362,26 @@ def _jsonl_rows(path: Path):
     from ppolab.errors import FileFormatError
     from ppolab.rundir import json_lines
 
+    seen: dict[int, int] = {}  # step → its line: the recorder logs each step once
     for number, row in json_lines(path, "fix or delete that line (its step's metrics are lost), or " + _REDO):
         if not isinstance(row, dict):
             raise FileFormatError(f"{path}, line {number}: expected a JSON object of metrics, got "
                                   f"{type(row).__name__}; fix or delete that line")
-        step = row.get("step", 0)
-        if isinstance(step, bool) or not isinstance(step, (int, float)) or step != int(step):
+        if "step" not in row:
+            raise FileFormatError(f"{path}, line {number}: a row without a 'step' (the recorder writes one on every "
+                                  "row); fix or delete that line")
+        step = row["step"]
+        if isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step) \
+                or step != int(step):
             raise FileFormatError(f"{path}, line {number}: step {step!r} is not a whole number; fix or delete "
                                   "that line")
+        if not 0 <= step < 2**53:  # 2**53: past it a float64 column no longer holds every whole number
+            raise FileFormatError(f"{path}, line {number}: step {step!r} is out of range (a run's steps count from "
+                                  "0, the validation before training); fix or delete that line")
+        if int(step) in seen:
+            raise FileFormatError(f"{path}, lines {seen[int(step)]} and {number}: step {int(step)} is logged twice "
+                                  "(the recorder logs each step once); delete the line that is not the run's")
+        seen[int(step)] = number
         yield number, row
 
 
@@ -604,17 +617,29 @@ class LazyTensors(Mapping):
             if not 2 <= n <= self._size - 8:
                 raise ValueError(f"a header of {n} bytes in a file of {self._size}")
             header = json.loads(f.read(n))
+        if not isinstance(header, dict):
+            raise ValueError(f"a header that is a JSON {_json_kind(header)}, not an object")
         header.pop("__metadata__", None)
         self._start = 8 + n
         self._entries: dict[str, tuple[torch.dtype, list[int], int, int]] = {}
         for name, e in header.items():
-            begin, end = e["data_offsets"]
-            if e["dtype"] not in _SAFETENSORS_DTYPES:
-                raise ValueError(f"dtype {e['dtype']} of {name!r}")
+            try:
+                dtype_name, shape, (begin, end) = e["dtype"], list(e["shape"]), e["data_offsets"]
+            except (TypeError, KeyError, ValueError):
+                raise ValueError(f"tensor {name!r} has no dtype, shape and data_offsets") from None
+            if dtype_name not in _SAFETENSORS_DTYPES:
+                raise ValueError(f"dtype {dtype_name} of {name!r}")
+            whole = lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 0  # noqa: E731
+            if not (all(map(whole, shape)) and whole(begin) and whole(end) and begin <= end):
+                raise ValueError(f"tensor {name!r} has shape {shape} and bytes {begin}–{end}")
             if self._start + end > self._size:
                 raise ValueError(f"tensor {name!r} (bytes {begin}–{end}) is past the end of the file's "
                                  f"{self._size} bytes")
-            self._entries[name] = (_SAFETENSORS_DTYPES[e["dtype"]], list(e["shape"]), begin, end)
+            dtype = _SAFETENSORS_DTYPES[dtype_name]
+            if math.prod(shape) * dtype.itemsize != end - begin:
+                raise ValueError(f"tensor {name!r} of shape {shape} ({dtype_name}) needs "
+                                 f"{math.prod(shape) * dtype.itemsize} bytes, its header gives it {end - begin}")
+            self._entries[name] = (dtype, shape, begin, end)
         self._names = list(self._entries)
         self._bytes: torch.Tensor | None = None
         self._loaded: dict[str, torch.Tensor] = {}
@@ -699,30 +724,77 @@ class StepRecord:
         return self.info.get("texts", {})
 
 
+#: The groups every recorded config holds (``to_dict`` writes the whole tree): :meth:`Run.ppo_config` of a config.json
+#: without them would put the defaults in their place — another run's settings, silently.
+CONFIG_GROUPS = ("data", "actor_rollout_ref", "algorithm", "trainer")
+
+
+def _json_kind(value: Any) -> str:
+    """The JSON name of ``value``'s type: object, array, string, number, boolean, null."""
+    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number",
+            type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _check_config_shape(config_file: Path, meta: dict[str, Any]) -> None:
+    """:class:`ppolab.errors.FileFormatError` naming ``config_file`` when its entries are not of the shapes the
+    recorder writes (an edit, or another program's file)."""
+    from ppolab.errors import FileFormatError
+
+    config = meta["config"]
+    problem = None
+    if not isinstance(config, dict):
+        problem = f"its 'config' is a JSON {_json_kind(config)}, not the object of settings the recorder writes"
+    else:
+        for key, kind in (("fingerprints", dict), ("resumes", list), ("batch_plan", dict), ("versions", dict)):
+            if meta.get(key) is not None and not isinstance(meta[key], kind):
+                problem = (f"its {key!r} is a JSON {_json_kind(meta[key])}, not the "
+                           f"{'object' if kind is dict else 'array'} the recorder writes")
+                break
+    if problem:
+        raise FileFormatError(f"{config_file}: {problem}; put back the run's own config.json, or {_REDO}")
+
+
+def _no_config(folder: Path) -> str:
+    """Why ``folder`` has no config.json: a training that claimed it and is loading its models now, one that stopped
+    before writing it, or a folder that is no run at all."""
+    from ppolab.rundir import CLAIM_FILE, _holder, _pid_alive, _read_claim
+
+    claim = _read_claim(folder / CLAIM_FILE) if (folder / CLAIM_FILE).is_file() else None
+    if claim is None:
+        return (f"{folder} is not a ppolab run directory (no config.json). Shipped runs live in data/runs/; make one "
+                "with python -m ppolab.train trainer.run_dir=<dir>")
+    import socket
+
+    if claim.get("pid") and "released" not in claim and claim.get("host") == socket.gethostname() \
+            and _pid_alive(int(claim["pid"])):
+        return (f"{folder} is being started by {_holder(claim)}: its config.json is written once the models "
+                "load — open it again in a moment")
+    return (f"{folder} holds no run: the training that claimed it ({_holder(claim)}) stopped before it wrote "
+            "config.json; train into it again (the same command)")
+
+
 class Run:
     """A run directory opened for reading: config, metrics, recorded steps."""
 
     def __init__(self, path: str | os.PathLike):
         from ppolab.errors import FileFormatError, MissingFileError
 
-        self.path = Path(path)
+        self.path = Path(path).expanduser()  # as trainer.run_dir: "~/runs/x" trains and opens the same folder
         config_file = self.path / "config.json"
         if not self.path.exists():
             import difflib
 
             near = difflib.get_close_matches(self.path.name, list(SHIPPED_RUNS), n=1)
-            raise MissingFileError(f"{self.path} does not exist" + (f" — did you mean the shipped run {near[0]!r}?"
-                                                                    if near else "")
+            where = "" if self.path.is_absolute() else f" (a relative path: looked for in {Path.cwd()})"
+            raise MissingFileError(f"{self.path} does not exist{where}"
+                                   + (f" — did you mean the shipped run {near[0]!r}?" if near else "")
                                    + f"; a run is a shipped run's name ({', '.join(SHIPPED_RUNS)}) or the "
                                    "trainer.run_dir of a run you trained")
         if not self.path.is_dir():
             raise FileFormatError(f"{self.path} is a file, not a run directory: give the folder the run was "
                                   "trained into (its trainer.run_dir)")
         if not config_file.exists():
-            raise MissingFileError(
-                f"{self.path} is not a ppolab run directory (no config.json). Shipped runs live in data/runs/; "
-                "make one with python -m ppolab.train trainer.run_dir=<dir>"
-            )
+            raise MissingFileError(_no_config(self.path))
         meta = read_json(config_file)
         if isinstance(meta, dict) and "config" not in meta and ("model_type" in meta or "architectures" in meta):
             raise FileFormatError(f"{self.path} is a model directory (a {meta.get('model_type', 'model')}'s "
@@ -730,6 +802,7 @@ class Run:
                                   f"{self.path} trainer.run_dir=<dir>, then open <dir>")
         if not isinstance(meta, dict) or "config" not in meta:
             raise FileFormatError(f"{config_file} has no 'config' entry: not written by ppolab's recorder; {_REDO}")
+        _check_config_shape(config_file, meta)
         self.config: dict[str, Any] = meta.pop("config")
         self.info: dict[str, Any] = meta
         _warn_if_newer(self.path, meta.get("versions", {}).get("ppolab") if isinstance(meta.get("versions"), dict)
@@ -785,6 +858,22 @@ class Run:
         row is logged; :meth:`step` names a missing half). Read again on each use: a run being trained gains steps."""
         return self._listing()[0]
 
+    def no_steps(self) -> str:
+        """The one line for a run without a committed recorded step: why (no training step logged yet, or
+        ``trainer.record_freq`` records none) and what to do."""
+        pending = self.being_written()
+        writing = f"; step {pending[-1]} is being written" if pending else ""
+        freq = (self.config.get("trainer") or {}).get("record_freq", 1)
+        frame = self._frame()
+        if isinstance(freq, (int, float)) and freq <= 0:
+            return (f"{self.path} has no recorded steps: it was trained with trainer.record_freq={freq}; train with "
+                    "trainer.record_freq > 0")
+        if not any(k > 0 for k in frame.index):
+            return (f"{self.path} has no recorded steps: no training step was logged yet (it is still starting, or "
+                    "its training stopped before step 1: the same python -m ppolab.train command trains it again)"
+                    + writing)
+        return f"{self.path} has no recorded steps (trainer.record_freq={freq})" + writing
+
     def being_written(self) -> list[int]:
         """Steps whose files are on disk but not yet committed (the commit rule): the step a trainer is writing
         now, or one a writer that died left behind (a resume replaces it)."""
@@ -797,8 +886,7 @@ class Run:
 
         steps, pending = self._listing()
         if not steps:
-            raise FileNotFoundError(f"{self.path} has no recorded steps (trainer.record_freq)"
-                                    + (f"; step {pending[-1]} is being written" if pending else ""))
+            raise FileNotFoundError(self.no_steps())
         k = steps[-1] if k is None else k
         if k not in steps:
             if k in pending:
@@ -812,9 +900,10 @@ class Run:
             base = self.path / "steps" / STEP_FILE.format(k)
             tensors_file, info_file = base.with_suffix(".safetensors"), base.with_suffix(".json")
             for f in (tensors_file, info_file):
-                if not f.is_file():
+                if not f.exists():
                     raise MissingFileError(f"{f} is missing, so step {k} is only half recorded; open another step "
                                            f"(recorded: {steps}) or {_REDO}")
+                regular_file(f)  # a folder, a pipe or a device there: named as such, never read
             for _ in range(3):  # the pair of one version: the .json read while the mapped file was still in place
                 try:
                     tensors = LazyTensors(tensors_file)
@@ -822,6 +911,10 @@ class Run:
                     raise FileFormatError(f"{tensors_file} is not a complete safetensors file ({e}); open another "
                                           f"step (recorded: {steps}) or {_REDO}") from None
                 info = read_json(info_file)
+                if not isinstance(info, dict):
+                    raise FileFormatError(f"{info_file} holds a JSON {_json_kind(info)}, not the object of texts "
+                                          f"and plan the recorder writes; open another step (recorded: {steps}) or "
+                                          f"{_REDO}")
                 if tensors._stamp() == tensors.version:  # the .json read while this tensors file was in place
                     break
             else:  # replaced three times while being opened: say so rather than pair two versions
@@ -838,6 +931,14 @@ class Run:
 
         if self._tokenizer is None:
             folder = self.path / TOKENIZER_DIR
+            recorded = (self.info.get("fingerprints") or {}).get(TOKENIZER_DIR)
+            if not folder.is_dir() and (recorded is not None or folder.is_symlink() or folder.exists()):
+                what = ("a file" if folder.is_file() else "a link that leads to no folder (or loops)"
+                        if folder.is_symlink() else "missing" if not folder.exists() else "not a folder")
+                model = self.config.get("actor_rollout_ref", {}).get("model", {}).get("path", "?")
+                raise MissingFileError(f"{folder} is {what}, where the run keeps the tokenizer files it was trained "
+                                       f"with (recorded in config.json; its base model was {model}): put back the "
+                                       f"run's own {TOKENIZER_DIR}/ folder, or {_REDO}")
             if not folder.is_dir():
                 model = self.config.get("actor_rollout_ref", {}).get("model", {}).get("path", "?")
                 raise MissingFileError(f"{self.path} has no {TOKENIZER_DIR}/ folder (recorded before runs carried the "
@@ -855,7 +956,11 @@ class Run:
                                       f"{_REDO}")
             try:
                 self._tokenizer = load_tokenizer_files(folder)
-            except (MissingFileError, FileFormatError):
+            except MissingFileError as e:  # its message is a model directory's; this is the run's own folder
+                why = str(e).split(";")[0].replace(f"the model directory {folder} has no tokenizer files ", "")
+                raise MissingFileError(f"{folder} holds no tokenizer file that loads {why}; put back the run's own "
+                                       f"tokenizer files, or {_REDO}") from None
+            except FileFormatError:
                 raise
             except Exception as e:  # a damaged file ends in JSONDecodeError, AttributeError, RecursionError, …
                 raise FileFormatError(f"{folder}: its tokenizer files do not load ({type(e).__name__}: "
@@ -910,7 +1015,21 @@ class Run:
         from ppolab.config import from_dict
 
         if self._ppo_config is None:
-            self._ppo_config = from_dict(self.config)
+            from ppolab.config.schema import ConfigError
+            from ppolab.errors import FileFormatError
+
+            missing = [g for g in CONFIG_GROUPS if not isinstance(self.config.get(g), dict)]
+            if missing:  # read without them, every setting of theirs would be a default: another run's numbers
+                raise FileFormatError(f"{self.path / 'config.json'}: its 'config' lacks the group(s) "
+                                      f"{', '.join(missing)} (the recorder writes every setting; read without them, "
+                                      f"the run's settings would be the defaults); put back the run's own "
+                                      f"config.json, or {_REDO}")
+            try:
+                self._ppo_config = from_dict(self.config)
+            except ConfigError as e:  # a value edited into config.json: the loader names the key, not the file
+                message = str(e).removeprefix("dict: ")
+                raise FileFormatError(f"{self.path / 'config.json'}: its 'config' does not load ({message}); put "
+                                      f"back the recorded value, or {_REDO}") from None
         return copy.deepcopy(self._ppo_config)
 
     def __repr__(self) -> str:

@@ -221,9 +221,12 @@ REDO = "re-record the run (python -m ppolab.train with a new trainer.run_dir)"
 
 #: The largest JSON file a reader opens whole (a step's texts and plan are a few MB at a real batch).
 MAX_JSON_BYTES = 256 * 2**20
+#: The longest line a JSON-lines reader takes (characters): a step's metrics are a few kB on one line.
+MAX_LINE_CHARS = 16 * 2**20
 
 
-def regular_file(path: str | os.PathLike, limit: int | None = None) -> Path:
+def regular_file(path: str | os.PathLike, limit: int | None = None,
+                 todo: str = "a run's files are plain files; put the file the recorder wrote there") -> Path:
     """``path`` when it is a regular file (after links) of at most ``limit`` bytes, else
     :class:`ppolab.errors.FileFormatError` naming it: a link to ``/dev/zero``, a FIFO or a folder would be read until
     memory runs out, or block, before anything could say why."""
@@ -238,8 +241,7 @@ def regular_file(path: str | os.PathLike, limit: int | None = None) -> Path:
         raise MissingFileError(f"{path} is missing") from None
     if not stat.S_ISREG(st.st_mode):
         kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a device, pipe or socket, not a file"
-        raise FileFormatError(f"{path} is {kind}{' (through a link)' if path.is_symlink() else ''}: a run's "
-                              f"files are plain files; put the file the recorder wrote there") from None
+        raise FileFormatError(f"{path} is {kind}{' (through a link)' if path.is_symlink() else ''}: {todo}") from None
     if limit is not None and st.st_size > limit:
         raise FileFormatError(f"{path} is {st.st_size / 2**20:.0f} MB, more than the {limit / 2**20:.0f} MB a "
                               f"reader opens whole: not a file the recorder wrote") from None
@@ -253,8 +255,12 @@ def json_lines(path: str | os.PathLike, todo: str) -> Iterable[tuple[int, Any]]:
     metrics.jsonl and of a verl job's FileLogger file; each checks what its lines must hold."""
     from ppolab.errors import FileFormatError
 
-    with open(regular_file(path), encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, 1):
+    # utf-8-sig: a byte-order mark an editor put at the start is not a torn line
+    with open(regular_file(path), encoding="utf-8-sig", errors="replace") as f:
+        for number, line in enumerate(iter(lambda: f.readline(MAX_LINE_CHARS + 1), ""), 1):
+            if len(line) > MAX_LINE_CHARS:
+                raise FileFormatError(f"{path}, line {number}: longer than {MAX_LINE_CHARS // 2**20} MB (a step's "
+                                      f"line is a few kB), read no further: not a line ppolab or verl wrote; {todo}")
             if not line.strip():
                 continue
             try:
@@ -420,7 +426,7 @@ def claim_run_dir(folder: str | os.PathLike) -> RunDirClaim:
     made = [p for p in (folder, *folder.parents) if not p.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(folder / CLAIM_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(folder / CLAIM_FILE, os.O_RDWR | os.O_CREAT, 0o666)  # the umask decides, as for every file
     except OSError as e:  # read-only, no permission, a file where a parent folder should be
         raise RunDirError(f"trainer.run_dir={str(folder)!r} cannot be written ({e.strerror or e}); give a folder "
                           "this user can write") from None
@@ -460,16 +466,24 @@ def new_run_dir(base: str | os.PathLike) -> Path:
 
 # ====================================================================== leftovers of a killed writer
 def leftover_temp_files(folder: Path) -> list[Path]:
-    """The recorder's temporary files (``.<name>.<random>.tmp``) under ``folder``: a process killed while writing
-    leaves them; nothing reads them."""
-    return sorted(p for p in folder.rglob(".*.tmp") if p.is_file()) if folder.is_dir() else []
+    """The recorder's temporary files (``.<name>.<random>.tmp``) under ``folder``, and the ``.tokenizer.*.tmp/``
+    folder of a tokenizer being saved: a process killed while writing leaves them; nothing reads them."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.rglob(".*.tmp") if p.is_file() or p.is_dir() and not p.is_symlink()
+                  and p.parent == folder and p.name.startswith(".tokenizer."))
 
 
 def remove_leftovers(folder: Path) -> int:
     """Delete :func:`leftover_temp_files`; returns how many."""
+    import shutil
+
     found = leftover_temp_files(folder)
     for p in found:
-        p.unlink(missing_ok=True)
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
     return len(found)
 
 

@@ -232,7 +232,7 @@ def _train_claimed(cfg: PPOConfig, info, run_dir: Path, claim, on_step: OnStep |
     changed = check_resume(run_dir, to_dict(cfg)) if checkpoint is not None else None
     for note in notes if info.is_main else ():
         warnings.warn(note, RunWarning, stacklevel=3)
-    if checkpoint is not None and info.is_main:
+    if info.is_main:  # a resume, or a start again after a start killed before step 1 (its tokenizer/ half saved)
         leftovers = leftover_temp_files(run_dir)
         if leftovers:
             remove_leftovers(run_dir)

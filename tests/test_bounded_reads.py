@@ -198,3 +198,191 @@ def test_a_full_disk_names_the_path(tmp_path, monkeypatch, what):
     run = Run(tmp_path / "run")
     assert run.steps == [1] and torch.equal(run.step(1)["a"], torch.ones(3))
     assert not list((tmp_path / "run").rglob("*.tmp")), "a temporary file was left behind"
+
+
+# ====================================================================== more of the same kinds (issue 36's hidden list)
+def _edit_metrics(run: Path, edit) -> Path:
+    path = run / "metrics.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(edit(lines)) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("value, shown", [("NaN", "step nan is not a whole number"),
+                                          ("Infinity", "step inf is not a whole number"),
+                                          ("-2", "step -2 is out of range"), ("1e300", "step 1e+300 is out of range"),
+                                          (None, "a row without a 'step'")])
+def test_a_step_no_run_logs_names_the_file_and_line(copy_of_run, value, shown):
+    """A NaN, infinite, negative or huge step (or none) used to raise a bare ValueError / pandas error, or read as a
+    negative step the run never had (its step 2 gone) — silently."""
+    run = copy_of_run()
+
+    def edit(lines):
+        row = lines[3]
+        lines[3] = row.replace('"step": 3, ', "") if value is None else row.replace('"step": 3', f'"step": {value}')
+        return lines
+
+    path = _edit_metrics(run, edit)
+    with pytest.raises(FileFormatError) as e:
+        ppolab.load_run(run)
+    assert str(e.value).startswith(f"{path}, line 4: {shown}") and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_step_logged_twice_names_both_lines(copy_of_run):
+    run = copy_of_run()
+    path = _edit_metrics(run, lambda lines: lines + [lines[2]])
+    n = len(path.read_text().splitlines())
+    with pytest.raises(FileFormatError, match=rf"lines 3 and {n}: step 2 is logged twice"):
+        ppolab.load_run(run)
+
+
+def test_a_byte_order_mark_and_windows_line_ends_read_as_written(copy_of_run):
+    import pandas as pd
+
+    run = copy_of_run()
+    expected = ppolab.load_run(run).metrics
+    path = run / "metrics.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_text().replace("\n", "\r\n\r\n").encode())  # an editor's save
+    pd.testing.assert_frame_equal(ppolab.load_run(run).metrics, expected)
+
+
+def test_an_overlong_line_is_refused_before_it_is_read_whole(copy_of_run):
+    import resource
+
+    from ppolab.rundir import MAX_LINE_CHARS
+
+    run = copy_of_run()
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 999, "x": [' + "1," * (MAX_LINE_CHARS // 2) + "1]}\n")  # valid JSON: a list of 8 M ints
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(FileFormatError, match=r"metrics.jsonl, line \d+: longer than 16 MB"):
+        ppolab.load_run(run)
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024 < 150
+
+
+@pytest.mark.parametrize("edit, shown", [
+    (lambda m: {**m, "config": [1, 2]}, "its 'config' is a JSON array"),
+    (lambda m: {**m, "config": None}, "its 'config' is a JSON null"),
+    (lambda m: {**m, "fingerprints": "abc"}, "its 'fingerprints' is a JSON string"),
+    (lambda m: {**m, "resumes": {"at_step": 2}}, "its 'resumes' is a JSON object, not the array"),
+])
+def test_a_config_json_of_another_shape_names_the_file_when_opened(copy_of_run, edit, shown):
+    run = copy_of_run()
+    (run / "config.json").write_text(json.dumps(edit(json.loads((run / "config.json").read_text()))))
+    with pytest.raises(FileFormatError) as e:
+        ppolab.load_run(run)
+    assert str(e.value).startswith(f"{run / 'config.json'}: {shown}"), str(e.value)
+
+
+@pytest.mark.parametrize("edit, shown", [
+    (lambda c: {}, "lacks the group(s) data, actor_rollout_ref, algorithm, trainer"),  # read as the defaults
+    (lambda c: {**c, "algorithm": [1]}, "lacks the group(s) algorithm"),
+    (lambda c: {**c, "trainer": {**c["trainer"], "seed": "one"}}, "trainer.seed='one' is not valid"),
+])
+def test_a_recorded_config_that_does_not_load_names_config_json(copy_of_run, edit, shown):
+    """An empty 'config' used to give the defaults' settings for the run's, silently; a wrong value a loader error
+    naming 'dict'."""
+    run = copy_of_run()
+    meta = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**meta, "config": edit(meta["config"])}))
+    with pytest.raises(FileFormatError) as e:
+        ppolab.load_run(run).ppo_config()
+    assert str(e.value).startswith(f"{run / 'config.json'}: its 'config'") and shown in str(e.value), str(e.value)
+    assert "dict:" not in str(e.value)
+
+
+def _rewrite_header(path: Path, change) -> None:
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = change(json.loads(raw[8:8 + n]))
+    new = json.dumps(header, separators=(",", ":")).encode()
+    path.write_bytes(len(new).to_bytes(8, "little") + new + raw[8 + n:])
+
+
+def _first(header: dict) -> str:
+    return next(k for k in header if k != "__metadata__")
+
+
+@pytest.mark.parametrize("change, shown", [
+    (lambda h: {**h, _first(h): {**h[_first(h)], "shape": [10**6]}}, "needs 8000000 bytes"),
+    (lambda h: {**h, _first(h): {**h[_first(h)], "data_offsets": [-8, 4]}}, "bytes -8–4"),
+    (lambda h: [1, 2], "a header that is a JSON array"),
+])
+def test_a_tensors_file_whose_header_lies_is_named_when_the_step_opens(copy_of_run, change, shown):
+    """A header whose shape does not fit its bytes, or whose offsets are negative, used to fail at the first read
+    of the tensor with torch's RuntimeError naming no file."""
+    run = copy_of_run()
+    path = run / "steps" / "step_000005.safetensors"
+    _rewrite_header(path, change)
+    with pytest.raises(FileFormatError) as e:
+        ppolab.load_run(run).step(5)
+    assert str(e.value).startswith(f"{path} is not a complete safetensors file") and shown in str(e.value)
+
+
+@pytest.mark.parametrize("what", ["json array", "json pipe", "tensors pipe"])
+def test_a_step_file_that_is_no_recorders_file_is_named(copy_of_run, what):
+    run = copy_of_run()
+    path = run / "steps" / ("step_000005.json" if what.startswith("json") else "step_000005.safetensors")
+    path.unlink()
+    if what == "json array":
+        path.write_text("[]")
+    else:
+        os.mkfifo(path)
+    with pytest.raises(FileFormatError) as e:
+        ppolab.load_run(run).step(5)
+    assert str(e.value).startswith(str(path)), str(e.value)
+    assert ("JSON array" if what == "json array" else "pipe") in str(e.value)
+
+
+@pytest.mark.parametrize("damage, shown", [("file", "is a file"), ("loop", "is a link that leads to no folder")])
+def test_a_tokenizer_folder_that_is_a_file_or_a_loop_is_not_called_an_old_run(copy_of_run, damage, shown):
+    """It used to say the run was 'recorded before runs carried the tokenizer': this run recorded one."""
+    run = copy_of_run()
+    folder = run / "tokenizer"
+    shutil.rmtree(folder)
+    folder.write_text("x") if damage == "file" else folder.symlink_to("tokenizer")
+    with pytest.raises(MissingFileError) as e:
+        ppolab.load_run(run).tokenizer()
+    assert str(e.value).startswith(f"{folder} {shown}") and "recorded before" not in str(e.value), str(e.value)
+
+
+def test_a_run_that_never_finished_step_1_says_so_not_record_freq(copy_of_run):
+    from ppolab.numbers import step_tensors
+
+    run = copy_of_run()
+    shutil.rmtree(run / "steps")
+    (run / "summary.json").unlink()
+    _edit_metrics(run, lambda lines: lines[:1])  # the validation before training alone
+    with pytest.raises(FileNotFoundError) as e:
+        step_tensors(ppolab.load_run(run))
+    assert "no training step was logged yet" in str(e.value) and "record_freq" not in str(e.value), str(e.value)
+
+
+def test_a_run_being_started_is_not_called_no_run(tmp_path):
+    """A reader that opens a run before its trainer wrote config.json (the models are loading): it is said to be
+    starting, by whom — and once that process is gone, that it stopped before writing it."""
+    import socket
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (folder / ".ppolab-run").write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(),
+                                                        "started": time.time(), "command": "ppolab train"}))
+        with pytest.raises(MissingFileError, match=rf"is being started by process {holder.pid}"):
+            ppolab.load_run(folder)
+    finally:
+        holder.kill()
+        holder.wait()
+    with pytest.raises(MissingFileError, match="stopped before it wrote config.json"):
+        ppolab.load_run(folder)
+
+
+def test_a_home_folder_and_a_relative_path(copy_of_run, monkeypatch, tmp_path):
+    """``~/…`` opens what trainer.run_dir=~/… trains into; a relative path that is not here says where it looked."""
+    run = copy_of_run()
+    monkeypatch.setenv("HOME", str(run.parent))
+    assert ppolab.load_run(f"~/{run.name}").path == run
+    monkeypatch.chdir(tmp_path / "..")
+    with pytest.raises(MissingFileError, match=rf"looked for in {os.getcwd()}"):
+        ppolab.load_run("runs/mine")

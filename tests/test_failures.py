@@ -1,6 +1,7 @@
 """Nothing lost, nothing silent (issue 14): bad run dirs, rewards, data, model files and recorded runs stop or
 warn with a message naming the culprit, and no file of an existing run changes."""
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -243,9 +244,10 @@ def model_copy(tmp_path) -> Path:
 
 
 @pytest.mark.parametrize("damage, error, words", [
-    ("missing weights", MissingFileError, ["model.safetensors", "python -m ppolab.sft"]),
-    ("truncated weights", FileFormatError, ["model.safetensors", "python -m ppolab.sft"]),
-    ("no tokenizer", MissingFileError, ["no tokenizer files"]),
+    # a model directory of the user's own (here a copy): saved again whole; only the shipped one is ppolab.sft's
+    ("missing weights", MissingFileError, ["model.safetensors", "save_pretrained"]),
+    ("truncated weights", FileFormatError, ["model.safetensors", "save_pretrained"]),
+    ("no tokenizer", MissingFileError, ["no tokenizer files", "save_pretrained"]),
 ])
 def test_damaged_model_directories_name_the_file(model_copy, damage, error, words):
     weights = model_copy / "model.safetensors"
@@ -259,6 +261,18 @@ def test_damaged_model_directories_name_the_file(model_copy, damage, error, word
     with pytest.raises(error) as e:
         load_tokenizer_and_model(model_copy)
     assert str(model_copy) in str(e.value) and all(w in str(e.value) for w in words)
+
+
+@pytest.mark.parametrize("name, target", [("tokenizer_config.json", "pipe"), ("model.safetensors", "/dev/urandom")])
+def test_a_pipe_or_device_in_a_model_directory_is_named_never_read(model_copy, name, target):
+    """A pipe where tokenizer_config.json belongs used to be skipped (the tokenizer loaded without its config, and the
+    error that followed named the vocabulary); a link to /dev/urandom as the weights was called missing."""
+    (model_copy / name).unlink()
+    os.mkfifo(model_copy / name) if target == "pipe" else (model_copy / name).symlink_to(target)
+    with pytest.raises(FileFormatError) as e:
+        load_tokenizer_and_model(model_copy)
+    assert str(e.value).startswith(f"{model_copy / name} is a device, pipe or socket") and "save_pretrained" in str(
+        e.value), str(e.value)
 
 
 def test_an_ignored_critic_path_is_a_config_error():

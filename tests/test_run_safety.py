@@ -473,7 +473,7 @@ def test_the_critic_adapter_wraps_critic_model_target_modules(tmp_path):
 
 # ====================================================================== modes: the umask decides (issue 36)
 @pytest.mark.slow  # one training step (~10 s): in .ci/run's slow phase
-@pytest.mark.parametrize("umask", [0o022, 0o027, 0o077])
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o077, 0o002])
 def test_every_file_and_folder_of_a_run_honours_the_umask(tmp_path, umask):
     """A run an instructor trains on a shared machine opens for the learners of the group: the recorder's files
     get 0666 & ~umask and its folders 0777 & ~umask, as open() and mkdir() give them (mkstemp alone gives 0600)."""
@@ -521,3 +521,30 @@ def test_a_resume_removes_what_a_killed_writer_left(tmp_path):
     resume(root, steps=2)
     assert not [p for p in left if p.exists()] and not list(root.rglob(".*.tmp"))
     assert ppolab.load_run(root).steps == [1, 2]
+
+
+def test_a_start_again_after_a_start_killed_while_saving_its_tokenizer_cleans_it(tmp_path):
+    """A kill before step 1 (while tokenizer/ was saved) leaves no run, so the same command starts afresh — and
+    used to leave the half-saved .tokenizer.*.tmp/ folder there for good."""
+    from ppolab.rundir import leftover_temp_files, remove_leftovers
+
+    root = tmp_path / "run"
+    half = root / ".tokenizer.k1ll3d.tmp"
+    half.mkdir(parents=True)
+    (half / "tokenizer.json").write_text("{")
+    (root / "config.json").write_text("{}")
+    mine = root / "notes.tmp"  # not the recorder's (no leading dot): left alone
+    mine.write_text("mine")
+    assert leftover_temp_files(root) == [half]
+    assert remove_leftovers(root) == 1 and not half.exists() and mine.exists()
+
+
+def test_the_claim_file_honours_a_group_writable_umask(tmp_path):
+    """Under umask 002 every file of a run is group-writable but .ppolab-run was 0644: a group member could not
+    claim the run to resume it."""
+    old = os.umask(0o002)
+    try:
+        with claim_run_dir(tmp_path / "run"):
+            assert (tmp_path / "run" / CLAIM_FILE).stat().st_mode & 0o777 == 0o664
+    finally:
+        os.umask(old)

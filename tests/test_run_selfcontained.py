@@ -34,6 +34,12 @@ def test_a_fresh_run_records_its_tokenizer(finished):
 
 def test_a_run_without_its_tokenizer_says_so(copy_of):
     shutil.rmtree(copy_of / TOKENIZER_DIR)
+    # this run recorded its tokenizer/ (its fingerprint is in config.json): the folder is missing, not never made
+    with pytest.raises(MissingFileError, match="tokenizer is missing, where the run keeps.*tiny-arith"):
+        ppolab.load_run(copy_of).tokenizer()
+    config = json.loads((copy_of / "config.json").read_text())
+    del config["fingerprints"][TOKENIZER_DIR]  # a run recorded before runs carried their tokenizer
+    (copy_of / "config.json").write_text(json.dumps(config))
     with pytest.raises(MissingFileError, match="no tokenizer/ folder.*tiny-arith"):
         ppolab.load_run(copy_of).tokenizer()
 

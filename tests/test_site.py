@@ -289,3 +289,43 @@ def test_a_site_of_its_own_is_rebuilt_but_a_changed_page_stops_it(tmp_path, monk
     assert bs.main([str(out), "--labs", "11"]) == 2
     assert _tree(out) == before
     assert "11_loss_aggregation.html changed since the last build" in capsys.readouterr().err
+
+
+def test_a_link_inside_its_own_site_is_refused_and_what_it_leads_to_untouched(tmp_path, monkeypatch, capsys):
+    """A previous build whose assets/ was replaced by a link to a folder of the user's: the build would write its
+    assets through the link, over the user's own site.css."""
+    bs = _builder(monkeypatch)
+    out, mine = tmp_path / "site", tmp_path / "my-assets"
+    assert bs.main([str(out), "--labs", "11"]) in (0, 1)
+    mine.mkdir()
+    (mine / "site.css").write_text("my own css")
+    for f in (out / "assets").iterdir():
+        f.unlink()
+    (out / "assets").rmdir()
+    (out / "assets").symlink_to(mine)
+    assert bs.main([str(out), "--labs", "11"]) == 2
+    assert _tree(mine) == {"site.css": b"my own css"}
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{out / 'assets'} is a link (to {mine})" in err[0], err
+
+
+def test_an_out_that_cannot_be_written_is_one_line_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    bs = _builder(monkeypatch)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    access = os.access
+    # as root every folder is writable: the test says which one is not, as chmod 555 does for a user
+    monkeypatch.setattr(os, "access", lambda p, mode: Path(p) != locked and access(p, mode))
+    assert bs.main([str(locked / "site"), "--labs", "11"]) == 2
+    assert not (locked / "site").exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{locked} is read-only for this user" in err[0], err
+
+
+def test_an_out_that_is_a_link_to_nowhere_is_one_line(tmp_path, monkeypatch, capsys):
+    bs = _builder(monkeypatch)
+    out = tmp_path / "site"
+    out.symlink_to(tmp_path / "nowhere")
+    assert bs.main([str(out), "--labs", "11"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "which does not exist" in err[0], err

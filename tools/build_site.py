@@ -608,6 +608,9 @@ def check_out(out: Path) -> dict[str, str]:
     changed since — the builder replaces no one else's file."""
     if out.exists() and not out.is_dir():
         raise SiteError(f"build_site: OUT {out} is a file, not a folder: give a new or empty folder")
+    if out.is_symlink() and not out.exists():
+        raise SiteError(f"build_site: OUT {out} is a link to {os.readlink(out)}, which does not exist: make that "
+                        "folder first, or give a new or empty folder")
     if not out.exists() or not any(out.iterdir()):
         return {}
     record = out / "build.json"
@@ -619,6 +622,9 @@ def check_out(out: Path) -> dict[str, str]:
         raise SiteError(f"build_site: OUT {out} is not empty and not a site this builder wrote (no build.json with "
                         f"its files): give a new or empty folder")
     for f in sorted(out.rglob("*")):
+        if f.is_symlink():  # a build writes plain files in its own folders; through a link it would write elsewhere
+            raise SiteError(f"build_site: {f} is a link (to {os.readlink(f)}), not a file or folder a build of "
+                            "this site wrote: remove the link, or give another OUT")
         if f.is_dir():
             continue
         rel = f.relative_to(out).as_posix()
@@ -637,6 +643,16 @@ def check_args(out: Path, labs: list[str] | None, cache: Path | None) -> dict[st
     check_out(out)
     if cache is not None and cache.exists() and not cache.is_dir():
         raise SiteError(f"build_site: --cache {cache} is a file, not a folder")
+    for what, folder in (("OUT", out), ("--cache", cache)):
+        if folder is None:
+            continue
+        inside = [folder, *(sorted(folder.rglob("*")) if folder.is_dir() else [])]  # a build rewrites its files too
+        here = next(p for p in (folder.absolute(), *folder.absolute().parents) if p.exists())
+        stuck = [p for p in (inside if folder.exists() else [here])
+                 if not os.access(p, os.W_OK | (os.X_OK if p.is_dir() else 0))]
+        if stuck:
+            raise SiteError(f"build_site: {what} {folder} cannot be written ({stuck[0]} is read-only for this user): "
+                            "give a folder you can write, or make it writable")
     return lab_notebooks(labs)
 
 

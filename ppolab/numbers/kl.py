@@ -148,7 +148,7 @@ def response_logits(run: Run | str | None = None, step: int | None = None) -> di
     r = resolve_run(run)
     if step is None:
         if not r.steps:
-            raise FileNotFoundError(f"{r.path} has no recorded steps; train with trainer.record_freq > 0")
+            raise FileNotFoundError(r.no_steps())
         step = r.steps[0]
     return _response_logits(str(Path(r.path).resolve()), int(step))
 

@@ -20,7 +20,7 @@ def step_tensors(run: Run | str | os.PathLike | None = None, step: int | None = 
     r = resolve_run(run, default)
     steps = r.steps
     if not steps:
-        raise FileNotFoundError(f"{r.path} has no recorded steps; train with trainer.record_freq > 0")
+        raise FileNotFoundError(r.no_steps())
     return r.step(steps[0] if step is None else step)
 
 
