@@ -169,7 +169,8 @@ def verl_verdict(raw: dict[str, Any]) -> tuple[str, str | None] | None:
     called as ``trainer/main_ppo.py`` calls it, with ``use_reference_policy`` and ``use_critic`` from
     ``trainer/ppo/utils.py::need_reference_policy`` / ``need_critic``. A config whose check cannot run here (the
     critic's model folder is loaded by ``HFModelConfig`` and is not on this machine; a LoRA rollout on vLLM imports
-    verl's vLLM helpers, which need vLLM) gives ``stop`` starting ``"could not run: "``. What verl prints on the way (its NOTICE and success lines) is not passed on."""
+    verl's vLLM helpers, which need vLLM) gives ``stop`` starting ``"could not run: "``. What verl prints on the
+    way (its NOTICE and success lines) is not passed on."""
     if importlib.util.find_spec("verl") is None:
         return None
     from omegaconf import OmegaConf

@@ -39,7 +39,7 @@ def test_the_solution_imports_no_ppolab_algos():
 def test_the_default_step_is_where_the_mechanisms_fire():
     s = capstone.capstone_step("ppo_fire_tiny")
     log = capstone.logged("ppo_fire_tiny", s)
-    assert s == 18 and log["actor/pg_clipfrac_lower"] > 0 and log["rollout_corr/rollout_rs_masked_fraction"] > 0
+    assert s == 21 and log["actor/pg_clipfrac_lower"] > 0 and log["rollout_corr/rollout_rs_masked_fraction"] > 0
     t = __import__("ppolab").load_run(SHIPPED_RUNS["ppo_fire_tiny"]).step(s).tensors
     assert t["is_pad"].bool().sum() == 4 and capstone.dp_size("ppo_fire_tiny", s) == 2
     case = capstone.actor_case("ppo_fire_tiny")

@@ -132,7 +132,7 @@ def test_the_example_job_with_its_metrics_trips_the_points_lab_16_shows_on_the_r
     from ppolab.verl_logs import lab_log
 
     lines = diagnose(lab_job(), metrics=lab_log(), parts=("mistakes",))
-    assert points(lines) == ["2", "3", "6", "7"], lines
+    assert points(lines) == ["2", "3", "4", "6", "7"], lines
     assert not any("STOP" in ln or "arithmetic" in ln for ln in lines)
     grpo = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=8", "algorithm.use_kl_in_reward=false"]
     assert points(diagnose(lab_job(), grpo, metrics=lab_log(), parts=("mistakes",))) == ["1", "2", "4", "5", "6", "7"]
@@ -170,4 +170,4 @@ def test_the_report_speaks_chinese_in_a_chinese_notebook(tmp_path):
     for lines in jobs:
         heads = [ln for ln in lines if ln and not ln.startswith("  ")]
         assert all(re.search(r"[\u4e00-\u9fff]", ln) for ln in heads), heads
-    assert points(jobs[0]) == ["2", "3", "6", "7"] and any(ln.strip().startswith("§4") for ln in jobs[1])
+    assert points(jobs[0]) == ["2", "3", "4", "6", "7"] and any(ln.strip().startswith("§4") for ln in jobs[1])

@@ -26,7 +26,7 @@ CFG = ActorConfig(clip_ratio_low=0.15, clip_ratio_high=0.1, clip_ratio_c=2.0)
 
 #: The recorded step and optimizer step of ppo_fire_tiny where the clip and the dual clip both bind (lab 05's
 #: write-the-metric case, DUAL_STEP / DUAL_CODE of ppolab.exercises.lab05).
-STEP, OPT = 18, 12
+STEP, OPT = 21, 13
 
 
 @pytest.fixture(scope="module")
@@ -146,13 +146,17 @@ def test_recorded_vanilla_by_hand(fire):
 
 def test_recorded_covariance_picks(fire):
     run, base = fire
-    b = optimizer_step_batch(step_tensors(run, STEP), OPT)
-    cov = recorded_weights("clip_cov", b, base, seed=0)
-    assert int(cov["off_curve"].sum()) == 1  # k = max(1, int(2e-4·N)) = 1 drawn token, zeroed
+    # clip_cov draws among the tokens whose covariance lies in (clip_cov_lb, clip_cov_ub) = (1, 5), kl_cov takes the
+    # top ones: the first recorded optimizer step where both select (one without candidates zeroes nothing)
+    for s, k in ((s, k) for s in run.steps for k in range(step_tensors(run, s).tensors["actor_log_probs"].shape[0])):
+        b = optimizer_step_batch(step_tensors(run, s), k)
+        cov, kl = recorded_weights("clip_cov", b, base, seed=0), recorded_weights("kl_cov", b, base)
+        if cov["off_curve"].any() and kl["off_curve"].any():
+            break
+    assert int(cov["off_curve"].sum()) == 1, (s, k)  # k = max(1, int(2e-4·N)) = 1 drawn token, zeroed
     assert (cov["w"][cov["off_curve"]] == 0).all() and (cov["reference"][cov["off_curve"]] != 0).all()
     again = recorded_weights("clip_cov", b, base, seed=0)
     assert torch.equal(cov["w"], again["w"])  # seeded draw: reproducible
-    kl = recorded_weights("kl_cov", b, base)
     sel = kl["off_curve"]
     assert int(sel.sum()) == 1
     torch.testing.assert_close(kl["w"][sel], kl["a"][sel] * kl["x"][sel] - 0.1 * torch.sign(torch.log(kl["x"][sel])))

@@ -15,7 +15,7 @@ RUN = "ppo_fire_tiny"
 #: (step, optimizer step) of the asymmetric-window exercise; the recorded step where the dual clip binds, the
 #: optimizer step its explorer opens on, and the optimizer step of the write-the-metric exercise.
 ASYM = (6, 8)
-DUAL_STEP, DUAL_OPEN, DUAL_CODE = 18, 4, 12
+DUAL_STEP, DUAL_OPEN, DUAL_CODE = 21, 9, 13
 
 
 def asym_case(run=None) -> dict:

@@ -11,9 +11,9 @@ from ppolab.numbers.steps import loss_mask_of_real_rows
 
 #: The lab's run, and the recorded step its explorers open on.
 RUN, STEP = "ppo_fire_tiny", 12
-#: Exercise 16.5's optimizer step: the last one of the last recorded step, whose mini-batch holds the 4 synthetic
-#: padding rows and a real row that rejection sampling emptied.
-AGG_STEP, AGG_OPT = 30, 15
+#: Exercise 16.5's optimizer step: the last one of recorded step 12, whose mini-batch holds the 4 synthetic padding
+#: rows and a real row that rejection sampling emptied.
+AGG_STEP, AGG_OPT = 12, 15
 
 
 def grad_case(run=None) -> dict:

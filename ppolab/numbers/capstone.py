@@ -141,9 +141,9 @@ def _logged_row(r: Run, step: int) -> dict[str, float]:
 def capstone_step(run: Run | str | None = None) -> int:
     """The recorded step the capstone rebuilds: one whose every rank ran at least two micro-batches per optimizer step
     where the run has such a step (a sum over micro-batches then differs from a mean), then where the dual clip bit
-    most (logged pg_clipfrac_lower), then where the clip bit most (pg_clipfrac); on the shipped ppo_fire_tiny (one
-    micro-batch per rank at every step), step 18: dual clip, clip, rejection, padding rows and the adaptive β all
-    fire there."""
+    most (logged pg_clipfrac_lower), then where the clip bit most (pg_clipfrac); on the shipped ppo_fire_tiny (two
+    micro-batches of 4 rows per rank at every step), step 21: dual clip, clip, rejection, padding rows and the
+    adaptive β all fire there."""
     return int(_step_case(run, default=SHIPPED)["step"])
 
 

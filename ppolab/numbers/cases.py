@@ -225,17 +225,29 @@ def _pad_rows_in(r: Run, s: int, k: int) -> int:
 
 @_cached
 def padded_mini_batch_case(r: Run, prefer: tuple[int, int] | None = None) -> Case:
-    """A recorded step and optimizer step whose global mini-batch holds synthetic padding rows (``prefer`` when it
-    does, else the first such pair), with ``n_pad`` and the trainer's global_batch_size ``gbs``."""
+    """A recorded step and optimizer step whose global mini-batch holds synthetic padding rows — and, where the run
+    has one, a real row that rejection sampling emptied, so counting the trajectories "with a token in the loss"
+    differs from counting the real rows (``prefer`` when it qualifies, else the first pair that does) — with
+    ``n_pad`` and the trainer's global_batch_size ``gbs``."""
     require(r, "padding_rows")
-    pairs = _opt_pairs(r)
-    found = prefer if prefer in pairs and _pad_rows_in(r, *prefer) else next(
-        (p for p in pairs if _pad_rows_in(r, *p)), None)
+    padded = [p for p in _opt_pairs(r) if _pad_rows_in(r, *p)]
+    pool = [p for p in padded if _emptied_in(r, *p)] or padded
+    found = prefer if prefer in pool else next(iter(pool), None)
     if found is None:
         raise RunLacks("a global mini-batch that holds synthetic padding rows", r)
     arr = r.ppo_config().actor_rollout_ref
     return {"step": found[0], "opt_step": found[1], "n_pad": _pad_rows_in(r, *found),
             "gbs": arr.actor.ppo_mini_batch_size * arr.rollout.n}
+
+
+def _emptied_in(r: Run, s: int, k: int) -> int:
+    """Real rows of step ``s``'s optimizer step ``k`` with tokens in the loss mask but none left in response_mask
+    (rejection sampling, ``seq_max_k2``, dropped the whole row)."""
+    rec = r.step(s)
+    b = optimizer_step_batch(rec, k)
+    real = real_rows(rec)[b["rows"]]
+    generated = rec.tensors["loss_mask"][b["rows"]].sum(-1) > 0
+    return int((real & generated & (b["response_mask"].sum(-1) == 0)).sum())
 
 
 def _rejected_in(r: Run, s: int, k: int) -> int:
