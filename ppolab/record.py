@@ -986,14 +986,14 @@ class Run:
                 found[candidate] = fingerprint(candidate)
                 if expected is None and candidate == candidates[0] or found[candidate] == expected:
                     return candidate
-        if not found:
-            why = "not on this machine"
+        if not found:  # moved, renamed or deleted here, or a run trained on another machine
+            why = f"not at that path (moved, renamed or deleted) nor in {DATA / 'models'}"
         else:
             where, got = next(iter(found.items()))
             why = (f"at {where} with other weights or tokenizer files (fingerprint {got}, recorded {expected}: "
                    "retrained or replaced in place)")
         raise MissingFileError(f"{self.path} was trained with {field}={recorded or '?'}, which is {why}: copy "
-                               "the model directory the run was trained with there (or into data/models/) to replay "
+                               "(or move back) the model directory the run was trained with there (or into data/models/) to replay "
                                "or read full distributions")
 
     @property

@@ -115,6 +115,8 @@ def test_a_huge_answer_is_refused_before_it_is_converted():
     grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert not v.ok and "40,000,000 or more numbers" in v.message and grown < 100, (v.message, grown)
     assert "or more numbers" not in check("00.1", torch.zeros(3)).message  # a small wrong tensor: the usual line
+    huge = check("03.1", 10**100000)  # an int no float holds: said as such, not as "another kind of answer"
+    assert not huge.ok and "integer of about 100001 digits" in huge.message, huge.message
 
 
 @pytest.mark.parametrize("value, shown", [("no/such/run", "does not exist"), ("grpo_tinyy", "did you mean"),

@@ -462,6 +462,9 @@ def _form_problem(answer: Any, expected: Any) -> str | None:
     if not fits:
         return tr("expected {expected}, got {given}").format(expected=_expected_form(expected),
                                                              given=_given_form(answer))
+    if kind == "number" and isinstance(given, int) and abs(given).bit_length() > 1023:  # no float holds it
+        return tr("expected {expected}, got an integer of about {digits} digits, beyond the range of a float"
+                  ).format(expected=_expected_form(expected), digits=int(abs(given).bit_length() * math.log10(2)) + 1)
     if kind == "number" and isinstance(expected, float) and 0 <= expected <= 1 and 1 < given <= 100 \
             and math.isclose(given / 100, expected, rel_tol=0.02, abs_tol=5e-4):
         # a share given in per cent: say so, rather than a bare "not yet"
