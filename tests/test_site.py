@@ -329,3 +329,30 @@ def test_an_out_that_is_a_link_to_nowhere_is_one_line(tmp_path, monkeypatch, cap
     assert bs.main([str(out), "--labs", "11"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "which does not exist" in err[0], err
+
+
+@pytest.mark.parametrize("stop_at", ["the first page", "the index"])
+def test_a_build_stopped_midway_is_built_again_by_the_same_command(tmp_path, monkeypatch, capsys, stop_at):
+    """Ctrl-C (or a kill) during a first build, or during a rebuild after its pages were rewritten: build.json names
+    every file with its old or new hash before the file is replaced, so the same command builds again — and a file
+    of the user's in OUT still stops it."""
+    bs = _builder(monkeypatch)
+    out = tmp_path / "site"
+    real_put = bs._Ledger.put
+
+    def stopping_put(self, rel, text):
+        if (stop_at == "the first page" and rel.endswith(".html") and "/" in rel) or rel == "index.html":
+            real_put(self, rel, text)  # the file is whole in place, then the interrupt arrives
+            raise KeyboardInterrupt
+        real_put(self, rel, text)
+
+    monkeypatch.setattr(bs._Ledger, "put", stopping_put)
+    with pytest.raises(KeyboardInterrupt):
+        bs.main([str(out), "--labs", "11"])
+    monkeypatch.setattr(bs._Ledger, "put", real_put)
+    assert bs.main([str(out), "--labs", "11"]) in (0, 1), capsys.readouterr().err
+    report = json.loads((out / "build.json").read_text())
+    assert "en/11_loss_aggregation.html" in report["pages"] and "pending" not in report
+    (out / "notes.txt").write_text("mine")
+    assert bs.main([str(out), "--labs", "11"]) == 2
+    assert "notes.txt was not written by a build" in capsys.readouterr().err

@@ -19,7 +19,9 @@ each page's size and the SHA-256 of every file the build wrote.
 
 OUT is the builder's own: it builds into a new or empty folder, or into a site it built before, and there it replaces
 only the files its last build wrote and nobody changed since (build.json's hashes). Anything else in OUT — a user's
-``index.html``, a page edited by hand — stops the build before it writes a byte, naming the file. Every argument is
+``index.html``, a page edited by hand — stops the build before it writes a byte, naming the file. build.json names
+each file's new hash before the file is replaced (``_Ledger``), so a build stopped midway (Ctrl-C, a kill) is built
+again by the same command. Every argument is
 checked before anything is written. A lab whose kernel dies or whose execution fails is named, the others are built,
 and the index marks it as failed (exit status 1).
 """
@@ -602,6 +604,39 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+#: The suffix of a file being written into OUT (renamed into place when whole): a build's own, removed by the next.
+TMP_SUFFIX = ".site-tmp"
+
+
+class _Ledger:
+    """Every file a build puts into OUT goes through :meth:`put`: the file's new SHA-256 is added to build.json's
+    ``pending`` (renamed into place) *before* the file is, and the file itself is written to a temporary name and
+    renamed. So a build stopped at any point (Ctrl-C, a kill) leaves only files that build.json names with their
+    hash — old or new — and the same command builds again (:func:`check_out` accepts either)."""
+
+    def __init__(self, out: Path, written: dict[str, str]):
+        self.out, self.files, self.pending = out, dict(written), {}
+
+    def _write(self, path: Path, data: bytes) -> None:
+        tmp = path.with_name(path.name + TMP_SUFFIX)
+        tmp.write_bytes(data)  # a new file: the umask's mode, like any file the user makes
+        os.replace(tmp, path)
+
+    def put(self, rel: str, text: str) -> None:
+        data = text.encode("utf-8")
+        self.pending[rel] = hashlib.sha256(data).hexdigest()
+        self._write(self.out / "build.json", json.dumps({"files": self.files, "pending": self.pending},
+                                                         indent=1).encode("utf-8"))
+        (self.out / rel).parent.mkdir(parents=True, exist_ok=True)
+        self._write(self.out / rel, data)
+
+    def finish(self, report: dict) -> None:
+        """build.json as the finished build's report; ``files`` every file of OUT, now all this build's or kept."""
+        report["files"] = {f.relative_to(self.out).as_posix(): _sha256(f) for f in sorted(self.out.rglob("*"))
+                           if f.is_file() and f.name != "build.json"}
+        self._write(self.out / "build.json", json.dumps(report, indent=1, ensure_ascii=False).encode("utf-8"))
+
+
 def check_out(out: Path) -> dict[str, str]:
     """The files of OUT that a previous build wrote, by relative path → SHA-256 (empty for a new or empty folder).
     Raises :class:`SiteError` for an OUT that is a file, or holds anything a build of ours did not write or that
@@ -614,9 +649,17 @@ def check_out(out: Path) -> dict[str, str]:
     if not out.exists() or not any(out.iterdir()):
         return {}
     record = out / "build.json"
+    for tmp in sorted(out.rglob("*" + TMP_SUFFIX)):  # a stopped build's half-written file: never a user's
+        if tmp.is_file() and not tmp.is_symlink():
+            tmp.unlink()
+    pending: dict[str, str] = {}
     try:
-        written = json.loads(record.read_text(encoding="utf-8"))["files"] if record.is_file() else None
-    except (ValueError, KeyError, TypeError):
+        data = json.loads(record.read_text(encoding="utf-8")) if record.is_file() else None
+        written = data["files"]
+        pending = data.get("pending") or {}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        written = None
+    if not isinstance(pending, dict):
         written = None
     if not isinstance(written, dict):
         raise SiteError(f"build_site: OUT {out} is not empty and not a site this builder wrote (no build.json with "
@@ -630,11 +673,11 @@ def check_out(out: Path) -> dict[str, str]:
         rel = f.relative_to(out).as_posix()
         if rel == "build.json":
             continue
-        if rel not in written:
+        if rel not in written and rel not in pending:
             raise SiteError(f"build_site: {f} was not written by a build of this site: move it, or give another OUT")
-        if _sha256(f) != written[rel]:
+        if _sha256(f) not in (written.get(rel), pending.get(rel)):  # a stopped build left the old or the new one
             raise SiteError(f"build_site: {f} changed since the last build wrote it: move it, or give another OUT")
-    return written
+    return {rel: sha for rel, sha in {**written, **pending}.items() if (out / rel).is_file()}
 
 
 def check_args(out: Path, labs: list[str] | None, cache: Path | None) -> dict[str, dict[str, Path]]:
@@ -663,17 +706,18 @@ def build(out: Path, labs: list[str] | None = None, binder: str | None = None, l
 
     global REPO_URL
     todo = check_args(out, labs, cache)  # before anything is written
+    written = check_out(out)
     REPO_URL = repo_url
     t0 = time.time()
     os.environ.pop("PPOLAB_RUN", None)  # the labs' own shipped runs
     os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "assets").mkdir(exist_ok=True)
-    (out / "assets" / "plotly.min.js").write_text(plotly.offline.get_plotlyjs(), encoding="utf-8")
-    (out / "assets" / "site.css").write_text(CSS + HtmlFormatter().get_style_defs(".hl"), encoding="utf-8")
-    (out / "assets" / "site.js").write_text(JS, encoding="utf-8")
-    (out / ".nojekyll").write_text("")
+    ledger = _Ledger(out, written)
+    ledger.put("assets/plotly.min.js", plotly.offline.get_plotlyjs())
+    ledger.put("assets/site.css", CSS + HtmlFormatter().get_style_defs(".hl"))
+    ledger.put("assets/site.js", JS)
+    ledger.put(".nojekyll", "")
 
     all_labs = lab_notebooks(None)
     report: dict[str, Any] = {"pages": {}, "errors": {}, "failed": {}}
@@ -700,8 +744,7 @@ def build(out: Path, labs: list[str] | None = None, binder: str | None = None, l
             title = next((c.source.splitlines()[0].lstrip("# ") for c in nb.cells if c.cell_type == "markdown"),
                          nb_path.stem)
             dest = out / lang / page_name(nb_path)
-            dest.parent.mkdir(exist_ok=True)
-            dest.write_text(_html_page(title, lang, body, nav, "../", page.blobs), encoding="utf-8")
+            ledger.put(f"{lang}/{page_name(nb_path)}", _html_page(title, lang, body, nav, "../", page.blobs))
             errors = [o.get("ename", "") + ": " + o.get("evalue", "")[:200] for c in nb.cells
                       for o in c.get("outputs", []) if o.get("output_type") == "error"]
             if errors:
@@ -729,14 +772,12 @@ def build(out: Path, labs: list[str] | None = None, binder: str | None = None, l
     foot = (f'<p class="note">{TEXT["en"]["built"].format(date=stamp, secs=secs, size=human(size))} '
             f'{TEXT["zh"]["built"].format(date=stamp, secs=secs, size=human(size))}</p>')
     index = _html_page("ppolab", "en", "".join(langs) + foot, '<b>ppolab</b>', "")
-    (out / "index.html").write_text(index, encoding="utf-8")
+    ledger.put("index.html", index)
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     report.update(seconds=round(secs, 1), bytes=size, labs=sorted(todo),
                   unknown_tex=sorted(UNKNOWN))
     # what this build wrote (and the earlier builds' files it kept), so the next build knows what it may replace
-    report["files"] = {f.relative_to(out).as_posix(): _sha256(f) for f in sorted(out.rglob("*"))
-                       if f.is_file() and f.name != "build.json"}
-    (out / "build.json").write_text(json.dumps(report, indent=1, ensure_ascii=False), encoding="utf-8")
+    ledger.finish(report)
     log(f"site {out}: {len(report['pages'])} pages + index in {secs:.0f} s, {human(size)}"
         + (f"; cell errors in {', '.join(report['errors'])}" if report["errors"] else "")
         + (f"; FAILED: {', '.join(report['failed'])}" if report["failed"] else ""))
