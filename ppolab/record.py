@@ -724,6 +724,18 @@ class StepRecord:
         return self.info.get("texts", {})
 
 
+def _extra_file(folder: Path, expected: str) -> str | None:
+    """The name of the one file of ``folder`` whose removal gives the recorded fingerprint ``expected`` (a file a
+    user put beside a run's tokenizer files), or None. A folder fingerprint covers every file, so this is the one
+    change it can name: the other files are then exactly the recorded ones."""
+    from ppolab.rundir import _digest
+
+    files = sorted(f for f in folder.iterdir() if f.is_file() and not f.name.startswith("."))
+    if len(files) > 64:  # a tokenizer has a handful of files; a folder of many is not worth the digests
+        return None
+    return next((f.name for f in files if _digest([g for g in files if g != f]) == expected), None)
+
+
 #: The groups every recorded config holds (``to_dict`` writes the whole tree): :meth:`Run.ppo_config` of a config.json
 #: without them would put the defaults in their place — another run's settings, silently.
 CONFIG_GROUPS = ("data", "actor_rollout_ref", "algorithm", "trainer")
@@ -950,6 +962,11 @@ class Run:
             expected = (self.info.get("fingerprints") or {}).get(TOKENIZER_DIR)
             found = folder_fingerprint(folder)
             if expected is not None and found != expected:
+                extra = _extra_file(folder, expected)
+                if extra is not None:  # the recorded files are all there and whole; one more was put beside them
+                    raise FileFormatError(f"{folder / extra} is not one of the tokenizer files the run was recorded "
+                                          f"with (without it the folder's fingerprint is the recorded {expected}): "
+                                          "move it out of the folder")
                 raise FileFormatError(f"{folder} is not the tokenizer the run was trained with (fingerprint {found}, "
                                       f"recorded {expected}): its files were replaced or damaged, and its tokens "
                                       f"would decode to other text; put back the run's own tokenizer files, or "
@@ -993,8 +1010,8 @@ class Run:
             why = (f"at {where} with other weights or tokenizer files (fingerprint {got}, recorded {expected}: "
                    "retrained or replaced in place)")
         raise MissingFileError(f"{self.path} was trained with {field}={recorded or '?'}, which is {why}: copy "
-                               "(or move back) the model directory the run was trained with there (or into data/models/) to replay "
-                               "or read full distributions")
+                               "(or move back) the model directory the run was trained with there (or into "
+                               "data/models/) to replay or read full distributions")
 
     @property
     def resumes(self) -> list[dict[str, Any]]:

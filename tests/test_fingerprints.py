@@ -53,6 +53,17 @@ def test_a_tokenizer_of_another_vocabulary_is_refused_naming_both_fingerprints(t
     assert str(run_dir / "tokenizer") in msg and recorded in msg and found in msg and "\n" not in msg
 
 
+def test_a_file_put_beside_the_tokenizer_files_is_named(tmp_path):
+    run_dir = copy_run(tmp_path / "run")
+    (run_dir / "tokenizer" / "notes.txt").write_text("my notes")
+    with pytest.raises(FileFormatError) as e:
+        Run(run_dir).tokenizer()
+    msg = str(e.value)
+    assert str(run_dir / "tokenizer" / "notes.txt") in msg and "move it out" in msg and "\n" not in msg, msg
+    (run_dir / "tokenizer" / "notes.txt").unlink()
+    Run(run_dir).tokenizer()  # the recorded files alone: read
+
+
 @pytest.mark.parametrize("damage", ["truncated", "not_json", "empty"])
 def test_damaged_tokenizer_files_name_the_folder(tmp_path, damage):
     run_dir = copy_run(tmp_path / "run")
