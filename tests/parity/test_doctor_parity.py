@@ -5,7 +5,7 @@ its arithmetic as verl computes it (``real_train_batch_size = train_batch_size �
 ``trainer.n_gpus_per_node × nnodes`` GPUs; ``ppo_mini_batch_size × n`` trajectories a mini-batch), and of §16's nine
 points only the one every config trips (the aggregation's weighting).
 
-Skipped unless verl's source is on the path (``.ci/run``'s verl parity phase puts it there)."""
+Skipped unless verl is importable (``pip install -e ".[verl]"``: ``.ci/run``'s verl phase)."""
 from __future__ import annotations
 
 import importlib.util

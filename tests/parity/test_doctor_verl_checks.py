@@ -5,8 +5,8 @@ where ``validate_config`` passes, the doctor stops only on what verl's workers a
 cites the file.
 
 verl's ``validate_config`` instantiates the workers' config dataclasses through Hydra and loads the critic's model
-config, so this needs verl's source with the packages its import chain pulls in (ray, tensordict, codetiming:
-``.ci/run``'s verl phase installs them) and points the models at the shipped tiny model. Skipped otherwise."""
+config, so this needs verl installed with its dependencies (``pip install -e ".[verl]"``: ``.ci/run``'s verl phase)
+and points the models at the shipped tiny model. Skipped otherwise."""
 from __future__ import annotations
 
 import importlib.util
@@ -25,7 +25,7 @@ try:
     import ray  # noqa: F401 — verl/__init__.py imports protocol.py, which imports ray and tensordict
     import tensordict  # noqa: F401
 except ImportError as e:
-    pytest.skip(f"verl's validate_config needs {e.name} to import (.ci/run's verl phase installs it)",
+    pytest.skip(f"verl's validate_config needs {e.name} to import (pip install -e '.[verl]')",
                 allow_module_level=True)
 
 DEFAULT = Path(next(iter(_SPEC.submodule_search_locations))) / "trainer" / "config" / "_generated_ppo_trainer.yaml"

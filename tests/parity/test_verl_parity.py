@@ -1,11 +1,10 @@
 """Parity of ppolab.algos with verl itself (0.9.1), on random inputs, to 1e-6.
 
 Skipped unless ``verl`` is importable. verl cannot share the project's environment (it pulls ray and
-pins its own stack), so run it from a separate one:
+pins its own stack), so it runs from a separate one — ``.ci/run``'s verl phase:
 
-    python -m venv /tmp/verlenv
-    /tmp/verlenv/bin/pip install torch==2.13.0 verl==0.9.1 pytest hypothesis cachetools uvicorn fastapi
-    PYTHONPATH=. /tmp/verlenv/bin/python -m pytest tests/parity -q
+    python3 -m venv .venv-verl && .venv-verl/bin/pip install torch==2.13.0 -e ".[verl,dev]"
+    .venv-verl/bin/python -m pytest -n 0 tests/parity
 """
 import warnings
 
