@@ -4,8 +4,8 @@ shipped ppolab run are logged through verl's ``utils/tracking.py`` — its ``Fil
 lab 15 shows on that run.
 
 Skipped (loudly) unless verl's source is on the path, with orjson (the FileLogger's serializer) and, for the
-TensorBoard half, tensorboard installed; ``.ci/run``'s verl phase installs verl with them (``pip install -e ".[verl]"``); an
-unpacked wheel on the path also serves::
+TensorBoard half, tensorboard installed; ``.ci/run``'s verl phase installs verl with them
+(``pip install -e ".[verl]"``); an unpacked wheel on the path also serves::
 
     pip download verl==0.9.1 --no-deps -d /tmp/verl091 && (cd /tmp/verl091 && unzip -q verl-0.9.1-py3-none-any.whl)
     .venv/bin/pip install orjson tensorboard
