@@ -548,3 +548,49 @@ def test_the_claim_file_honours_a_group_writable_umask(tmp_path):
             assert (tmp_path / "run" / CLAIM_FILE).stat().st_mode & 0o777 == 0o664
     finally:
         os.umask(old)
+
+
+@pytest.mark.slow  # one training step (~10 s): in .ci/run's slow phase
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="acting as another user needs root")
+def test_a_learner_of_the_group_reads_the_instructors_run(tmp_path):
+    """The shared JupyterHub case, as it happens: an instructor trains into the course's group folder (setgid, so
+    new files take its group) under umask 027; a learner — another user, in that group — opens the run, a recorded
+    step's tensors and its tokenizer; a user outside the group cannot. The reads run in this process under the
+    learner's effective ids (this interpreter may live in a home another user cannot enter), after a first read
+    as the instructor has imported every module they need."""
+    import tempfile
+
+    course_gid, learner_uid = 4242, 65534
+    shared = Path(tempfile.mkdtemp(prefix="ppolab-course-"))
+
+    def read(as_groups: list[int]) -> str:
+        groups = os.getgroups()
+        os.setgroups(as_groups)
+        os.setegid(as_groups[0])
+        os.seteuid(learner_uid)
+        try:
+            r = ppolab.load_run(shared / "run")
+            s = r.step(r.steps[-1])
+            return f"{len(r.steps)} {tuple(s.tensors['responses'].shape)} {r.tokenizer().decode([5, 6])!r}"
+        except PermissionError as e:
+            return f"PermissionError {e.filename}"
+        finally:
+            os.seteuid(0)
+            os.setegid(0)
+            os.setgroups(groups)
+
+    try:
+        os.chown(shared, 0, course_gid)
+        os.chmod(shared, 0o2750)  # the course folder: group-readable, setgid
+        old = os.umask(0o027)
+        try:
+            run(shared, "trainer.record_freq=1")
+        finally:
+            os.umask(old)
+        r = ppolab.load_run(shared / "run")
+        mine = f"{len(r.steps)} {tuple(r.step(r.steps[-1]).tensors['responses'].shape)} " \
+               f"{r.tokenizer().decode([5, 6])!r}"
+        assert read([course_gid]) == mine  # the learner sees what the instructor sees
+        assert read([65534]).startswith("PermissionError")  # outside the group: refused by the modes
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
