@@ -24,6 +24,8 @@ what-if changes the numbers the losses compute, not the models that produced the
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import replace
 from typing import Any
 
@@ -78,8 +80,7 @@ def what_if(part: str, run: Run | str | None = None) -> dict[str, Any]:
     if part in ("17.4", "17.5"):
         low, high = algos.policy_loss.clip_bounds(actor)
         t = r.step(capstone_step(r)).tensors
-        moved = _moved(t["actor_log_probs"].exp(), t["old_log_probs"].exp(), t["response_mask"], r,
-                       "an optimizer step where π_θ moved away from π_old (every ratio is 1)")
+        moved = _moved(t["actor_log_probs"].exp(), t["old_log_probs"].exp(), t["response_mask"])
         return {"eps_low": _g(min(low / 2, moved)), "eps_high": _g(min(high / 2, moved)),
                 "clip_ratio_c": _g(1 + (actor.clip_ratio_c - 1) / 2),
                 "plan": [opt.micro_batches for opt in micro_what_if(r).steps]}
@@ -87,8 +88,7 @@ def what_if(part: str, run: Run | str | None = None) -> dict[str, Any]:
         t = r.step(capstone_step(r)).tensors
         if "critic_vpreds" not in t:
             raise RunLacks("a critic (critic_vpreds recorded)", r)
-        moved = _moved(t["critic_vpreds"], t["values"], t["response_mask"], r,
-                       "a critic update that moved a prediction")
+        moved = _moved(t["critic_vpreds"], t["values"], t["response_mask"])
         return {"cliprange_value": _g(min(critic.cliprange_value / 2, moved))}
     if part == "17.7":
         return {}
@@ -121,13 +121,16 @@ def _update_plan(r: Run, s: int, plan: list | None) -> UpdatePlan | None:
     return planned
 
 
-def _moved(new: torch.Tensor, old: torch.Tensor, mask: torch.Tensor, r: Run, lacks: str) -> float:
+def _moved(new: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> float:
     """The 90th percentile of |new − old| over the valid tokens of every recorded optimizer step (``new``: (K, bs, T),
-    NaN outside each step's rows): a clip that narrow binds on a share of them, on any run where anything moved."""
+    NaN outside each step's rows): a clip that narrow binds on a share of them, on any run where anything moved.
+    Where nothing moved (a step without learning signal: every advantage 0, so no update) ``inf``: the what-if is
+    then half the run's window, which binds on nothing there either — the micro-batch cut and the dual-clip bound
+    still make it a step no log holds."""
     dev = (new - old.unsqueeze(0)).abs()
     dev = dev[mask.bool().unsqueeze(0).expand_as(dev) & ~dev.isnan()]
     if dev.numel() == 0 or float(dev.max()) == 0.0:
-        raise RunLacks(lacks, r)
+        return math.inf
     if dev.numel() > 1_000_000:  # torch.quantile's input limit is far above any step here; keep it cheap anyway
         dev = dev[torch.linspace(0, dev.numel() - 1, 1_000_000).long()]
     return float(torch.quantile(dev.double(), 0.9))
