@@ -48,6 +48,22 @@ RUN_TIMEOUT_MS = 60_000  # all cells done, figure + slider rendered
 REACT_TIMEOUT_MS = 10_000  # figure redrawn after a slider move
 VIEWPORT = {"width": 1400, "height": 1400}
 
+
+def _launch(pw, chromium_path: str):
+    """Debian's Chromium, headless, as a container runs it (no sandbox, no /dev/shm, no GPU)."""
+    return pw.chromium.launch(executable_path=chromium_path, headless=True,
+                              args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"])
+
+
+def _lab_page(browser, timeout_ms: int, console_errors: list[str]):
+    """A new page of ``browser`` that waits ``timeout_ms`` by default and appends the console's errors and uncaught
+    page errors to ``console_errors``."""
+    page = browser.new_page(viewport=VIEWPORT)
+    page.set_default_timeout(timeout_ms)
+    page.on("console", lambda m: m.type == "error" and console_errors.append(m.text))
+    page.on("pageerror", lambda e: console_errors.append(f"pageerror: {e}"))
+    return page
+
 # A fingerprint of every plotly figure on the page: its trace data as plotly.js holds it
 # (``gd.data``) plus the drawn SVG paths. Any redraw caused by the slider changes it.
 _PLOTS_SIGNATURE_JS = """
@@ -282,16 +298,9 @@ def test_lab_runs_and_slider_redraws_plot(lab_server, chromium_path, rel, slider
     t0 = time.monotonic()
 
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=chromium_path,
-            headless=True,
-            args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"],
-        )
+        browser = _launch(pw, chromium_path)
         try:
-            page = browser.new_page(viewport=VIEWPORT)
-            page.set_default_timeout(RUN_TIMEOUT_MS)
-            page.on("console", lambda m: m.type == "error" and console_errors.append(m.text))
-            page.on("pageerror", lambda e: console_errors.append(f"pageerror: {e}"))
+            page = _lab_page(browser, RUN_TIMEOUT_MS, console_errors)
 
             page.goto(lab_server.lab_url(rel), wait_until="domcontentloaded")
             page.locator(".jp-NotebookPanel .jp-Cell").first.wait_for(state="visible")

@@ -36,7 +36,8 @@ from playwright.sync_api import Error as PlaywrightError  # noqa: E402
 from playwright.sync_api import sync_playwright  # noqa: E402
 from test_lab_in_browser import (  # noqa: E402
     _WIDGET_ERRORS,
-    VIEWPORT,
+    _lab_page,
+    _launch,
     _run_all_cells,
     _wait_kernel_ready,
     _wait_notebook_idle,
@@ -143,14 +144,10 @@ def test_ppolab_labs_starts_jupyterlab_and_lab_04_runs_there(wheel_venv, chromiu
             t_server = time.monotonic() - t0
 
             with sync_playwright() as pw:
-                browser = pw.chromium.launch(executable_path=chromium_path, headless=True,
-                                             args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"])
+                browser = _launch(pw, chromium_path)
                 page = None
                 try:
-                    page = browser.new_page(viewport=VIEWPORT)
-                    page.set_default_timeout(RUN_TIMEOUT_MS)
-                    page.on("console", lambda m: m.type == "error" and console_errors.append(m.text))
-                    page.on("pageerror", lambda e: console_errors.append(f"pageerror: {e}"))
+                    page = _lab_page(browser, RUN_TIMEOUT_MS, console_errors)
                     page.goto(server.lab_url(LAB), wait_until="domcontentloaded")
                     page.locator(".jp-NotebookPanel .jp-Cell").first.wait_for(state="visible")
                     _wait_kernel_ready(page, server, LAB, RUN_TIMEOUT_MS)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import sync_playwright
-from test_lab_in_browser import _CJK_GLYPHS_JS, skip_without_cjk_font
+from test_lab_in_browser import _CJK_GLYPHS_JS, _launch, skip_without_cjk_font
 from test_site import PAGES, _close, built_site, clipfrac_by_algos, live_clip_explorer
 
 pytestmark = pytest.mark.browser
@@ -55,8 +55,7 @@ def test_site_page_in_browser(site, chromium_path, rel):
     errors: list[str] = []
     requests: list[str] = []
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium_path, headless=True,
-                                     args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"])
+        browser = _launch(pw, chromium_path)
         page = browser.new_page(viewport={"width": 1300, "height": 1300})
         try:
             page.set_default_timeout(TIMEOUT_MS)
