@@ -728,9 +728,9 @@ def _extra_file(folder: Path, expected: str) -> str | None:
     """The name of the one file of ``folder`` whose removal gives the recorded fingerprint ``expected`` (a file a
     user put beside a run's tokenizer files), or None. A folder fingerprint covers every file, so this is the one
     change it can name: the other files are then exactly the recorded ones."""
-    from ppolab.rundir import _digest
+    from ppolab.rundir import _digest, folder_files
 
-    files = sorted(f for f in folder.iterdir() if f.is_file() and not f.name.startswith("."))
+    files = folder_files(folder)
     if len(files) > 64:  # a tokenizer has a handful of files; a folder of many is not worth the digests
         return None
     return next((f.name for f in files if _digest([g for g in files if g != f]) == expected), None)

@@ -170,9 +170,13 @@ def folder_fingerprint(folder: Path) -> str | None:
     """A short digest of every file of ``folder`` (names and contents, dot-files aside): a run's ``tokenizer/``,
     whose chat template (``chat_template.jinja``) counts as much as its vocabulary. None for a missing or empty
     folder."""
-    files = sorted(f for f in Path(folder).iterdir() if f.is_file() and not f.name.startswith(".")) \
+    return _digest(folder_files(folder))
+
+
+def folder_files(folder: Path) -> list[Path]:
+    """The files :func:`folder_fingerprint` covers: every file of ``folder`` but its dot-files, sorted."""
+    return sorted(f for f in Path(folder).iterdir() if f.is_file() and not f.name.startswith(".")) \
         if Path(folder).is_dir() else []
-    return _digest(files)
 
 
 def fingerprints(flat_config: dict[str, Any]) -> dict[str, str | None]:
