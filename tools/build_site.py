@@ -680,10 +680,12 @@ def check_out(out: Path) -> dict[str, str]:
     return {rel: sha for rel, sha in {**written, **pending}.items() if (out / rel).is_file()}
 
 
-def check_args(out: Path, labs: list[str] | None, cache: Path | None) -> dict[str, dict[str, Path]]:
+def check_args(out: Path, labs: list[str] | None, cache: Path | None
+               ) -> tuple[dict[str, dict[str, Path]], dict[str, str]]:
     """Every argument checked before a byte is written: the labs asked for exist, OUT and the cache are usable
-    folders. Returns the labs to build (:func:`lab_notebooks`)."""
-    check_out(out)
+    folders. Returns the labs to build (:func:`lab_notebooks`) and OUT's files of earlier builds
+    (:func:`check_out`)."""
+    written = check_out(out)
     if cache is not None and cache.exists() and not cache.is_dir():
         raise SiteError(f"build_site: --cache {cache} is a file, not a folder")
     for what, folder in (("OUT", out), ("--cache", cache)):
@@ -696,7 +698,7 @@ def check_args(out: Path, labs: list[str] | None, cache: Path | None) -> dict[st
         if stuck:
             raise SiteError(f"build_site: {what} {folder} cannot be written ({stuck[0]} is read-only for this user): "
                             "give a folder you can write, or make it writable")
-    return lab_notebooks(labs)
+    return lab_notebooks(labs), written
 
 
 def build(out: Path, labs: list[str] | None = None, binder: str | None = None, log=print,
@@ -705,8 +707,7 @@ def build(out: Path, labs: list[str] | None = None, binder: str | None = None, l
     from pygments.formatters import HtmlFormatter
 
     global REPO_URL
-    todo = check_args(out, labs, cache)  # before anything is written
-    written = check_out(out)
+    todo, written = check_args(out, labs, cache)  # before anything is written
     REPO_URL = repo_url
     t0 = time.time()
     os.environ.pop("PPOLAB_RUN", None)  # the labs' own shipped runs
