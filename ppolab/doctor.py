@@ -175,7 +175,7 @@ def verl_verdict(raw: dict[str, Any]) -> tuple[str, str | None] | None:
         return None
     from omegaconf import OmegaConf
 
-    sink = io.StringIO()
+    sink, version = io.StringIO(), "?"  # "?" until verl itself is imported (an import can fail first)
     try:
         with contextlib.redirect_stdout(sink), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -187,7 +187,7 @@ def verl_verdict(raw: dict[str, Any]) -> tuple[str, str | None] | None:
             conf = OmegaConf.create(raw)
             validate_config(conf, use_reference_policy=need_reference_policy(conf), use_critic=need_critic(conf))
     except ImportError as e:  # verl's package is here but not its dependencies (ray, tensordict, …)
-        return "?", f"could not run: {type(e).__name__}: {e}"
+        return version, f"could not run: {type(e).__name__}: {e}"
     except Exception as e:  # noqa: BLE001 — verl's checks raise AssertionError and ValueError; anything else is named
         inner = _innermost(e)
         if isinstance(inner, OSError) or _while_importing(e):
