@@ -25,6 +25,15 @@ def trained_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def llama_overrides(tmp_path_factory) -> list[str]:
+    """The overrides that train a preset on a random Llama (``tests/trained.py::build_random_llama``) instead of the
+    shipped model: a learner's own model of another family, made once per session (or kept in ``PPOLAB_TEST_RUNS``)."""
+    from trained import random_llama, shared_root
+
+    return [f"actor_rollout_ref.model.path={random_llama(shared_root(tmp_path_factory))}"]
+
+
+@pytest.fixture(scope="session")
 def finished(trained_run) -> Path:
     """A finished 2-step run with a checkpoint after each step (never modified: tests copy it, ``copy_of``)."""
     from helpers import NO_VAL, TINY

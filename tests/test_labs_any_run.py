@@ -5,8 +5,9 @@ Each lab is executed under nbval in a subprocess with ``PPOLAB_RUN`` set to a ru
 recorded, the presets' shapes otherwise); the root conftest.py makes every cell lax then (the saved outputs are the
 lab's own run's). The default selection runs labs 04 and 11 under nbval and executes lab 09 (reading its lacks lines)
 on a fresh GRPO run; ``-m anyrun`` runs every lab on a fresh GRPO, a fresh PPO + GAE and a fresh ppo_fire_tiny run
-(2 ranks, rejection, padding rows, dynamic micro-batches: 54 lab runs), and the labs that read masks and micro-batch
-splits on a fresh tool run (observation tokens attended outside response_mask)."""
+(2 ranks, rejection, padding rows, dynamic micro-batches), on a grpo_tiny run of a random Llama (another model family,
+no learning signal: 76 lab runs), and the labs that read masks and micro-batch splits on a fresh tool run
+(observation tokens attended outside response_mask)."""
 from __future__ import annotations
 
 import os
@@ -83,6 +84,9 @@ def test_a_lab_the_run_lacks_says_so_in_one_line_per_section(fresh_grpo):
 #: micro-batches by a token budget; the tool run runs :data:`MASK_LABS` only.
 MATRIX = [(preset, lab) for preset in ("grpo_tiny", "ppo_gae_tiny", "ppo_fire_tiny") for lab in LABS]
 MATRIX += [("grpo_tool_tiny", lab) for lab in MASK_LABS]
+#: And every lab on a learner's own model of another family: grpo_tiny on a random Llama (tests/trained.py::
+#: build_random_llama), where nothing is learned — every reward and advantage 0, no clip, no gradient.
+MATRIX += [("random_llama", lab) for lab in LABS]
 
 
 @pytest.mark.anyrun
@@ -90,9 +94,13 @@ MATRIX += [("grpo_tool_tiny", lab) for lab in MASK_LABS]
 @pytest.mark.parametrize("preset, lab", MATRIX)
 def test_every_lab_on_a_fresh_run(preset, lab, fresh_run, request):
     if "anyrun" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("every lab on three fresh runs (about 20 min): select it with -m anyrun")
+        pytest.skip("every lab on four fresh runs (about 25 min): select it with -m anyrun")
     t = time.time()
-    run_lab(lab, fresh_run(preset))
+    if preset == "random_llama":
+        run_lab(lab, request.getfixturevalue("trained_run")("grpo_tiny", [*FRESH,
+                                                                          *request.getfixturevalue("llama_overrides")]))
+    else:
+        run_lab(lab, fresh_run(preset))
     print(f"{lab} on a fresh {preset} run: {time.time() - t:.0f} s")
 
 

@@ -91,3 +91,28 @@ def train_once(root: Path, preset: str, overrides: list[str]) -> str:
         ppolab.train(preset, [*overrides, f"trainer.run_dir={folder / 'run'}"], progress=False)
 
     return str(build_once(root, run_key(preset, overrides), make) / "run")
+
+
+def build_random_llama(out: Path) -> None:
+    """A model of another family than the shipped one (Qwen2): a Llama — RMSNorm, SwiGLU, rotary positions,
+    grouped-query attention (4 query heads over 2 key/value heads), an untied LM head — with random weights (seed 0),
+    hidden 32, 2 layers, saved with the shipped tokenizer. It never writes a right answer, so on GRPO every reward and
+    every advantage is 0: the learner's own model before any training, where the labs must still run and teach."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(ROOT / "data" / "models" / "tiny-arith")
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def random_llama(root: Path) -> Path:
+    """:func:`build_random_llama`'s folder under ``root``, made once (keyed by its source and the libraries)."""
+    import inspect
+
+    return build_once(root, run_key("random-llama", [inspect.getsource(build_random_llama)]), build_random_llama)

@@ -46,7 +46,7 @@ def _same(a: dict, ref: dict) -> bool:
                  "token-mean divides by batch_num_tokens of the mini-batch → invariant; sum-norm with "
                  "loss_scale_factor=None divides each micro-batch by B·T_k, T_k its own padded width → not "
                  "(unless every micro-batch keeps the full width)."),
-          context=("run",), needs=("step1",))
+          context=("run",), needs=("step1", "step1_gradient"))
 def _e1(run=None) -> tuple[bool, bool]:
     from ppolab.replay import replay_rows
     from ppolab.numbers.invariance import cached_replay
@@ -86,7 +86,7 @@ def _e2(run=None) -> float:
                  "as the mini-batch's longest response for every k?",
                  "sizes s for which every contiguous chunk rows[i:i+s] contains a row of the mini-batch's maximal "
                  "response length: all(r_len[i:i+s].max() == r_len.max() for i in range(0, M, s))."),
-          context=("run",), needs=("step1",))
+          context=("run",), needs=("step1", "step1_gradient"))
 def _e3(run=None) -> list[int]:
     rows, outs = _replays(run, SUM_NORM, None)
     ref = outs[len(rows)]

@@ -81,8 +81,16 @@ def kl_case(run=None) -> dict:
     """Exercise 15.4's recorded steps: the second half of them, from ``step`` to ``last``."""
     from ppolab.record import resolve_run
 
-    steps = resolve_run(run).steps
-    return {"step": steps[len(steps) // 2], "last": steps[-1]}
+    from ppolab.numbers import RunLacks
+
+    r = resolve_run(run)
+    steps = r.steps
+    case = {"step": steps[len(steps) // 2], "last": steps[-1]}
+    if all(first_update_terms(r, s)["actor/pg_loss"] == 0 for s in steps[len(steps) // 2:]):
+        # every advantage 0 (no learning signal yet): there is no policy loss to compare the KL term with
+        raise RunLacks("a policy loss ≠ 0 at the first optimizer step of the second half's recorded steps "
+                       "(an advantage ≠ 0)", r)
+    return case
 
 
 def first_update_terms(run=None, step: int | None = None) -> dict[str, float]:

@@ -49,6 +49,16 @@ def _has_padding(r: Run) -> bool:
     return "is_pad" in t and bool(t["is_pad"].bool().any())
 
 
+def _has_step1_gradient(r: Run) -> bool:
+    """Whether the rows a replay of step 1 updates (:func:`ppolab.replay.replay_rows`) carry an advantage ≠ 0 on a
+    response token: without one the policy loss has no gradient there (a run with no learning signal yet)."""
+    from ppolab.replay import replay_rows
+
+    t = r.step(1).tensors
+    rows = replay_rows(r)
+    return bool((t["advantages"][rows] * t["response_mask"][rows]).abs().max() > 0)
+
+
 def _has_rollout_gap(r: Run) -> bool:
     t = _first(r).tensors
     if "rollout_log_probs" not in t:
@@ -73,6 +83,8 @@ class Need:
 NEEDS: dict[str, Need] = {
     "steps": Need("recorded steps (trainer.record_freq > 0)", lambda r: bool(r.steps)),
     "step1": Need("a recorded step 1", lambda r: 1 in r.steps),
+    "step1_gradient": Need("a policy gradient at step 1 (an advantage ≠ 0 in the mini-batch a replay updates)",
+                           lambda r: 1 in r.steps and _has_step1_gradient(r)),
     "critic": Need("a critic (critic_vpreds: algorithm.adv_estimator=gae)",
                    lambda r: "critic_vpreds" in _first(r).tensors),
     "critic_updates": Need("several critic optimizer steps per training step",
