@@ -303,9 +303,11 @@ def rooflines(threads: int = 1, n: int = 1024, copy_mib: int = 512) -> tuple[flo
 def stage_work(m: dict, parameters: int, hidden: int, vocab: int, rows: int, epochs: int = 1) -> dict[str, tuple]:
     """Per stage (FLOPs, bytes): the arithmetic of a decoder step at this shape. Per token the LM head costs
     2·H·V FLOPs and the trunk 2·(parameters − V·H) (tied embedding); forward passes score the response tokens
-    with the head and run the trunk over prompt + response; an update is forward + backward (×3) per epoch, the
-    fused head adding one recomputation (×4 on the head). Bytes: the head's weight read once per 256-token block
-    (the fused path's row block) or per decode step, plus each token's hidden state per layer — a lower bound."""
+    with the head and run the trunk over prompt + response; an update is forward + backward (×3) per epoch — the
+    plain computation's arithmetic, the yardstick the stages are measured against (the fused head itself makes 2
+    head products a token where the head is frozen and no entropy term trains, 4 where the backward recomputes).
+    Bytes: the head's weight read once per 256-token block (the fused path's row block) or per decode step, plus
+    each token's hidden state per layer — a lower bound."""
     length = float(m.get("response_length/mean", 0.0))
     prompt = float(m.get("prompt_length/mean", 0.0))
     trunk, head = 2.0 * (parameters - vocab * hidden), 2.0 * hidden * vocab
@@ -315,7 +317,7 @@ def stage_work(m: dict, parameters: int, hidden: int, vocab: int, rows: int, epo
     return {
         "gen": (tokens * trunk + scored * head, weight * length + tokens * hidden * 4 * 8),
         "old_log_prob": fwd, "ref": fwd,
-        "update_actor": (epochs * (3 * tokens * trunk + 4 * scored * head), epochs * 4 * fwd[1]),
+        "update_actor": (epochs * 3 * (tokens * trunk + scored * head), epochs * 3 * fwd[1]),
     }
 
 

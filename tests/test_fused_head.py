@@ -67,6 +67,36 @@ def test_a_frozen_head_gets_no_gradient_and_log_probs_alone_need_no_entropy():
     torch.testing.assert_close(hh.grad, ref.grad, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("vocab,chunk,rows", [(37, 8, 5), (300, 97, 7), (1000, 4096, 256)])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("want_entropy", [False, True])
+def test_a_frozen_head_backward_equals_the_plain_formulas_and_needs_no_recompute_without_entropy(
+        vocab, chunk, rows, bias, want_entropy, monkeypatch):
+    """A frozen head (LoRA on a frozen base): without the entropy the forward keeps E_π[W] and the backward makes no
+    logits at all (∂L/∂h = g_lp·(W_y − E_π[W]) / t); with it, the backward recomputes the chunks. Both equal the
+    plain formulas' gradient, per-row temperatures and a frozen bias included, through a masked loss."""
+    from ppolab.algos import fused_head
+
+    h, w, b, y = case(vocab, bias=bias)
+    t = torch.tensor([0.7, 1.0, 1.6])
+    mask = (torch.rand(y.shape, generator=torch.Generator().manual_seed(2)) > 0.3).float()
+    g_lp, g_h = torch.randn(y.shape), torch.randn(y.shape)
+    ref = h.clone().double().requires_grad_(True)
+    want_lp, want_ent = plain(ref, w.double(), None if b is None else b.double(), y, t.double())
+    ((want_lp * g_lp * mask).sum() + (want_ent * g_h * mask).sum() * want_entropy).backward()
+
+    blocks = []
+    real_block = fused_head._block
+    monkeypatch.setattr(fused_head, "_block", lambda *a: blocks.append(1) or real_block(*a))
+    hh = h.clone().requires_grad_(True)
+    lp, ent = fused_head_logprobs_entropy(hh, w, y, t, want_entropy, b, rows=rows, chunk=chunk)
+    made = len(blocks)
+    ((lp * g_lp * mask).sum() + ((ent * g_h * mask).sum() if want_entropy else 0)).backward()
+    assert (len(blocks) == made) is not want_entropy  # no logits made in the backward without the entropy
+    torch.testing.assert_close(lp.double(), want_lp.detach().double(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(hh.grad.double(), ref.grad.double(), rtol=1e-4, atol=1e-5)
+
+
 def test_half_precision_inputs_give_float32_outputs_and_grads_in_their_own_dtype():
     h, w, _, y = case(70)
     hh = h.bfloat16().requires_grad_(True)
