@@ -4,10 +4,10 @@ whose mechanism the run lacks prints one line naming the shipped run that has it
 Each lab is executed under nbval in a subprocess with ``PPOLAB_RUN`` set to a run trained here (3 steps, every step
 recorded, the presets' shapes otherwise); the root conftest.py makes every cell lax then (the saved outputs are the
 lab's own run's). The default selection runs labs 04 and 11 under nbval and executes lab 09 (reading its lacks lines)
-on a fresh GRPO run; ``-m anyrun`` runs every lab on a fresh GRPO, a fresh PPO + GAE and a fresh ppo_fire_tiny run
-(2 ranks, rejection, padding rows, dynamic micro-batches), on a grpo_tiny run of a random Llama (another model family,
-no learning signal: 76 lab runs), and the labs that read masks and micro-batch splits on a fresh tool run
-(observation tokens attended outside response_mask)."""
+on a fresh GRPO run; ``-m anyrun`` runs every lab on a fresh run of every CPU preset — grpo_tiny, ppo_gae_tiny,
+ppo_fire_tiny (2 ranks, rejection, padding rows, dynamic micro-batches), grpo_temp_tiny (temperature 0.7, an entropy
+term) and grpo_tool_tiny (observation tokens attended outside response_mask) — and on a grpo_tiny run of a random
+Llama (another model family, no learning signal): 114 lab runs."""
 from __future__ import annotations
 
 import os
@@ -39,9 +39,6 @@ def fresh_run(trained_run):
 def fresh_grpo(fresh_run) -> str:
     return fresh_run("grpo_tiny")
 
-
-#: The labs that rebuild a forward's attention, a stage's mask or a micro-batch split: what a tool run changes.
-MASK_LABS = ("01_one_update_end_to_end", "07_entropy_and_temperature", "10_response_masks", "11_loss_aggregation")
 
 
 def run_lab(lab: str, run: str) -> str:
@@ -79,11 +76,12 @@ def test_a_lab_the_run_lacks_says_so_in_one_line_per_section(fresh_grpo):
     assert any("lacks a critic" in ln and 'RUN = "ppo_fire_tiny"' in ln for ln in lines), lines
 
 
-#: The fresh runs every lab runs on (``-m anyrun``), by preset: ppo_fire_tiny's rejection rewrites response_mask
-#: after stage 4 (lengths, entropy and probability gaps are logged over the mask as generated) and it cuts
-#: micro-batches by a token budget; the tool run runs :data:`MASK_LABS` only.
-MATRIX = [(preset, lab) for preset in ("grpo_tiny", "ppo_gae_tiny", "ppo_fire_tiny") for lab in LABS]
-MATRIX += [("grpo_tool_tiny", lab) for lab in MASK_LABS]
+#: The fresh runs every lab runs on (``-m anyrun``), one of every preset that trains on a CPU: ppo_fire_tiny's
+#: rejection rewrites response_mask after stage 4 (lengths, entropy and probability gaps are logged over the mask as
+#: generated) and it cuts micro-batches by a token budget; grpo_tool_tiny's observations change a forward's attention,
+#: a stage's mask and a micro-batch split.
+MATRIX = [(preset, lab) for preset in ("grpo_tiny", "ppo_gae_tiny", "ppo_fire_tiny", "grpo_temp_tiny", "grpo_tool_tiny")
+          for lab in LABS]
 #: And every lab on a learner's own model of another family: grpo_tiny on a random Llama (tests/trained.py::
 #: build_random_llama), where nothing is learned — every reward and advantage 0, no clip, no gradient.
 MATRIX += [("random_llama", lab) for lab in LABS]
@@ -94,7 +92,7 @@ MATRIX += [("random_llama", lab) for lab in LABS]
 @pytest.mark.parametrize("preset, lab", MATRIX)
 def test_every_lab_on_a_fresh_run(preset, lab, fresh_run, request):
     if "anyrun" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("every lab on four fresh runs (about 25 min): select it with -m anyrun")
+        pytest.skip("every lab on six fresh runs (about 12 min on 2 cores): select it with -m anyrun")
     t = time.time()
     if preset == "random_llama":
         run_lab(lab, request.getfixturevalue("trained_run")("grpo_tiny", [*FRESH,
