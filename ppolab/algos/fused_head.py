@@ -20,12 +20,12 @@ Where only log π(y) reaches the loss and the head is frozen (LoRA on a frozen b
 GRPO/PPO update) ∂L/∂z is linear in g_lp alone, so the forward accumulates E_π[W] = Σ_v π_v·W_v beside s and the
 backward is ∂L/∂h = g_lp·(W_y − E_π[W]) / t — no recompute, no second pass over the vocabulary.
 
-Memory: one block of rows × one vocabulary chunk in fp32 (:data:`ROWS`, :data:`VOCAB_CHUNK`: 2 MiB), whatever the
-vocabulary. Compute: the head's matmul once forward and twice (three times with a trainable head) backward, as the
-unfused path — plus one recompute — or, in the frozen-head case above, twice forward and never backward; no pass
-over full-width rows. verl reaches the same numbers through ``logprobs_from_logits`` on logits it has made (fused
-kernels on GPU); the result here equals the plain formulas on ``scale_logits(h·Wᵀ, t)`` to fp32 rounding
-(tests/test_fused_head.py).
+Memory: one block of rows × one vocabulary chunk in fp32 (:func:`block_sizes`: 2 MiB on a CPU, 256 MiB on a GPU),
+whatever the vocabulary. Compute: the head's matmul once forward and twice (three times with a trainable head)
+backward, as the unfused path — plus one recompute — or, in the frozen-head case above, twice forward and never
+backward; no pass over full-width rows. verl reaches the same numbers through ``logprobs_from_logits`` on logits it
+has made (fused kernels on GPU); the result here equals the plain formulas on ``scale_logits(h·Wᵀ, t)`` to fp32
+rounding (tests/test_fused_head.py).
 """
 from __future__ import annotations
 
@@ -39,6 +39,18 @@ from ppolab.algos.logprob import MIN_TEMPERATURE
 #: 2 MiB 0.67–0.75 s, 1 MiB 0.79–0.88 s).
 ROWS = 256
 VOCAB_CHUNK = 2048
+#: The same on an accelerator, where the loop's cost is its kernel launches (about ten a block), not cache misses:
+#: 2,048 rows × 32,768 tokens (256 MiB in fp32), so a GPU micro-batch of 24,576 tokens at 151,936 takes 60 blocks,
+#: not 96 × 75 (its full logits would be 14 GiB). Measured on an H200, hidden 896, bf16: log π of 24,576 tokens
+#: 1,705 → 173 ms without gradients, 2,158 → 304 ms with (peak +631 / +722 MiB).
+ACCEL_ROWS = 2048
+ACCEL_VOCAB_CHUNK = 32768
+
+
+def block_sizes(device: torch.device) -> tuple[int, int]:
+    """(rows, vocabulary chunk) of a block on ``device``: :data:`ROWS` × :data:`VOCAB_CHUNK` on a CPU, else
+    :data:`ACCEL_ROWS` × :data:`ACCEL_VOCAB_CHUNK`."""
+    return (ROWS, VOCAB_CHUNK) if device.type == "cpu" else (ACCEL_ROWS, ACCEL_VOCAB_CHUNK)
 
 
 def _block(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, t: torch.Tensor | None, c0: int,
@@ -178,8 +190,8 @@ def fused_head_logprobs_entropy(
     temperature: float | torch.Tensor = 1.0,
     want_entropy: bool = True,
     bias: torch.Tensor | None = None,
-    rows: int = ROWS,
-    chunk: int = VOCAB_CHUNK,
+    rows: int | None = None,
+    chunk: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log π(label), entropy) per position from the hidden states that feed the LM head, without the logits.
 
@@ -189,7 +201,10 @@ def fused_head_logprobs_entropy(
     or one per leading row (shape hidden.shape[0], e.g. (B,) for (B, T, H)). Returns two float32 tensors of shape
     (...) — the entropy None unless asked for. Equal to ``logprobs_from_logits(scale_logits(h·Wᵀ + b, t), y)`` and
     ``entropy_from_logits(...)`` to fp32 rounding, with the same gradients with respect to hidden, weight and bias
-    (chapter §3: the ratio's log-probs; §6: the entropy at the sampling temperature)."""
+    (chapter §3: the ratio's log-probs; §6: the entropy at the sampling temperature). ``rows`` and ``chunk`` set
+    the block (default :func:`block_sizes` of the device)."""
+    default_rows, default_chunk = block_sizes(hidden.device)
+    rows, chunk = rows or default_rows, chunk or default_chunk
     lead = labels.shape
     flat_h = hidden.reshape(-1, hidden.shape[-1])
     flat_y = labels.reshape(-1)
