@@ -41,17 +41,34 @@ def fresh_grpo(fresh_run) -> str:
 
 
 
-def run_lab(lab: str, run: str) -> str:
-    """nbval on ``labs/<lab>.ipynb`` with ``PPOLAB_RUN=run``: fails with the failing cells' errors; returns the
-    output (nbval's report)."""
+def run_lab(lab: str | tuple[str, ...], run: str) -> str:
+    """nbval on ``labs/<lab>.ipynb`` (or on each lab of a tuple, in one pytest) with ``PPOLAB_RUN=run``: fails with
+    the failing cells' errors; returns the output (nbval's report)."""
+    labs = (lab,) if isinstance(lab, str) else tuple(lab)
     # a pytest of its own, in one process: not a worker of the session that starts it
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
     env["PPOLAB_RUN"] = run
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
-                          f"labs/{lab}.ipynb"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
-    assert out.returncode == 0, f"{lab} on {run}:\n{out.stdout[-6000:]}\n{out.stderr[-2000:]}"
+                          *(f"labs/{name}.ipynb" for name in labs)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200 * len(labs))
+    assert out.returncode == 0, f"{', '.join(labs)} on {run}:\n{out.stdout[-6000:]}\n{out.stderr[-2000:]}"
     return out.stdout
+
+
+#: Labs per nbval subprocess in the matrices: a subprocess's start (interpreter, pytest and its plugins, the root
+#: conftest, collection) costs about 7 s of CPU, as much as a short lab; in groups of four it is paid a quarter as
+#: often, and the groups still spread over the workers.
+GROUP = 4
+
+
+def lab_groups(labs: list[str]) -> list[tuple[str, ...]]:
+    """``labs`` in order, :data:`GROUP` at a time."""
+    return [tuple(labs[i:i + GROUP]) for i in range(0, len(labs), GROUP)]
+
+
+def group_id(group: tuple[str, ...]) -> str:
+    """A matrix case's name for a group: its first and last lab numbers (``00-03``)."""
+    return f"{group[0][:2]}-{group[-1][:2]}"
 
 
 def lacks_lines(lab: str, run: str) -> list[str]:
@@ -80,16 +97,16 @@ def test_a_lab_the_run_lacks_says_so_in_one_line_per_section(fresh_grpo):
 #: rejection rewrites response_mask after stage 4 (lengths, entropy and probability gaps are logged over the mask as
 #: generated) and it cuts micro-batches by a token budget; grpo_tool_tiny's observations change a forward's attention,
 #: a stage's mask and a micro-batch split.
-MATRIX = [(preset, lab) for preset in ("grpo_tiny", "ppo_gae_tiny", "ppo_fire_tiny", "grpo_temp_tiny", "grpo_tool_tiny")
-          for lab in LABS]
 #: And every lab on a learner's own model of another family: grpo_tiny on a random Llama (tests/trained.py::
 #: build_random_llama), where nothing is learned — every reward and advantage 0, no clip, no gradient.
-MATRIX += [("random_llama", lab) for lab in LABS]
+MATRIX = [(preset, group) for preset in ("grpo_tiny", "ppo_gae_tiny", "ppo_fire_tiny", "grpo_temp_tiny",
+                                         "grpo_tool_tiny", "random_llama")
+          for group in lab_groups(LABS)]
 
 
 @pytest.mark.anyrun
 @pytest.mark.spread
-@pytest.mark.parametrize("preset, lab", MATRIX)
+@pytest.mark.parametrize("preset, lab", MATRIX, ids=[f"{p}-{group_id(g)}" for p, g in MATRIX])
 def test_every_lab_on_a_fresh_run(preset, lab, fresh_run, request):
     if "anyrun" not in (request.config.getoption("markexpr") or ""):
         pytest.skip("every lab on six fresh runs (about 12 min on 2 cores): select it with -m anyrun")
@@ -99,7 +116,7 @@ def test_every_lab_on_a_fresh_run(preset, lab, fresh_run, request):
                                                                           *request.getfixturevalue("llama_overrides")]))
     else:
         run_lab(lab, fresh_run(preset))
-    print(f"{lab} on a fresh {preset} run: {time.time() - t:.0f} s")
+    print(f"{', '.join(lab)} on a fresh {preset} run: {time.time() - t:.0f} s")
 
 
 def test_has_find_and_the_lacks_line(capsys):
@@ -168,7 +185,7 @@ def realistic_run(tmp_path_factory) -> str:
 
 @pytest.mark.realistic
 @pytest.mark.spread
-@pytest.mark.parametrize("lab", LABS)
+@pytest.mark.parametrize("lab", lab_groups(LABS), ids=group_id)
 def test_every_lab_on_the_realistic_shape_run(lab, request):
     """Issue 23 §5 (c): every lab runs to its end on a real model's shape. Kept out of the README command by its
     marker; ``.ci/run`` selects it."""
@@ -176,4 +193,4 @@ def test_every_lab_on_the_realistic_shape_run(lab, request):
         pytest.skip("every lab on the realistic-shape run (about 6 min): select it with -m realistic")
     t = time.time()
     run_lab(lab, request.getfixturevalue("realistic_run"))
-    print(f"{lab} on the realistic-shape run: {time.time() - t:.0f} s")
+    print(f"{', '.join(lab)} on the realistic-shape run: {time.time() - t:.0f} s")
