@@ -25,12 +25,15 @@ def trained_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def llama_overrides(tmp_path_factory) -> list[str]:
-    """The overrides that train a preset on a random Llama (``tests/trained.py::build_random_llama``) instead of the
-    shipped model: a learner's own model of another family, made once per session (or kept in ``PPOLAB_TEST_RUNS``)."""
+def fresh_llama_run(trained_run, tmp_path_factory) -> str:
+    """grpo_tiny at :data:`helpers.FRESH` on a random Llama (``tests/trained.py::build_random_llama``) instead of the
+    shipped model: a learner's own model of another family, trained once per session (or kept in
+    ``PPOLAB_TEST_RUNS``); the lab and exercise matrices read the same run."""
+    from helpers import FRESH
     from trained import random_llama, shared_root
 
-    return [f"actor_rollout_ref.model.path={random_llama(shared_root(tmp_path_factory))}"]
+    model = random_llama(shared_root(tmp_path_factory))
+    return trained_run("grpo_tiny", [*FRESH, f"actor_rollout_ref.model.path={model}"])
 
 
 @pytest.fixture(scope="session")

@@ -129,9 +129,9 @@ def test_every_exercise_on_a_fresh_run_of_another_preset(name, request, trained_
     if "anyrun" not in (request.config.getoption("markexpr") or ""):
         pytest.skip("fresh runs of the other presets (about 5 min): select it with -m anyrun")
     preset, extra = OTHER_FRESH[name]
-    if name == "random_llama":
-        extra = request.getfixturevalue("llama_overrides")
-    run = trained_run(preset, [*FRESH, *extra])  # the any-run lab matrix reads the same runs
+    # the any-run lab matrix reads the same runs
+    run = (request.getfixturevalue("fresh_llama_run") if name == "random_llama"
+           else trained_run(preset, [*FRESH, *extra]))
     outcome = {ex_id: full_protocol(ex_id, run) for ex_id in REG}
     assert "right" in outcome.values(), outcome
     exercises.reset()

@@ -40,7 +40,6 @@ def fresh_grpo(fresh_run) -> str:
     return fresh_run("grpo_tiny")
 
 
-
 def run_lab(lab: str | tuple[str, ...], run: str) -> str:
     """nbval on ``labs/<lab>.ipynb`` (or on each lab of a tuple, in one pytest) with ``PPOLAB_RUN=run``: fails with
     the failing cells' errors; returns the output (nbval's report)."""
@@ -111,11 +110,7 @@ def test_every_lab_on_a_fresh_run(preset, lab, fresh_run, request):
     if "anyrun" not in (request.config.getoption("markexpr") or ""):
         pytest.skip("every lab on six fresh runs (about 12 min on 2 cores): select it with -m anyrun")
     t = time.time()
-    if preset == "random_llama":
-        run_lab(lab, request.getfixturevalue("trained_run")("grpo_tiny", [*FRESH,
-                                                                          *request.getfixturevalue("llama_overrides")]))
-    else:
-        run_lab(lab, fresh_run(preset))
+    run_lab(lab, request.getfixturevalue("fresh_llama_run") if preset == "random_llama" else fresh_run(preset))
     print(f"{', '.join(lab)} on a fresh {preset} run: {time.time() - t:.0f} s")
 
 

@@ -124,16 +124,15 @@ class _FusedHeadLogProbs(torch.autograd.Function):
                 entropy[r0:r1] = torch.log(s) - a / s
             if expect_w:
                 expected_w[r0:r1] = u / s[:, None]
-        mean_z = lse_all - entropy if want_entropy else log_probs.new_empty(0)
         ctx.save_for_backward(hidden, weight, bias if bias is not None else torch.empty(0), labels, temperature,
-                              lse_all, mean_z, expected_w if expect_w else torch.empty(0))
+                              lse_all, entropy, expected_w if expect_w else torch.empty(0))
         ctx.has_bias, ctx.want_entropy, ctx.rows, ctx.chunk = bias is not None, want_entropy, rows, chunk
         ctx.expect_w = expect_w
         return log_probs, entropy
 
     @staticmethod
     def backward(ctx, g_log_probs, g_entropy):
-        hidden, weight, bias, labels, temperature, lse_all, mean_z, expected_w = ctx.saved_tensors
+        hidden, weight, bias, labels, temperature, lse_all, entropy, expected_w = ctx.saved_tensors
         bias = bias if ctx.has_bias else None
         n, vocab = hidden.shape[0], weight.shape[0]
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -162,7 +161,7 @@ class _FusedHeadLogProbs(torch.autograd.Function):
                 # ∂L/∂z = p·(−g_H·(z − Σπz) − g_lp) + g_lp·onehot(y), with p = e^{z − lse} and z − Σπz = (z − lse) + H
                 if g_h is not None:
                     p = torch.exp(zc)
-                    h_ent = lse - mean_z[r0:r1, None]
+                    h_ent = entropy[r0:r1, None]
                     dz = zc.mul_(-g_h).sub_(g_h * h_ent + g_lp).mul_(p)
                 else:
                     dz = zc.exp_().mul_(-g_lp)
