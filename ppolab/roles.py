@@ -68,9 +68,10 @@ def forward_response(
     the decoder's hidden states and the head's weight over vocabulary chunks, never making the logits
     (:func:`ppolab.algos.fused_head.fused_head_logprobs_entropy`); otherwise from the model's logits a slice of
     positions at a time (:func:`ppolab.algos.logprob.chunked_logprobs_entropy`), with no full-size float32 copy.
-    None decides by size (above ``CHUNK_LOGITS_THRESHOLD`` logits), which the shipped tiny model never reaches —
-    its runs keep the plain formulas below, bit for bit. ``fused=False`` keeps a chunked forward on the logits
-    (a bench's or a test's comparison); None fuses where the head allows it. Without gradients
+    None decides by size (above ``CHUNK_LOGITS_THRESHOLD`` logits, or from ``CHUNK_VOCAB`` tokens at any batch),
+    which the shipped tiny model never reaches — its runs keep the plain formulas below, bit for bit.
+    ``fused=False`` keeps a chunked forward on the logits (a bench's or a test's comparison); None fuses where the
+    head allows it. Without gradients
     (a reading, an inference pass) the rows go through the model a few at a time
     (:func:`ppolab.algos.logprob.logit_rows_per_pass`), so no pass holds more than 2^27 logits (512 MiB in fp32);
     the shipped model never needs more than one pass.

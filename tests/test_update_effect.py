@@ -43,6 +43,24 @@ def test_a_replayed_step_reproduces_the_trainings_after_state(several):
     assert min(moved) > 1e-4  # every step moved the model: the comparison above is not of an unchanged model
 
 
+def test_asking_for_each_optimizer_step_in_turn_replays_the_update_once(several, monkeypatch):
+    """step_effect(run, 1, 0), (…, 1), … — as lab 18 reads them — replay the step's optimizer steps once in all, not
+    1 + 2 + … + n (a step is reached only through the ones before it, so the first call measures them all)."""
+    from ppolab.numbers import update_effect
+    from ppolab.worker import ActorWorker
+
+    run = several
+    monkeypatch.setattr(update_effect, "_CACHE", {})
+    taken = []
+    real = ActorWorker.optimizer_step_of
+    monkeypatch.setattr(ActorWorker, "optimizer_step_of", lambda self, *a, **k: taken.append(1) or real(self, *a, **k))
+    n = update_effect.n_optimizer_steps(run, 1)
+    assert n > 1
+    for k in range(n):
+        assert step_effect(run, 1, k)["opt_step"] == k
+    assert len(taken) == n
+
+
 def test_the_terms_gradients_are_each_terms_own_and_add_up_to_the_total(several):
     """The KL term's gradient is a backward pass of its own; pg's is the step's gradient before the clip minus it.
     Here pg's is checked against a backward pass of pg alone at the weights before the step (what the replay saves):

@@ -67,6 +67,7 @@ from ppolab.algos.kl import (
 )
 from ppolab.algos.logprob import (
     CHUNK_LOGITS_THRESHOLD,
+    CHUNK_VOCAB,
     calculate_sum_pi_squared_from_logits,
     chunked_logprobs_entropy,
     entropy_from_logits,

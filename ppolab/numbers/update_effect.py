@@ -74,15 +74,17 @@ def _batch(r: Run, step: int) -> Batch:
 
 
 def step_effect(run: Run | str | os.PathLike | None = None, step: int = 1, opt_step: int = 0) -> dict[str, Any]:
-    """What actor optimizer step ``opt_step`` of recorded step ``step`` did (module docstring). One replay measures
-    every optimizer step up to ``opt_step`` on its way, and each is cached per run, step and optimizer step. Step 1
+    """What actor optimizer step ``opt_step`` of recorded step ``step`` did (module docstring). The first call
+    replays the step's whole update and measures every optimizer step on its way, cached per run, step and optimizer
+    step: a step can only be reached through the ones before it, so asking for them one by one in order would
+    otherwise replay 1 + 2 + … + n of them. Step 1
     starts from the seeded adapter; a later step from the state recorded with it (``trainer.record_update_state``),
     else :class:`RunLacks` (:func:`replayable_steps` lists the steps that can be replayed)."""
     r = resolve_run(run)
     key = (str(r.path.resolve()), step)
     done = _CACHE.setdefault(key, {})
     if opt_step not in done:
-        _replay_through(r, step, opt_step, done)
+        _replay_update(r, step, opt_step, done)
     return done[opt_step]
 
 
@@ -107,7 +109,7 @@ def n_optimizer_steps(run: Run | str | os.PathLike | None = None, step: int = 1)
     return len(recorded_plan(r.step(step), r.ppo_config(), "actor").steps)
 
 
-def _replay_through(r: Run, step: int, opt_step: int, done: dict[int, dict[str, Any]]) -> None:
+def _replay_update(r: Run, step: int, opt_step: int, done: dict[int, dict[str, Any]]) -> None:
     from ppolab.replay import REPLAY_LOCK, gradients, restore, run_models
     from ppolab.worker import ActorWorker
 
@@ -142,7 +144,7 @@ def _replay_through(r: Run, step: int, opt_step: int, done: dict[int, dict[str, 
                 worker.load_state_dict(state)
             lp_before = worker.infer(batch, reading)["log_probs"]
             present = loss_terms(a)
-            for k in range(opt_step + 1):  # the steps in the recorded order, each measured on the way
+            for k in range(len(steps)):  # the steps in the recorded order, each measured on the way
                 before = [p.detach().clone() for p in params]
                 terms = {}
                 for term in present[1:]:  # the entropy bonus and the KL loss alone: a backward pass each
