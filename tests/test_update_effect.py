@@ -45,20 +45,31 @@ def test_a_replayed_step_reproduces_the_trainings_after_state(several):
 
 def test_asking_for_each_optimizer_step_in_turn_replays_the_update_once(several, monkeypatch):
     """step_effect(run, 1, 0), (…, 1), … — as lab 18 reads them — replay the step's optimizer steps once in all, not
-    1 + 2 + … + n (a step is reached only through the ones before it, so the first call measures them all)."""
+    1 + 2 + … + n: a later call goes on from the weights and Adam state where the last one stopped, and measures
+    what a replay straight through to that step measures, bit for bit. Asked for step 0 alone, one step is run."""
     from ppolab.numbers import update_effect
     from ppolab.worker import ActorWorker
 
-    run = several
-    monkeypatch.setattr(update_effect, "_CACHE", {})
     taken = []
     real = ActorWorker.optimizer_step_of
     monkeypatch.setattr(ActorWorker, "optimizer_step_of", lambda self, *a, **k: taken.append(1) or real(self, *a, **k))
-    n = update_effect.n_optimizer_steps(run, 1)
-    assert n > 1
-    for k in range(n):
-        assert step_effect(run, 1, k)["opt_step"] == k
+    n = update_effect.n_optimizer_steps(several, 1)
+    assert n > 2
+    monkeypatch.setattr(update_effect, "_CACHE", {})
+    monkeypatch.setattr(update_effect, "_RESUME", {})
+    step_effect(several, 1, 0)
+    assert len(taken) == 1
+    in_turn = [step_effect(several, 1, k) for k in range(n)]
     assert len(taken) == n
+    monkeypatch.setattr(update_effect, "_CACHE", {})
+    monkeypatch.setattr(update_effect, "_RESUME", {})
+    straight = step_effect(several, 1, n - 1)
+    assert len(taken) == 2 * n
+    for key in ("after", "grads", "update"):
+        for x, y in zip(in_turn[-1][key], straight[key]):
+            assert torch.equal(x, y), key
+    assert torch.equal(in_turn[-1]["log_prob_after"], straight["log_prob_after"])
+    assert in_turn[-1]["metrics"] == straight["metrics"]
 
 
 def test_the_terms_gradients_are_each_terms_own_and_add_up_to_the_total(several):

@@ -39,6 +39,9 @@ from ppolab.update_plan import InferBatching, OptimizerStep, recorded_plan
 CLIP_STATES = ("inside", "clipped above", "clipped below", "dual-clipped")
 
 _CACHE: dict[tuple, dict[str, Any]] = {}
+#: Per run and step: the optimizer's state after the last optimizer step replayed, so that a later call goes on
+#: from there (with that step's weights, ``done[k]["after"]``) instead of replaying the steps before it again.
+_RESUME: dict[tuple, dict[str, Any]] = {}
 
 
 def one_process(opt: OptimizerStep) -> OptimizerStep:
@@ -74,17 +77,17 @@ def _batch(r: Run, step: int) -> Batch:
 
 
 def step_effect(run: Run | str | os.PathLike | None = None, step: int = 1, opt_step: int = 0) -> dict[str, Any]:
-    """What actor optimizer step ``opt_step`` of recorded step ``step`` did (module docstring). The first call
-    replays the step's whole update and measures every optimizer step on its way, cached per run, step and optimizer
-    step: a step can only be reached through the ones before it, so asking for them one by one in order would
-    otherwise replay 1 + 2 + … + n of them. Step 1
+    """What actor optimizer step ``opt_step`` of recorded step ``step`` did (module docstring). A replay measures
+    every optimizer step up to ``opt_step`` on its way, each cached per run, step and optimizer step, and a later
+    call for a later step goes on from where the last one stopped (its weights and Adam state): asked in turn for
+    steps 0 … n−1, as lab 18 does, the update is replayed once, not 1 + 2 + … + n steps. Step 1
     starts from the seeded adapter; a later step from the state recorded with it (``trainer.record_update_state``),
     else :class:`RunLacks` (:func:`replayable_steps` lists the steps that can be replayed)."""
     r = resolve_run(run)
     key = (str(r.path.resolve()), step)
     done = _CACHE.setdefault(key, {})
     if opt_step not in done:
-        _replay_update(r, step, opt_step, done)
+        _replay_update(r, step, opt_step, done, _RESUME.setdefault(key, {}))
     return done[opt_step]
 
 
@@ -109,7 +112,12 @@ def n_optimizer_steps(run: Run | str | os.PathLike | None = None, step: int = 1)
     return len(recorded_plan(r.step(step), r.ppo_config(), "actor").steps)
 
 
-def _replay_update(r: Run, step: int, opt_step: int, done: dict[int, dict[str, Any]]) -> None:
+def _replay_update(r: Run, step: int, opt_step: int, done: dict[int, dict[str, Any]], resume: dict[str, Any]
+                   ) -> None:
+    """Replay optimizer steps of ``step`` through ``opt_step`` into ``done``: from the start of the update, or
+    from the step after the last one measured (``resume`` holds the optimizer's state there)."""
+    import copy
+
     from ppolab.replay import REPLAY_LOCK, gradients, restore, run_models
     from ppolab.worker import ActorWorker
 
@@ -139,12 +147,18 @@ def _replay_update(r: Run, step: int, opt_step: int, done: dict[int, dict[str, A
         worker = ActorWorker(a, models, temperature=cfg.actor_rollout_ref.rollout.temperature,
                              rollout_n=cfg.actor_rollout_ref.rollout.n)  # AdamW + warm-up, as the trainer built it
         try:
-            if state is not None:  # where the training stood before this step's update (record_update_state)
-                restore(params, [state["weights"][f"actor.{i}"] for i in range(len(params))])
-                worker.load_state_dict(state)
-            lp_before = worker.infer(batch, reading)["log_probs"]
+            start = len(done)  # the steps measured so far are 0 … start − 1
+            if start:  # where the last replay stopped: after step start − 1, its weights and Adam state
+                restore(params, done[start - 1]["after"])
+                worker.load_state_dict(resume["worker"])
+                lp_before = done[start - 1]["log_prob_after"]
+            else:
+                if state is not None:  # where the training stood before this step's update (record_update_state)
+                    restore(params, [state["weights"][f"actor.{i}"] for i in range(len(params))])
+                    worker.load_state_dict(state)
+                lp_before = worker.infer(batch, reading)["log_probs"]
             present = loss_terms(a)
-            for k in range(len(steps)):  # the steps in the recorded order, each measured on the way
+            for k in range(start, opt_step + 1):  # the steps in the recorded order, each measured on the way
                 before = [p.detach().clone() for p in params]
                 terms = {}
                 for term in present[1:]:  # the entropy bonus and the KL loss alone: a backward pass each
@@ -166,10 +180,10 @@ def _replay_update(r: Run, step: int, opt_step: int, done: dict[int, dict[str, A
                 after = [p.detach().clone() for p in params]
                 lp_after = worker.infer(batch, reading)["log_probs"]
                 lr = float(worker.optimizer.param_groups[0]["lr"])
-                if k not in done:
-                    done[k] = _measure(r, step, k, plan, batch, names, before, after, used, terms, lp_before,
-                                       lp_after, lr, metrics)
+                done[k] = _measure(r, step, k, plan, batch, names, before, after, used, terms, lp_before, lp_after,
+                                   lr, metrics)
                 lp_before = lp_after
+            resume["worker"] = copy.deepcopy(worker.state_dict())
         finally:
             worker.terms = None
             restore(params, saved)

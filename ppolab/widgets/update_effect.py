@@ -38,9 +38,7 @@ def _per_layer(names: list[str], tensors: list[torch.Tensor]) -> dict[str, float
 
 def _step_effects(r: Run, step: int) -> list[dict[str, Any]]:
     """Every optimizer step of recorded ``step``, from one replay (cached by the numbers layer)."""
-    n = n_optimizer_steps(r, step)
-    step_effect(r, step, n - 1)  # one replay measures every optimizer step on its way
-    return [step_effect(r, step, k) for k in range(n)]
+    return [step_effect(r, step, k) for k in range(n_optimizer_steps(r, step))]
 
 
 def _labels(effects: list[dict[str, Any]]) -> list[str]:
