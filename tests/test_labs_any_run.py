@@ -55,9 +55,9 @@ def run_lab(lab: str | tuple[str, ...], run: str) -> str:
 
 
 #: Labs per nbval subprocess in the matrices: a subprocess's start (interpreter, pytest and its plugins, the root
-#: conftest, collection) costs about 7 s of CPU, as much as a short lab; in groups of four it is paid a quarter as
-#: often, and the groups still spread over the workers.
-GROUP = 4
+#: conftest, collection) costs about 6 s of CPU, as much as a short lab; in groups of seven (7, 7, 5 of the 19 labs)
+#: it is paid three times a run instead of 19, and the 21 cases of the two matrices still spread over the workers.
+GROUP = 7
 
 
 def lab_groups(labs: list[str]) -> list[tuple[str, ...]]:
