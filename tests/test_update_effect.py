@@ -72,6 +72,36 @@ def test_asking_for_each_optimizer_step_in_turn_replays_the_update_once(several,
     assert in_turn[-1]["metrics"] == straight["metrics"]
 
 
+def test_a_replay_interrupted_midway_leaves_nothing_half_done(several, monkeypatch):
+    """A replay stopped midway (a learner interrupting the cell) caches none of its steps, so the next call starts
+    from the last whole replay's state and measures what an uninterrupted one does."""
+    from ppolab.numbers import update_effect
+    from ppolab.worker import ActorWorker
+
+    monkeypatch.setattr(update_effect, "_CACHE", {})
+    monkeypatch.setattr(update_effect, "_RESUME", {})
+    n = update_effect.n_optimizer_steps(several, 1)
+    want = step_effect(several, 1, n - 1)["after"]
+    monkeypatch.setattr(update_effect, "_CACHE", {})
+    monkeypatch.setattr(update_effect, "_RESUME", {})
+    step_effect(several, 1, 0)
+    real, calls = ActorWorker.optimizer_step_of, []
+
+    def stop_at_the_second(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(ActorWorker, "optimizer_step_of", stop_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        step_effect(several, 1, n - 1)
+    monkeypatch.setattr(ActorWorker, "optimizer_step_of", real)
+    assert sorted(update_effect._CACHE[next(iter(update_effect._CACHE))]) == [0]
+    for x, y in zip(step_effect(several, 1, n - 1)["after"], want):
+        assert torch.equal(x, y)
+
+
 def test_the_terms_gradients_are_each_terms_own_and_add_up_to_the_total(several):
     """The KL term's gradient is a backward pass of its own; pg's is the step's gradient before the clip minus it.
     Here pg's is checked against a backward pass of pg alone at the weights before the step (what the replay saves):

@@ -150,7 +150,8 @@ def _replay_update(r: Run, step: int, opt_step: int, done: dict[int, dict[str, A
             start = len(done)  # the steps measured so far are 0 … start − 1
             if start:  # where the last replay stopped: after step start − 1, its weights and Adam state
                 restore(params, done[start - 1]["after"])
-                worker.load_state_dict(resume["worker"])
+                # a copy: the optimizer takes the state's tensors as its own and steps them in place
+                worker.load_state_dict(copy.deepcopy(resume["worker"]))
                 lp_before = done[start - 1]["log_prob_after"]
             else:
                 if state is not None:  # where the training stood before this step's update (record_update_state)
@@ -158,6 +159,7 @@ def _replay_update(r: Run, step: int, opt_step: int, done: dict[int, dict[str, A
                     worker.load_state_dict(state)
                 lp_before = worker.infer(batch, reading)["log_probs"]
             present = loss_terms(a)
+            measured = {}  # cached below with the Adam state they end at, so an interrupted replay leaves no gap
             for k in range(start, opt_step + 1):  # the steps in the recorded order, each measured on the way
                 before = [p.detach().clone() for p in params]
                 terms = {}
@@ -180,10 +182,11 @@ def _replay_update(r: Run, step: int, opt_step: int, done: dict[int, dict[str, A
                 after = [p.detach().clone() for p in params]
                 lp_after = worker.infer(batch, reading)["log_probs"]
                 lr = float(worker.optimizer.param_groups[0]["lr"])
-                done[k] = _measure(r, step, k, plan, batch, names, before, after, used, terms, lp_before, lp_after,
-                                   lr, metrics)
+                measured[k] = _measure(r, step, k, plan, batch, names, before, after, used, terms, lp_before,
+                                       lp_after, lr, metrics)
                 lp_before = lp_after
             resume["worker"] = copy.deepcopy(worker.state_dict())
+            done.update(measured)
         finally:
             worker.terms = None
             restore(params, saved)
