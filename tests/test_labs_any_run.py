@@ -151,10 +151,10 @@ def test_lab_pair_puts_the_run_in_its_configurations_place(monkeypatch):
 
 #: The realistic-shape run the matrix reads: bench/realistic_shape.py at a quarter of its benchmark's rows (16 × 256
 #: tokens, 2 ranks, 2 steps). It keeps what the labs read at a real width — the 151,936-token vocabulary, the BPE
-#: tokenizer, the chunked log-prob path (4 rows × 257 × 151,936 logits a micro-batch) and reading passes split by
-#: ``logit_rows_per_pass`` (3 rows a pass), one group of 4 rows for lab 13's bounded replay — with responses of
-#: several lengths at step 1 (an EOS at token 141 in its first group), so lab 13's broken normaliser shows. 2.5 min
-#: on 2 cores where the full 64 × 256 benchmark shape took 6; the script's default stays that benchmark.
+#: tokenizer, the fused head's log-probs and entropy (4 rows × 257 positions a micro-batch over 151,936 tokens, no
+#: logits made), one group of 4 rows for lab 13's bounded replay — with responses of
+#: several lengths at step 1 (an EOS at token 141 in its first group), so lab 13's broken normaliser shows. About
+#: 1 min on 2 cores (the model's SFT half of it); the script's default stays the 64 × 256 benchmark.
 REALISTIC_SHAPE = ["--rows", "16", "--response-length", "256", "--ranks", "2", "--steps", "2"]
 
 
@@ -185,7 +185,7 @@ def test_every_lab_on_the_realistic_shape_run(lab, request):
     """Issue 23 §5 (c): every lab runs to its end on a real model's shape. Kept out of the README command by its
     marker; ``.ci/run`` selects it."""
     if "realistic" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("every lab on the realistic-shape run (about 6 min): select it with -m realistic")
+        pytest.skip("every lab on the realistic-shape run (about 4 min): select it with -m realistic")
     t = time.time()
     run_lab(lab, request.getfixturevalue("realistic_run"))
     print(f"{', '.join(lab)} on the realistic-shape run: {time.time() - t:.0f} s")
