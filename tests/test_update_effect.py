@@ -56,13 +56,11 @@ def test_asking_for_each_optimizer_step_in_turn_replays_the_update_once(several,
     n = update_effect.n_optimizer_steps(several, 1)
     assert n > 2
     monkeypatch.setattr(update_effect, "_CACHE", {})
-    monkeypatch.setattr(update_effect, "_RESUME", {})
     step_effect(several, 1, 0)
     assert len(taken) == 1
     in_turn = [step_effect(several, 1, k) for k in range(n)]
     assert len(taken) == n
     monkeypatch.setattr(update_effect, "_CACHE", {})
-    monkeypatch.setattr(update_effect, "_RESUME", {})
     straight = step_effect(several, 1, n - 1)
     assert len(taken) == 2 * n
     for key in ("after", "grads", "update"):
@@ -79,11 +77,9 @@ def test_a_replay_interrupted_midway_leaves_nothing_half_done(several, monkeypat
     from ppolab.worker import ActorWorker
 
     monkeypatch.setattr(update_effect, "_CACHE", {})
-    monkeypatch.setattr(update_effect, "_RESUME", {})
     n = update_effect.n_optimizer_steps(several, 1)
     want = step_effect(several, 1, n - 1)["after"]
     monkeypatch.setattr(update_effect, "_CACHE", {})
-    monkeypatch.setattr(update_effect, "_RESUME", {})
     step_effect(several, 1, 0)
     real, calls = ActorWorker.optimizer_step_of, []
 
@@ -97,7 +93,7 @@ def test_a_replay_interrupted_midway_leaves_nothing_half_done(several, monkeypat
     with pytest.raises(KeyboardInterrupt):
         step_effect(several, 1, n - 1)
     monkeypatch.setattr(ActorWorker, "optimizer_step_of", real)
-    assert sorted(update_effect._CACHE[next(iter(update_effect._CACHE))]) == [0]
+    assert sorted(update_effect._CACHE[next(iter(update_effect._CACHE))]["steps"]) == [0]
     for x, y in zip(step_effect(several, 1, n - 1)["after"], want):
         assert torch.equal(x, y)
 

@@ -38,10 +38,11 @@ from ppolab.update_plan import InferBatching, OptimizerStep, recorded_plan
 #: Clip states of :func:`step_effect` (``clip_state``), by code.
 CLIP_STATES = ("inside", "clipped above", "clipped below", "dual-clipped")
 
+#: Per run and step: ``steps``, what each optimizer step measured so far did (k → :func:`step_effect`'s dict), and
+#: ``worker``, the optimizer's state after the last of them, so that a later call goes on from there (with that
+#: step's weights, ``steps[k]["after"]``) instead of replaying the steps before it again. The two are replaced
+#: together, so a replay stopped midway leaves the entry as the last whole replay left it.
 _CACHE: dict[tuple, dict[str, Any]] = {}
-#: Per run and step: the optimizer's state after the last optimizer step replayed, so that a later call goes on
-#: from there (with that step's weights, ``done[k]["after"]``) instead of replaying the steps before it again.
-_RESUME: dict[tuple, dict[str, Any]] = {}
 
 
 def one_process(opt: OptimizerStep) -> OptimizerStep:
@@ -85,10 +86,10 @@ def step_effect(run: Run | str | os.PathLike | None = None, step: int = 1, opt_s
     else :class:`RunLacks` (:func:`replayable_steps` lists the steps that can be replayed)."""
     r = resolve_run(run)
     key = (str(r.path.resolve()), step)
-    done = _CACHE.setdefault(key, {})
-    if opt_step not in done:
-        _replay_update(r, step, opt_step, done, _RESUME.setdefault(key, {}))
-    return done[opt_step]
+    entry = _CACHE.setdefault(key, {"steps": {}, "worker": None})
+    if opt_step not in entry["steps"]:
+        _replay_update(r, step, opt_step, entry)
+    return entry["steps"][opt_step]
 
 
 def loss_terms(actor: Any) -> tuple[str, ...]:
@@ -112,10 +113,10 @@ def n_optimizer_steps(run: Run | str | os.PathLike | None = None, step: int = 1)
     return len(recorded_plan(r.step(step), r.ppo_config(), "actor").steps)
 
 
-def _replay_update(r: Run, step: int, opt_step: int, done: dict[int, dict[str, Any]], resume: dict[str, Any]
-                   ) -> None:
-    """Replay optimizer steps of ``step`` through ``opt_step`` into ``done``: from the start of the update, or
-    from the step after the last one measured (``resume`` holds the optimizer's state there)."""
+def _replay_update(r: Run, step: int, opt_step: int, entry: dict[str, Any]) -> None:
+    """Replay optimizer steps of ``step`` through ``opt_step`` into ``entry`` (a :data:`_CACHE` entry): from the
+    start of the update, or from the step after the last one measured (``entry["worker"]`` holds the optimizer's
+    state there)."""
     import copy
 
     from ppolab.replay import REPLAY_LOCK, gradients, restore, run_models
@@ -147,11 +148,12 @@ def _replay_update(r: Run, step: int, opt_step: int, done: dict[int, dict[str, A
         worker = ActorWorker(a, models, temperature=cfg.actor_rollout_ref.rollout.temperature,
                              rollout_n=cfg.actor_rollout_ref.rollout.n)  # AdamW + warm-up, as the trainer built it
         try:
+            done = entry["steps"]
             start = len(done)  # the steps measured so far are 0 … start − 1
             if start:  # where the last replay stopped: after step start − 1, its weights and Adam state
                 restore(params, done[start - 1]["after"])
                 # a copy: the optimizer takes the state's tensors as its own and steps them in place
-                worker.load_state_dict(copy.deepcopy(resume["worker"]))
+                worker.load_state_dict(copy.deepcopy(entry["worker"]))
                 lp_before = done[start - 1]["log_prob_after"]
             else:
                 if state is not None:  # where the training stood before this step's update (record_update_state)
@@ -185,8 +187,8 @@ def _replay_update(r: Run, step: int, opt_step: int, done: dict[int, dict[str, A
                 measured[k] = _measure(r, step, k, plan, batch, names, before, after, used, terms, lp_before,
                                        lp_after, lr, metrics)
                 lp_before = lp_after
-            resume["worker"] = copy.deepcopy(worker.state_dict())
-            done.update(measured)
+            # one call replaces both, so an interruption lands before it or after it, never between them
+            entry.update(steps={**done, **measured}, worker=copy.deepcopy(worker.state_dict()))
         finally:
             worker.terms = None
             restore(params, saved)
