@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import sys
 import tempfile
 import time
@@ -42,6 +41,7 @@ PRESET_BATCH = ["data.max_response_length=1024", "data.train_batch_size=64", "ac
 
 def run_path(path: str, model: Path, work: Path, steps: int, extra: list[str]) -> None:
     """Train ``steps`` steps on ``path`` (fused or plain) and print its stages and peak memory."""
+    import pandas as pd
     import torch
 
     import ppolab
@@ -70,13 +70,13 @@ def run_path(path: str, model: Path, work: Path, steps: int, extra: list[str]) -
     print(f"{path}: {steps} steps in {wall:.0f} s (model load included), peak "
           f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB allocated, "
           f"{torch.cuda.max_memory_reserved() / 2**30:.2f} GiB reserved")
-    rows = [json.loads(line) for line in (Path(run.path) / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    for r in (r for r in rows if "perf/time_per_step" in r):
-        stages = "  ".join(f"{k.split('/', 1)[1]} {r[k]:.2f}" for k in sorted(r)
-                           if k.startswith("timing_s/") and r[k] >= 0.05)
+    frame = run.metrics  # one row per step, indexed by step (ppolab.record.Run.metrics)
+    timing = sorted(k for k in frame.columns if k.startswith("timing_s/"))
+    for step, r in frame[frame.get("perf/time_per_step", pd.Series(dtype=float)).notna()].iterrows():
+        stages = "  ".join(f"{k.split('/', 1)[1]} {r[k]:.2f}" for k in timing if r[k] >= 0.05)
         read = {k: r.get(k, float("nan")) for k in ("response_length/mean", "actor/pg_loss", "actor/grad_norm",
                                                       "actor/entropy")}
-        print(f"  step {r.get('training/global_step', '?')}: {stages}; response length "
+        print(f"  step {step}: {stages}; response length "
               f"{read['response_length/mean']:.0f}, pg_loss {read['actor/pg_loss']:.4g}, "
               f"grad_norm {read['actor/grad_norm']:.4g}, entropy {read['actor/entropy']:.4g}")
     del run

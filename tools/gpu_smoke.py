@@ -110,16 +110,17 @@ def overrides_for(model_dir: Path, work: Path, engine: str, steps: int, device: 
 
 
 def report(run_dir: Path) -> list[str]:
-    """Per-stage seconds and the rollout/trainer gap per step, from the run's metrics.jsonl."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps = [r for r in rows if "training/rollout_probs_diff_max" in r]
-    lines = []
-    timing = sorted({k for r in steps for k in r if k.startswith("timing_s/")})
-    for k in timing:
-        values = [r[k] for r in steps if k in r]
-        lines.append(f"  {k:<30} {sum(values) / len(values):8.2f} s/step")
-    for r in steps:
-        lines.append(f"  step {r.get('training/global_step', '?')}: rollout_probs_diff mean "
+    """Per-stage seconds and the rollout/trainer gap per step, from the run's metrics (``Run.metrics``)."""
+    from ppolab import load_run
+
+    frame = load_run(run_dir).metrics
+    if "training/rollout_probs_diff_max" not in frame:
+        return []
+    steps = frame[frame["training/rollout_probs_diff_max"].notna()]
+    lines = [f"  {k:<30} {steps[k].mean():8.2f} s/step" for k in sorted(steps.columns)
+             if k.startswith("timing_s/") and steps[k].notna().any()]
+    for step, r in steps.iterrows():
+        lines.append(f"  step {step}: rollout_probs_diff mean "
                      f"{r['training/rollout_probs_diff_mean']:.2e} max {r['training/rollout_probs_diff_max']:.2e}"
                      f"  score {r.get('critic/score/mean', float('nan')):.3f}  "
                      f"grad_norm {r.get('actor/grad_norm', float('nan')):.3g}")
