@@ -12,42 +12,19 @@ Each subcommand hands its arguments to the module that does the work; this file 
 from __future__ import annotations
 
 import argparse
-import filecmp
 import importlib.util
-import shutil
+import os
 import signal
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ppolab.course import LABS as COURSE_LABS
+from ppolab.course import LABS
+from ppolab.labs_copy import LabsFolderError, copy_labs, why_kept
 from ppolab.models import REPO_ROOT
 
-LABS = COURSE_LABS
-
-
-def copy_labs(dest: Path, zh: bool = False) -> tuple[list[str], list[str], list[str]]:
-    """Copy the course's notebooks (``labs/`` or ``labs/zh/``) into ``dest``: (copied, already there, kept). A
-    notebook already in ``dest`` that differs from the course's is the learner's — kept, never overwritten."""
-    source = LABS / "zh" if zh else LABS
-    if not source.is_dir():
-        raise FileNotFoundError(f"{source} is not here: the labs ship with a checkout of ppolab and inside its wheel "
-                                "(ppolab/_course) — reinstall ppolab, or git clone and pip install -e .")
-    dest.mkdir(parents=True, exist_ok=True)
-    copied, same, kept = [], [], []
-    for nb in sorted(source.glob("*.ipynb")):
-        target = dest / nb.name
-        if not target.exists():
-            tmp = target.with_name(f".{target.name}.tmp")
-            shutil.copyfile(nb, tmp)
-            tmp.replace(target)
-            copied.append(nb.name)
-        elif filecmp.cmp(nb, target, shallow=False):
-            same.append(nb.name)
-        else:
-            kept.append(nb.name)
-    return copied, same, kept
+__all__ = ["LABS", "copy_labs", "main"]  # LABS and copy_labs: re-exported, ppolab.labs_copy does the copying
 
 
 def _labs(args: argparse.Namespace, lab_args: Sequence[str] = ()) -> int:
@@ -57,18 +34,22 @@ def _labs(args: argparse.Namespace, lab_args: Sequence[str] = ()) -> int:
     dest = Path(args.dir).expanduser()
     try:
         copied, same, kept = copy_labs(dest, args.zh)
-    except (FileNotFoundError, NotADirectoryError, FileExistsError) as e:
+    except (FileNotFoundError, LabsFolderError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(f"{dest}: {len(copied)} notebook(s) copied, {len(same)} already there")
     for name in kept:
-        print(f"  kept your {name} (it differs from the course's; delete it to get the course's again)")
+        print(f"  kept your {name} ({why_kept(dest / name)})")
     if args.no_start:
         return 0
     if importlib.util.find_spec("jupyterlab") is None:
         print(f"error: JupyterLab is not installed in {sys.executable}: `{sys.executable} -m pip install jupyterlab`, "
               f"or open {dest} with a JupyterLab whose kernel has ppolab", file=sys.stderr)
         return 1
+    if _as_root() and not any("allow-root" in a or "allow_root" in a for a in lab_args):
+        # a container or a cloud notebook runs as root, and JupyterLab then exits at once without this flag
+        lab_args = [*lab_args, "--allow-root"]
+        print("running as root: JupyterLab refuses to start as root without --allow-root, so ppolab passes it")
     sys.stdout.flush()  # the lines above before JupyterLab's own output when both go to one file or pipe
     lab = subprocess.Popen([sys.executable, "-m", "jupyterlab", *lab_args, str(dest)])
     try:  # `kill` of this process stops JupyterLab (and so its kernels) instead of leaving it running orphaned
@@ -84,6 +65,10 @@ def _labs(args: argparse.Namespace, lab_args: Sequence[str] = ()) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _as_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
 def _site(argv: list[str]) -> int:

@@ -65,6 +65,7 @@ def test_labs_starts_this_pythons_jupyterlab_with_the_arguments_after_dashdash(t
             pass
 
     monkeypatch.setattr(ppolab.cli.subprocess, "Popen", FakeLab)
+    monkeypatch.setattr(ppolab.cli, "_as_root", lambda: False)  # as root it adds --allow-root (test_labs_command_trust)
     dest = tmp_path / "course"
     assert main(["labs", str(dest), "--", "--no-browser", "--port=8899", "--zh"]) == 0
     # `python -m jupyterlab` of this interpreter (not the first `jupyter-lab` on PATH); `--zh` after -- is JupyterLab's
