@@ -25,7 +25,10 @@ class BackgroundTraining:
     ``run_dir``: where it writes (known before training starts); :meth:`run` opens it once its ``config.json``
     exists; :meth:`stop` ends it after the step in progress (the run dir stays whole, like Ctrl-C); :meth:`join`
     waits for the end and returns the finished :class:`ppolab.record.Run` — or raises what stopped training.
-    ``done`` says whether the thread has ended, ``steps`` how many steps have finished.
+    ``done`` says whether the thread has ended, ``steps`` how many steps have finished, ``error`` what ended it
+    (None while it trains or after a clean end) — a reward call past ``custom_reward_function.timeout_s`` included:
+    off the main thread it cannot be interrupted, so :mod:`ppolab.rewards` abandons it and the training ends with
+    the same :class:`ppolab.errors.RewardError` a foreground ``ppolab.train`` raises.
     """
 
     def __init__(self, cfg, on_step=None):

@@ -84,31 +84,121 @@ def find_config(path: str | Path) -> Path:
 
 
 def read_verl_config(path: str | Path, overrides: Sequence[str] = ()) -> tuple[dict[str, Any], Path]:
-    """(the resolved config as plain dicts, the file read): YAML, then ``overrides`` (``key=value``, verl's dotted
-    names), then interpolations (``${oc.select:…}``, ``${…}``) resolved as Hydra would."""
-    import yaml
+    """(the resolved config as plain dicts, the file read): YAML (bounded: :func:`ppolab.config.yaml_file.load_yaml`),
+    then ``overrides`` (Hydra's ``key=value``, ``+key=value``, ``++key=value``, ``~key``: :func:`apply_overrides`),
+    then interpolations resolved as Hydra would — with ``oc.select`` the only resolver, the one verl's YAMLs use."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from ppolab.rundir import regular_file
+    from ppolab.config.yaml_file import foreign_resolvers, load_yaml
 
     f = find_config(path)
-    try:
-        conf = OmegaConf.load(regular_file(f, 16 * 2**20))
-    except (yaml.YAMLError, OmegaConfBaseException, UnicodeDecodeError) as e:
-        why = " ".join(str(e).split())[:160]
-        raise FileFormatError(f"{f} is not valid YAML ({why}): expected {EXPECTED}") from None
+    conf = load_yaml(f, FileFormatError, f"expected {EXPECTED}")
     if not OmegaConf.is_dict(conf) or not all(g in conf for g in VERL_GROUPS):
         have = ", ".join(list(conf.keys())[:6]) if OmegaConf.is_dict(conf) else type(conf).__name__
         raise FileFormatError(f"{f} is not a verl PPO config (its top level: {have}): expected {EXPECTED}")
+    tree = OmegaConf.to_container(conf, resolve=False)
+    tree = apply_overrides(tree, overrides, f)
+    for key, name in foreign_resolvers(tree, VERL_RESOLVERS)[:1]:
+        raise FileFormatError(f"{f}: {key} calls the resolver ${{{name}:…}}; verl's configs call only "
+                              f"{', '.join(sorted(VERL_RESOLVERS))}, and the doctor runs no other — write the value "
+                              "out")
     try:
-        if overrides:
-            conf = OmegaConf.merge(conf, OmegaConf.from_dotlist(list(overrides)))
-        plain = OmegaConf.to_container(conf, resolve=True)
+        plain = OmegaConf.to_container(OmegaConf.create(tree), resolve=True)
     except OmegaConfBaseException as e:
         raise FileFormatError(f"{f}: {' '.join(str(e).split())[:200]} — fix the override or the interpolation "
                               "it names") from None
+    for key, value in _leaves(plain):  # an escaped \${…} comes out as an interpolation verl would resolve again
+        if isinstance(value, str) and "${" in value:
+            raise FileFormatError(f"{f}: {key}={value[:80]!r} still holds an interpolation once resolved (an escaped "
+                                  "\\${…}); verl would resolve it again — write the value out")
     return plain, f
+
+
+#: The resolvers a verl job's config may call (``${name:…}``): verl 0.9.1's trainer/config YAMLs call only
+#: ``oc.select``; node interpolations (``${a.b}``) call none.
+VERL_RESOLVERS = frozenset({"oc.select"})
+
+
+def _leaves(tree: Any, prefix: str = ""):
+    """(dotted key, value) of every leaf of plain nested dicts and lists (list items as ``key[i]``), and of every
+    dict and list before its items: what a check walks, in the file's order."""
+    if isinstance(tree, dict):
+        if prefix:
+            yield prefix[:-1], tree
+        for k, v in tree.items():
+            yield from _leaves(v, f"{prefix}{k}.")
+    elif isinstance(tree, list):
+        if prefix:
+            yield prefix[:-1], tree
+        for i, v in enumerate(tree):
+            yield from _leaves(v, f"{prefix[:-1]}[{i}].")
+    else:
+        yield prefix[:-1], tree
+
+
+def _keys(tree: Any) -> list[str]:
+    """Every dotted key of ``tree`` (groups and leaves, no list items): what an override may name."""
+    return [k for k, _ in _leaves(tree) if "[" not in k]
+
+
+def _free_group(tree: dict[str, Any], key: str) -> bool:
+    """Whether ``key``'s parent is a group of ``tree`` that is not one of verl's config dataclasses (no
+    ``_target_``): a free mapping such as ``model.override_config``, where Hydra's ``+key`` adds what it likes and
+    verl takes it."""
+    node: Any = tree
+    for part in key.split(".")[:-1]:
+        node = node.get(part) if isinstance(node, dict) else None
+    return "." in key and isinstance(node, dict) and "_target_" not in node
+
+
+def apply_overrides(tree: dict[str, Any], overrides: Sequence[str], f: Path) -> dict[str, Any]:
+    """``tree`` (the job's unresolved config, plain dicts) with Hydra's overrides applied, parsed as ``ppolab train``
+    parses them (:func:`ppolab.config.loader._parse_value`): ``key=value`` sets a key of the job or one ppolab
+    knows, ``+key=value`` adds a key the job lacks, ``++key=value`` sets or adds, ``~key`` (or ``~key=value``) deletes
+    a key of the job. Anything else is :class:`~ppolab.config.ConfigError` in one line naming the override, with the
+    nearest key of the job (difflib) — an override is never dropped unseen."""
+    import copy
+    import difflib
+
+    from ppolab.config import ConfigError
+    from ppolab.config.loader import _parse_value, valid_keys
+
+    tree = copy.deepcopy(tree)
+    ppolab_keys = set(valid_keys())
+    for item in overrides:
+        if not isinstance(item, str):
+            raise ConfigError(f"override {item!r} is not a string: write key=value, e.g. "
+                              "actor_rollout_ref.rollout.n=8")
+        text = item.strip()
+        op = next(p for p in ("++", "+", "~", "") if text.startswith(p))
+        body = text[len(op):]
+        if "=" not in body and op != "~":
+            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. actor_rollout_ref.rollout.n=8)")
+        key, _, value = body.partition("=")
+        key = key.strip()
+        have = set(_keys(tree))
+        if not key or key not in have | ppolab_keys and not (op in ("+", "++") and _free_group(tree, key)):
+            near = difflib.get_close_matches(key, sorted(have | ppolab_keys), n=1, cutoff=0.6)
+            hint = f"did you mean {near[0]}?" if near else f"see the keys of {f.name}"
+            raise ConfigError(f"override {item!r}: {key or '(empty)'} is not a key of {f} nor one ppolab knows; "
+                              f"{hint}")
+        if op == "+" and key in have:
+            raise ConfigError(f"override {item!r}: {key} is already in {f}; write {key}={value} to change it "
+                              "(Hydra's + only adds a key the job lacks)")
+        if op == "~" and key not in have:
+            raise ConfigError(f"override {item!r}: {key} is not in {f}, so there is nothing to delete")
+        *parents, last = key.split(".")
+        node = tree
+        for part in parents:
+            if not isinstance(node.get(part, {}), dict):
+                raise ConfigError(f"override {item!r}: {part} in {key} is a value in {f}, not a group of keys")
+            node = node.setdefault(part, {})
+        if op == "~":
+            node.pop(last)
+        else:
+            node[last] = _parse_value(value)
+    return tree
 
 
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -137,6 +227,66 @@ def ppolab_view(raw: dict[str, Any]):
                 raise
             refused[bad] = shared.pop(bad)
     raise AssertionError("unreachable")
+
+
+#: The ``_target_`` values verl's checks may build: every config dataclass verl 0.9.1's own YAMLs name
+#: (``verl/trainer/config/{ppo_trainer,_generated_ppo_*_trainer}.yaml`` and the groups they compose: ``actor/``,
+#: ``critic/``, ``ref/``, ``rollout/rollout.yaml``, ``engine/``, ``optim/``, ``model/hf_model.yaml``,
+#: ``profiler/profiler.yaml``, ``reward/reward.yaml``, ``distillation/distillation.yaml``), exactly — a prefix such
+#: as ``verl.`` would let ``verl.utils.fs.copy`` through. Hydra's ``instantiate`` calls whatever it names, and its
+#: blocklist stops only ``os.system``-like names: ``builtins.open`` with mode ``w`` truncates a file.
+VERL_CONFIG_CLASSES = frozenset(
+    [f"verl.trainer.config.{c}" for c in ("AlgoConfig", "CheckpointConfig", "FilterGroupsConfig",
+                                          "HybridRolloutSwitchConfig", "KLControlConfig", "config.ModuleConfig")]
+    + ["verl.utils.profiler.ProfilerConfig", "verl.utils.skip.SkipManagerConfig"]
+    + [f"verl.utils.profiler.config.{c}" for c in ("NPUToolConfig", "NsightToolConfig", "PrecisionDebuggerToolConfig",
+                                                   "TorchMemoryToolConfig", "TorchProfilerScheduleConfig",
+                                                   "TorchProfilerToolConfig")]
+    + ["verl.workers.config.reward.RewardManagerConfig"]
+    + [f"verl.workers.config.{c}" for c in (
+        "ActorConfig", "AgentLoopConfig", "AutomodelEngineConfig", "AutomodelOptimizerConfig",
+        "CheckpointEngineConfig", "CriticConfig", "CustomAsyncServerConfig", "DistillationConfig",
+        "DistillationLossConfig", "DistillationTeacherModelConfig", "EngineRouterReplayConfig", "FSDPActorConfig",
+        "FSDPCriticConfig", "FSDPEngineConfig", "FSDPOptimizerConfig", "HFModelConfig", "McoreActorConfig",
+        "McoreCheckpointConfig", "McoreCriticConfig", "McoreEngineConfig", "McoreOptimizerConfig", "MtpConfig",
+        "MultiTurnConfig", "PolicyLossConfig", "PrometheusConfig", "QATEngineConfig", "RewardConfig",
+        "RewardModelConfig", "RolloutConfig", "SamplingConfig", "SandboxFusionConfig", "TorchTitanActorConfig",
+        "TorchTitanCriticConfig", "TorchtitanEngineConfig", "TorchtitanOptimizerConfig", "TraceConfig",
+        "VeOmniActorConfig", "VeOmniCriticConfig", "VeOmniEngineConfig", "VeOmniOptimizerConfig")])
+#: Hydra's other instantiate keys: verl's YAMLs use none; ``_args_`` and ``_partial_`` reshape what is called.
+HYDRA_KEYS = ("_args_", "_partial_", "_recursive_", "_convert_")
+#: Fields whose value makes verl's config dataclasses run code or write files as they are built
+#: (``workers/config/model.py::HFModelConfig.__post_init__``: ``import_external_libs(external_lib)``,
+#: ``trust_remote_code`` for the model folder's own Python, ``use_shm`` copies the model to /dev/shm): what the
+#: copy handed to verl holds instead. The checks the doctor quotes do not read them.
+DISARMED = {"external_lib": None, "trust_remote_code": False, "use_shm": False}
+
+
+def disarm(raw: dict[str, Any]) -> tuple[list[str], list[str], dict[str, Any]]:
+    """(what in ``raw`` names code verl's checks would run — one line each, and then verl's checks are not run;
+    the fields :data:`DISARMED` changed — one line each; the copy verl's checks may be given). Refused: a
+    ``_target_`` that is not one of :data:`VERL_CONFIG_CLASSES`, Hydra's ``_args_``/``_partial_``/…, and an
+    ``hdfs://`` path (``utils/fs.py::copy_to_local`` copies it with a shell command, ``utils/hdfs_io.py``)."""
+    import copy
+
+    refused, changed = [], []
+    safe = copy.deepcopy(raw)
+    for key, value in _leaves(safe):
+        name = key.rsplit(".", 1)[-1]
+        if name == "_target_" and (not isinstance(value, str) or value not in VERL_CONFIG_CLASSES):
+            refused.append(f"{key} = {value!r}: not one of verl's config classes — verl's checks would call it")
+        elif name in HYDRA_KEYS:
+            refused.append(f"{key} = {value!r}: Hydra's {name}, which verl's configs never use, changes what "
+                           "verl's checks would call")
+        elif isinstance(value, str) and value.startswith("hdfs://"):
+            refused.append(f"{key} = {value!r}: verl's checks would copy it with a shell command (hdfs dfs)")
+        elif isinstance(value, dict):
+            for field, harmless in DISARMED.items():
+                if value.get(field) not in (None, harmless):
+                    changed.append(f"{key}.{field} = {value[field]!r}: read as {harmless!r} by verl's checks here "
+                                   "(the doctor runs no code a config names)")
+                    value[field] = harmless
+    return refused, changed, safe
 
 
 def _innermost(e: BaseException) -> BaseException:
@@ -169,10 +319,14 @@ def verl_verdict(raw: dict[str, Any]) -> tuple[str, str | None] | None:
     called as ``trainer/main_ppo.py`` calls it, with ``use_reference_policy`` and ``use_critic`` from
     ``trainer/ppo/utils.py::need_reference_policy`` / ``need_critic``. A config whose check cannot run here (the
     critic's model folder is loaded by ``HFModelConfig`` and is not on this machine; a LoRA rollout on vLLM imports
-    verl's vLLM helpers, which need vLLM) gives ``stop`` starting ``"could not run: "``. What verl prints on the
-    way (its NOTICE and success lines) is not passed on."""
+    verl's vLLM helpers, which need vLLM) gives ``stop`` starting ``"could not run: "``; a config that names code
+    verl would run (:func:`disarm`) gives ``"not run: "`` and verl never sees it. What verl prints on the way (its
+    NOTICE and success lines) is not passed on."""
     if importlib.util.find_spec("verl") is None:
         return None
+    refused, _, raw = disarm(raw)
+    if refused:  # the caller's report names each (diagnose); verl is not even imported
+        return "?", f"not run: {refused[0]}"
     from omegaconf import OmegaConf
 
     sink, version = io.StringIO(), "?"  # "?" until verl itself is imported (an import can fail first)
@@ -358,9 +512,10 @@ def diagnose(path: str | Path, overrides: Sequence[str] = (), metrics: str | Pat
         errors = [f"{type(e).__name__}: {e}"]
     if "checks" in parts:
         lines.append("")
-        verdict = verl_verdict(raw)
+        refused, changed, _ = disarm(raw)
+        verdict = None if refused else verl_verdict(raw)
         verl_stops = verdict is not None and verdict[1] is not None and not verdict[1].startswith("could not run")
-        lines.append(tr("verl's own checks:") if errors or verl_stops
+        lines.append(tr("verl's own checks:") if errors or verl_stops or refused
                      else tr("verl's own checks: none would stop this job"))
         if verdict is not None:
             version, stop = verdict
@@ -373,6 +528,11 @@ def diagnose(path: str | Path, overrides: Sequence[str] = (), metrics: str | Pat
                 said = tr("stops: {stop}").format(stop=stop)
             lines.append("  " + tr("verl {version}'s utils/config.py::validate_config, run here: {said}").format(
                 version=version, said=said))
+        if refused:
+            lines.append("  " + tr("verl's utils/config.py::validate_config is not run on this config: it names "
+                                   "code verl would run (the doctor runs nothing a config names); ppolab's copy of "
+                                   "its checks follows"))
+        lines += [f"  {tr('not run:')} {r}" for r in refused] + [f"  {c}" for c in changed if verdict is not None]
         lines += [f"  STOP: {e}" for e in errors]
     if "arithmetic" in parts:
         lines.append("")
@@ -409,9 +569,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--metrics", help="the job's metrics: a FileLogger JSONL or a TensorBoard folder")
     p.add_argument("overrides", nargs="*", help="verl overrides, key=value")
     args = p.parse_args(argv)
+    from ppolab.config import ConfigError
+
     try:
         print("\n".join(diagnose(args.path, args.overrides, args.metrics)))
-    except (FileFormatError, MissingFileError) as e:
+    except (FileFormatError, MissingFileError, ConfigError) as e:  # ConfigError: an override (apply_overrides)
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

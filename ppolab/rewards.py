@@ -20,6 +20,7 @@ import inspect
 import math
 import numbers
 import os
+import queue
 import re
 import signal
 import sys
@@ -222,28 +223,30 @@ def checked_score(result: Any) -> float:
 
 
 class _Watchdog:
-    """One daemon thread that watches the reward call in progress: it prints a line naming a slow call after
-    ``warn_s`` and, past ``timeout_s``, interrupts the main thread (``_thread.interrupt_main``), which
-    :func:`call_reward_with_info` turns into a :class:`ppolab.errors.RewardError`. Nothing runs in another
-    thread but the watching: rewards that use signals themselves (``signal.alarm`` timeouts) keep working. A call
-    stuck inside C code that never returns to Python cannot be interrupted; the line still names it."""
+    """One daemon thread that watches the reward calls in progress (one per thread that scores): it prints a line
+    naming a slow call after ``warn_s`` and, past ``timeout_s``, interrupts a call made on the main thread
+    (``_thread.interrupt_main``), which :func:`call_reward_with_info` turns into a
+    :class:`ppolab.errors.RewardError`. On the main thread nothing runs in another thread but the watching: rewards
+    that use signals themselves (``signal.alarm`` timeouts) keep working. A call stuck inside C code that never
+    returns to Python cannot be interrupted; the line still names it. A call made on another thread (a
+    ``train_in_background`` training) is timed by :func:`_call_abandonable` instead; here it is only named."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.call: dict[str, Any] | None = None
+        self.calls: dict[int, dict[str, Any]] = {}  # token → the call in progress (one per scoring thread)
         self.fired: set[int] = set()  # calls whose timeout interrupted the main thread
         self.late: set[int] = set()  # of those, the ones already ended (their interrupt may land a moment later)
         self.counter = 0
         self.thread: threading.Thread | None = None
 
     def begin(self, what: str, timeout_s: float | None) -> int:
-        """Start watching a call; only a call on the main thread can be interrupted (elsewhere: the line only)."""
+        """Start watching a call; only a call on the main thread is interrupted from here."""
         with self.lock:
             self.counter += 1
             warn = min(SLOW_REWARD_WARN_S, timeout_s / 2) if timeout_s else SLOW_REWARD_WARN_S
             main = threading.current_thread() is threading.main_thread()
-            self.call = {"token": self.counter, "what": what, "start": time.monotonic(), "warn": warn,
-                         "timeout": timeout_s if main else None, "warned": False}
+            self.calls[self.counter] = {"token": self.counter, "what": what, "start": time.monotonic(),
+                                        "warn": warn, "timeout": timeout_s, "interrupt": main, "warned": False}
             if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(target=self._watch, name="ppolab-reward-watchdog", daemon=True)
                 self.thread.start()
@@ -252,8 +255,7 @@ class _Watchdog:
     def end(self, token: int) -> bool:
         """Close call ``token``; True when its timeout fired."""
         with self.lock:
-            if self.call is not None and self.call["token"] == token:
-                self.call = None
+            self.calls.pop(token, None)
             fired = token in self.fired
             if fired:
                 self.fired.discard(token)
@@ -264,18 +266,71 @@ class _Watchdog:
         while True:
             time.sleep(0.05)
             with self.lock:
-                call = self.call
-                if call is None:
-                    continue
-                elapsed = time.monotonic() - call["start"]
-                if not call["warned"] and elapsed >= call["warn"]:
-                    call["warned"] = True
-                    limit = f"it is stopped after {call['timeout']:g} s" if call["timeout"] else "no time limit is set"
-                    print(f"ppolab: the reward function {call['what']} has been running for {elapsed:.0f} s ({limit}:"
-                          " custom_reward_function.timeout_s)", file=sys.stderr, flush=True)
-                if call["timeout"] and elapsed >= call["timeout"] and call["token"] not in self.fired:
-                    self.fired.add(call["token"])
-                    _interrupt_main_thread()
+                for call in list(self.calls.values()):
+                    elapsed = time.monotonic() - call["start"]
+                    if not call["warned"] and elapsed >= call["warn"]:
+                        call["warned"] = True
+                        limit = (f"it is stopped after {call['timeout']:g} s" if call["timeout"] else
+                                 "no time limit is set")
+                        print(f"ppolab: the reward function {call['what']} has been running for {elapsed:.0f} s "
+                              f"({limit}: custom_reward_function.timeout_s)", file=sys.stderr, flush=True)
+                    if call["interrupt"] and call["timeout"] and elapsed >= call["timeout"] \
+                            and call["token"] not in self.fired:
+                        self.fired.add(call["token"])
+                        _interrupt_main_thread()
+
+
+class _Abandoned(Exception):
+    """A reward call off the main thread ran past its ``timeout_s`` and was left running (:func:`_call_abandonable`)."""
+
+
+class _RewardWorker:
+    """A daemon thread that makes the reward calls of one scoring thread, one at a time (kept for the next call: a
+    thread per call costs ~20x the built-in rule itself)."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.owner = threading.current_thread()
+        threading.Thread(target=self._serve, name="ppolab-reward-call", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                fn, args, out, done = self.jobs.get(timeout=5.0)
+            except queue.Empty:
+                if not self.owner.is_alive():  # its training ended: no call will come
+                    return
+                continue
+            try:
+                out["result"] = fn(*args)
+            except BaseException as e:  # SystemExit, KeyboardInterrupt too: the caller names them
+                out["error"] = e
+            finally:
+                done.set()
+            del fn, args, out, done  # hold nothing of a finished call while waiting for the next
+
+
+_WORKERS = threading.local()  # the worker of each scoring thread
+
+
+def _call_abandonable(fn: RewardFn, args: tuple, timeout_s: float) -> Any:
+    """``fn(*args)`` made on a daemon worker thread that the calling thread waits for at most ``timeout_s`` s.
+
+    Off the main thread a hung call cannot be interrupted (a signal reaches the main thread only, and an exception
+    set into a thread is seen only when it runs Python again — never inside ``Event.wait()`` or a socket read), and
+    a Python thread cannot be killed. So the call runs on a worker, and past its limit it is abandoned: that worker
+    stays blocked (a daemon: it never holds up the interpreter's exit) and is replaced, while the caller raises
+    :class:`_Abandoned` and goes on. Whatever ``fn`` raises is raised in the caller, as if called there."""
+    worker = getattr(_WORKERS, "worker", None) or _RewardWorker()
+    _WORKERS.worker = worker
+    done, out = threading.Event(), {}
+    worker.jobs.put((fn, args, out, done))
+    if not done.wait(timeout_s):
+        _WORKERS.worker = None  # left to its hung call
+        raise _Abandoned
+    if "error" in out:
+        raise out.pop("error")
+    return out["result"]
 
 
 def _interrupt_main_thread() -> None:
@@ -327,8 +382,9 @@ def call_reward_with_info(fn: RewardFn, data_source: str, solution_str: str, gro
     other samples of the prompt or a later validation). Everything that goes wrong becomes a
     :class:`ppolab.errors.RewardError` naming the function (file and name), the offending value and the response
     it scored: an exception, a bad return value, ``sys.exit()`` or a ``KeyboardInterrupt`` raised by the function
-    itself (never a clean exit of the run), and a call longer than ``timeout_s`` seconds (None: no limit). A real
-    Ctrl-C still interrupts the run as usual."""
+    itself (never a clean exit of the run), and a call longer than ``timeout_s`` seconds (None: no limit) —
+    interrupted on the main thread, abandoned on any other (:func:`_call_abandonable`: a training in a background
+    thread ends with the same error instead of hanging). A real Ctrl-C still interrupts the run as usual."""
     from ppolab.errors import RewardError
 
     context = f"on the response {_short(solution_str)} (data_source {data_source!r}, ground_truth {ground_truth!r})"
@@ -338,10 +394,17 @@ def call_reward_with_info(fn: RewardFn, data_source: str, solution_str: str, gro
     token = _WATCHDOG.begin(f"{describe_reward_fn(fn)} {context}", timeout_s)
     late = False
     try:
-        result = fn(data_source, solution_str, ground_truth, copy.deepcopy(extra_info))
+        args = (data_source, solution_str, ground_truth, copy.deepcopy(extra_info))
+        # the main thread is interrupted by the watchdog past timeout_s; any other thread cannot be, so there the
+        # call is made abandonable — the same limit and the same error either way
+        on_main = threading.current_thread() is threading.main_thread()
+        result = fn(*args) if on_main or not timeout_s else _call_abandonable(fn, args, timeout_s)
         late = _WATCHDOG.end(token)
         if late:  # it returned as its time ran out: the interrupt is due; let it land here, not in the trainer
             time.sleep(1.0)
+    except _Abandoned:
+        _WATCHDOG.end(token)
+        raise RewardError(too_slow) from None
     except KeyboardInterrupt:
         if _WATCHDOG.end(token) or token in _WATCHDOG.late:
             raise RewardError(too_slow) from None

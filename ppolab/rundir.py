@@ -272,6 +272,10 @@ def json_lines(path: str | os.PathLike, todo: str) -> Iterable[tuple[int, Any]]:
             except json.JSONDecodeError as e:
                 raise FileFormatError(f"{path}, line {number}: not valid JSON ({e.msg}), a torn or edited line; "
                                       f"{todo}") from None
+            except RecursionError:  # json's C parser stops at Python's recursion limit
+                raise FileFormatError(f"{path}, line {number}: JSON nested deeper than {sys.getrecursionlimit()} "
+                                      f"levels (a step's line is a flat object): not a line ppolab or verl wrote; "
+                                      f"{todo}") from None
 
 
 def read_json(path: str | os.PathLike, todo: str = REDO) -> Any:

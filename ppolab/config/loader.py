@@ -313,13 +313,16 @@ def load_config(preset: Union[str, os.PathLike, None] = "grpo_tiny", overrides: 
     """
     sources: list[tuple[str, dict]] = []
     if preset is not None:
+        from ppolab.config.yaml_file import foreign_resolvers, load_yaml
+
         path = _preset_file(preset)
-        try:
-            raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path} is not valid YAML: {e}") from None
+        raw = OmegaConf.to_container(load_yaml(path, ConfigError), resolve=False) or {}
         if not isinstance(raw, Mapping):
             raise ConfigError(f"{path}: the top level must be a mapping of config groups")
+        for key, name in foreign_resolvers(raw, {"ppolab_root", "oc.select", "oc.env"})[:1]:
+            # oc.create / oc.decode would parse YAML text when the config resolves, past load_yaml's bounds
+            raise ConfigError(f"{path}: {key} calls the resolver ${{{name}:…}}; a config file may call only "
+                              "${ppolab_root:}, ${oc.select:…} and ${oc.env:…} — write the value out")
         sources.append((f"preset {path.name}", _to_tree(f"preset {path.name}", raw)))
     if overrides:
         if isinstance(overrides, str):

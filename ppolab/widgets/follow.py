@@ -11,12 +11,15 @@ from __future__ import annotations
 import atexit
 import html
 import inspect
+import math
+import numbers
 import threading
 import weakref
 from typing import Any, Callable
 
 import ipywidgets as W
 
+from ppolab.errors import ArgumentError
 from ppolab.i18n import tr
 from ppolab.widgets.common import resolve_run
 
@@ -53,10 +56,16 @@ def follow(explorer: Callable[..., Any], run=None, *, every: float | None = 2.0,
     dashboard), rebuilt when the run logs a step. An explorer that can show only some steps (the micro-batch
     invariance explorer replays step 1 alone) says which in ``explorer.showable_steps(run)``; "latest" is then the
     newest of those, and it stays there while later steps land. ``every``: seconds between looks at the run dir (a
-    daemon thread; None: only when :meth:`refresh` is called). Controls: ``step`` (Dropdown: "latest" or a committed
-    step). Attributes: ``explorer`` (the explorer shown now), ``shown`` (its step), ``refresh()`` (look now),
-    ``stop()``.
+    daemon thread; a finite number > 0; None: only when :meth:`refresh` is called). Controls: ``step`` (Dropdown:
+    "latest" or a committed step). Attributes: ``explorer`` (the explorer shown now), ``shown`` (its step),
+    ``refresh()`` (look now), ``stop()``.
     """
+    # a period of 0 (or less) would re-read the run dir tens of thousands of times a second; inf or NaN never
+    # looks again — None says that plainly
+    if every is not None and (isinstance(every, bool) or not isinstance(every, numbers.Real)
+                              or not math.isfinite(every) or every <= 0):
+        raise ArgumentError(f"every must be a finite number of seconds > 0 between looks at the run dir (e.g. "
+                            f"2.0), or None to look only when refresh() is called; got {every!r}")
     r = resolve_run(run)
     showable = getattr(explorer, "showable_steps", None)  # an explorer that can show only some steps names them
     params = set(inspect.signature(explorer).parameters)

@@ -93,3 +93,29 @@ def test_verls_words_are_quoted_where_it_stops():
     version, stop = verl_verdict(raw)
     assert (version, stop) == ("0.9.1", "AssertionError: real_train_batch_size (6) must be divisible by minimal "
                                         "possible batch size (4)"), stop
+
+
+def test_a_target_that_writes_a_file_is_never_handed_to_verls_checks(tmp_path):
+    """verl's validate_config builds the actor's config through Hydra's instantiate, which would call
+    ``builtins.open(victim, "w")`` and truncate it: the doctor refuses the config before verl sees it."""
+    import yaml
+
+    victim = tmp_path / "notes.txt"
+    victim.write_bytes(b"the user's work")
+    cfg = yaml.safe_load(DEFAULT.read_text())
+    cfg["actor_rollout_ref"]["actor"]["policy_loss"] = {"_target_": "builtins.open", "file": str(victim), "mode": "w"}
+    job = tmp_path / "job" / "config.yaml"
+    job.parent.mkdir()
+    job.write_text(yaml.safe_dump(cfg))
+    overrides = MODELS + ["data.train_batch_size=8", "trainer.n_gpus_per_node=1",
+                          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                          "critic.ppo_micro_batch_size_per_gpu=2",
+                          "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+                          "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2"]
+    lines = diagnose(job, overrides, parts=("checks",))
+    raw, _ = read_verl_config(job, overrides)
+    assert verl_verdict(raw)[1].startswith("not run: actor_rollout_ref.actor.policy_loss._target_ = 'builtins.open'")
+    assert victim.read_bytes() == b"the user's work"
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["config.yaml", "job", "notes.txt"]
+    assert any("actor_rollout_ref.actor.policy_loss._target_ = 'builtins.open'" in ln for ln in lines), lines
+    assert not any("validate_config, run here" in ln for ln in lines), lines
