@@ -29,6 +29,29 @@ class FileFormatError(PpolabError, ValueError):
     """A file that exists but does not parse (truncated safetensors, torn JSON)."""
 
 
+class RecordEntryError(FileFormatError, KeyError, IndexError):
+    """A recorded step (or other run file) that lacks an entry its reader needs — a key of its JSON, a tensor, an
+    item of a list shorter than the record's rows: damage, named with the file. Still a ``KeyError`` /
+    ``IndexError``, so ``dict.get`` / ``Mapping.get`` and ``in`` keep their meaning."""
+
+    def __str__(self) -> str:  # KeyError would quote its message
+        return str(self.args[0]) if self.args else ""
+
+
+class ArgumentError(PpolabError, ValueError, TypeError):
+    """An argument of the wrong type or out of range (``opt_step=0.5``, ``step="1"``, ``step=2**70``): the message
+    names the argument and its valid values. Both a ``ValueError`` and a ``TypeError``, as a caller may expect
+    either."""
+
+
+class NoSuchStep(ArgumentError, KeyError):
+    """``Run.step(k)`` of a step the run did not record: the message names it and the recorded steps (still the
+    ``KeyError`` it always was)."""
+
+    def __str__(self) -> str:  # KeyError would quote its message
+        return str(self.args[0]) if self.args else ""
+
+
 class MissingFileError(PpolabError, FileNotFoundError):
     """A file a model directory, run or checkpoint needs is not there."""
 
@@ -57,3 +80,32 @@ class RunWarning(UserWarning):
 
 class RewardWarning(UserWarning):
     """Rewards that train nothing: the same score for every response in the first steps."""
+
+
+def whole_argument(name: str, value, valid, what: str) -> int:
+    """``value`` as an ``int`` when it is a whole number (an int or numpy integer, never a bool, float or string)
+    among ``valid`` (a ``range`` or a list of ints; None: any whole number, the caller checks the range); else
+    :class:`ArgumentError` naming the argument, ``what`` it counts and the valid values — the one check every
+    reader of a step or optimizer step index makes, so ``opt_step=0.5``, ``"0"``, ``-1`` and ``2**70`` each get
+    one line instead of a TypeError, a KeyError of a string or an OverflowError deep inside."""
+    import operator
+
+    if valid is None:
+        shown = ""
+    elif isinstance(valid, range):
+        shown = "none" if not len(valid) else (f"{valid[0]} … {valid[-1]}" if len(valid) > 1 else f"{valid[0]}")
+    else:
+        shown = str(list(valid)) if valid else "none"
+    shown = f", one of {shown}" if shown else ""
+    if isinstance(value, bool):
+        index = None
+    else:
+        try:
+            index = operator.index(value)  # ints and numpy integers; a float or a string is not an index
+        except TypeError:
+            index = None
+    if index is None:
+        raise ArgumentError(f"{name}={value!r} is not a whole number: {name} is {what}{shown}")
+    if valid is not None and index not in valid:
+        raise ArgumentError(f"{name}={value!r} is out of range: {name} is {what}{shown}")
+    return int(index)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,14 @@ hf_logging.disable_progress_bar()
 REPO_ROOT = COURSE_ROOT  # the checkout, or the wheel's ppolab/_course (ppolab/course.py)
 SHIPPED_MODEL = DATA / "models" / "tiny-arith"
 SHIPPED_ARITH = DATA / "arith"
+
+#: One model built at a time in this process. transformers' ``from_pretrained`` swaps process-wide state for the
+#: length of a load (torch's default dtype, ``torch.nn.init``'s functions, weight tying, ``torch.linspace``, the meta
+#: device) and puts back on exit what it found on entry: two loads interleaved in threads put back each other's
+#: patches (a model left on the meta device, then every later load broken), and a model built beside a load (a LoRA
+#: adapter's seeded init) is built with the patched functions. Re-entrant: ``ppolab.worker.build_models`` holds it
+#: across its loads, its ``torch.manual_seed`` and its adapters' init.
+MODEL_LOCK = threading.RLock()
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -140,7 +149,14 @@ def _dtype(dtype: str | torch.dtype) -> torch.dtype | str:
 def load_tokenizer_and_model(
     path: str | os.PathLike, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu"
 ) -> tuple[Any, torch.nn.Module]:
-    """``(tokenizer, model)`` from a local directory; the model is in eval mode on ``device``."""
+    """``(tokenizer, model)`` from a local directory; the model is in eval mode on ``device``. Thread-safe: loads
+    run one at a time (:data:`MODEL_LOCK`)."""
+    with MODEL_LOCK:
+        return _load_tokenizer_and_model(path, dtype, device)
+
+
+def _load_tokenizer_and_model(path: str | os.PathLike, dtype: str | torch.dtype, device: str | torch.device
+                              ) -> tuple[Any, torch.nn.Module]:
     p = _model_dir(path)
     tok = load_tokenizer(p)
     _check_weight_files(p)
@@ -157,16 +173,62 @@ def load_tokenizer_and_model(
     return tok, model
 
 
+def model_skeleton(source: Any) -> torch.nn.Module | None:
+    """The causal LM that ``source`` (a local model directory, or a transformers config) builds, on the meta device:
+    its modules and their settings with no weight read or allocated (well under a second for a 0.5B model), so a
+    config mistake is found before the load. None when transformers cannot build it from the config alone (the load
+    then names the problem itself)."""
+    import copy
+
+    try:
+        if isinstance(source, (str, os.PathLike)):
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(_model_dir(source), local_files_only=True)
+        else:
+            config = copy.deepcopy(source)
+        # torch.device as a context is thread-local (torch's function-mode stack); dtype=None keeps transformers
+        # from setting torch's process-wide default dtype; the lock keeps a load in another thread from patching
+        # the functions the build calls (MODEL_LOCK)
+        with MODEL_LOCK, torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, dtype=None)
+    except Exception:  # noqa: BLE001 — not buildable from its config alone: the real load reports it
+        return None
+
+
+def dropout_in_use(config: Any) -> dict[str, float]:
+    """The dropout probabilities of ``config`` (keys naming dropout or pdrop, > 0) that its causal LM uses, decided
+    by its modules: each such key gets a value of its own, the model is built on the meta device
+    (:func:`model_skeleton`), and a key counts when its value turns up in a module — a Dropout's ``p`` or the float
+    an attention passes to its attention function (Llama's, Qwen2's, GPT-NeoX's ``attention_dropout``). A
+    sequence-classification head's ``classifier_dropout`` is left out: a causal LM never builds that head. A config
+    transformers cannot build is taken at its word (every such key)."""
+    on = {k: v for k, v in config.to_dict().items()
+          if ("dropout" in k or "pdrop" in k) and isinstance(v, float) and v > 0}
+    if not on:
+        return on
+    import copy
+
+    probe = copy.deepcopy(config)
+    marks = {k: 0.01 + (i + 1) * 2.0 ** -20 for i, k in enumerate(on)}  # exact in binary: compared with ==
+    for k, mark in marks.items():
+        setattr(probe, k, mark)
+    skeleton = model_skeleton(probe)
+    if skeleton is None:
+        return on
+    seen = {v for m in skeleton.modules() for v in vars(m).values() if isinstance(v, float)}
+    return {k: v for k, v in on.items() if marks[k] in seen}
+
+
 def warn_dropout(config: Any, path: str | os.PathLike) -> None:
-    """One ConfigNotice when the model's config turns dropout on (GPT-2's default 0.1): the update's forward runs
-    in train mode (as verl's actor does), so π_θ differs from π_old already at the first optimizer step — the ratio
-    is not exactly 1 there and tokens clip with no update yet (chapter §3, lab 04)."""
+    """One ConfigNotice when the model's causal LM uses dropout (GPT-2's default 0.1; :func:`dropout_in_use`): the
+    update's forward runs in train mode (as verl's actor does), so π_θ differs from π_old already at the first
+    optimizer step — the ratio is not exactly 1 there and tokens clip with no update yet (chapter §3, lab 04)."""
     import warnings
 
     from ppolab.config.schema import ConfigNotice
 
-    on = {k: v for k, v in config.to_dict().items()
-          if ("dropout" in k or "pdrop" in k) and isinstance(v, float) and v > 0}
+    on = dropout_in_use(config)
     if on:
         warnings.warn(f"{path}: the model has dropout ({', '.join(f'{k}={v:g}' for k, v in sorted(on.items()))}): "
                       "the update's forward runs in train mode, so the ratio π_θ/π_old is not 1 even at the first "

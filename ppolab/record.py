@@ -303,7 +303,8 @@ class Recorder:
         base = self.run_dir / "steps" / STEP_FILE.format(step)
         if not self.write:
             return base
-        write_tensors(base.with_suffix(".safetensors"), tensors)
+        # the step number in the tensors file's header too: a file copied over another step's is named (Run.step)
+        write_tensors(base.with_suffix(".safetensors"), tensors, metadata={"step": str(step)})
         write_json(base.with_suffix(".json"), {"step": step, **info})
         return base
 
@@ -528,7 +529,22 @@ def update_state_record(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor],
     optim, meta = optimizer_tensors(state["optimizer"])
     tensors = {f"{UPDATE_STATE}weights.{k}": v for k, v in state["weights"].items()}
     tensors.update({f"{UPDATE_STATE}optim.{k}": v for k, v in optim.items()})
-    return tensors, {"optimizer": meta, "scheduler": state["scheduler"]}
+    # the digest ties the state to this step's JSON: a state copied in from another step's file is caught exactly,
+    # on any machine, without a forward pass (StepRecord.update_state)
+    return tensors, {"optimizer": meta, "scheduler": state["scheduler"], "digest": tensors_digest(tensors)}
+
+
+def tensors_digest(tensors: Mapping[str, torch.Tensor]) -> str:
+    """sha256 over the names, dtypes, shapes and bytes of ``tensors`` (in name order): what a recorded update state
+    is checked against."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu").contiguous()
+        h.update(f"{name}|{t.dtype}|{list(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
 
 
 def read_checkpoint(directory: str | os.PathLike, rank: int = 0) -> dict[str, Any]:
@@ -619,7 +635,9 @@ class LazyTensors(Mapping):
             header = json.loads(f.read(n))
         if not isinstance(header, dict):
             raise ValueError(f"a header that is a JSON {_json_kind(header)}, not an object")
-        header.pop("__metadata__", None)
+        metadata = header.pop("__metadata__", None)
+        #: the header's metadata (the recorder writes the step number there): str → str, {} when none
+        self.metadata = metadata if isinstance(metadata, dict) else {}
         self._start = 8 + n
         self._entries: dict[str, tuple[torch.dtype, list[int], int, int]] = {}
         for name, e in header.items():
@@ -665,7 +683,10 @@ class LazyTensors(Mapping):
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._loaded:
             if name not in self._entries:
-                raise KeyError(f"{name!r} is not recorded in {self.path} (it holds {', '.join(self._names)})")
+                from ppolab.errors import RecordEntryError
+
+                raise RecordEntryError(f"{self.path} holds no tensor {name!r} (it holds {', '.join(self._names)}): "
+                                       f"the step was recorded without it, or the file was replaced; {_REDO}")
             dtype, shape, begin, end = self._entries[name]
             if end == begin:
                 t = torch.empty(shape, dtype=dtype)
@@ -691,6 +712,16 @@ class StepRecord:
     step: int
     tensors: Mapping[str, torch.Tensor]
     info: dict[str, Any] = field(default_factory=dict)
+    #: (tensors file, JSON file) it was read from — what an error about the record names; None: built in memory
+    files: tuple[Path, Path] | None = None
+    #: stat stamps of the two files as read (:meth:`Run.identity`): a cache of numbers derived from the step keys
+    #: on them, so a step recorded again (or a run replaced) is never served the old numbers
+    stamp: tuple = ()
+
+    @property
+    def info_file(self) -> str:
+        """How an error names the step's JSON file."""
+        return str(self.files[1]) if self.files else f"the record of step {self.step}"
 
     def __getitem__(self, key: str) -> torch.Tensor:
         return self.tensors[key]
@@ -706,17 +737,41 @@ class StepRecord:
         weights in ``actor_parameters()`` order and what ``Worker.load_state_dict`` takes, as copies (the optimizer
         keeps the tensors it is given and steps them in place: the record must stay as recorded). None when not
         recorded."""
+        from ppolab.errors import FileFormatError
+
         meta = self.info.get("update_state")
         if meta is None:
             return None
+        tensors_file = self.files[0] if self.files else f"the tensors of step {self.step}"
+        if not isinstance(meta, dict) or not {"optimizer", "scheduler"} <= set(meta):
+            raise FileFormatError(f"{self.info_file}: its 'update_state' is not the object of 'optimizer' and "
+                                  f"'scheduler' the recorder writes; {_REDO}")
         weights, optim = {}, {}
         for key in self.tensors:
             if key.startswith(UPDATE_STATE + "weights."):
                 weights[key[len(UPDATE_STATE + "weights."):]] = self.tensors[key].clone()
             elif key.startswith(UPDATE_STATE + "optim."):
                 optim[key[len(UPDATE_STATE + "optim."):]] = self.tensors[key].clone()
-        return {"weights": weights, "optimizer": optimizer_state(optim, meta["optimizer"]),
-                "scheduler": meta["scheduler"]}
+        recorded = meta.get("digest")  # runs recorded before digests were kept: the replay's log-prob check
+        if recorded is not None:
+            found = tensors_digest({f"{UPDATE_STATE}weights.{k}": v for k, v in weights.items()}
+                                   | {f"{UPDATE_STATE}optim.{k}": v for k, v in optim.items()})
+            if found != recorded:
+                raise FileFormatError(f"{tensors_file}: its update state (the actor's weights and Adam state "
+                                      f"before step {self.step}) is not the one {self.info_file} recorded "
+                                      f"(digest {found[:12]}…, recorded {str(recorded)[:12]}…): copied in from "
+                                      f"another step or damaged — a replay from it would measure another update; "
+                                      f"put back the step's own file, or {_REDO}")
+        if not weights:
+            raise FileFormatError(f"{tensors_file} holds no update-state weights ({UPDATE_STATE}weights.*) though "
+                                  f"{self.info_file} records an update state; {_REDO}")
+        try:
+            optimizer = optimizer_state(optim, meta["optimizer"])
+        except (KeyError, ValueError, TypeError) as e:
+            raise FileFormatError(f"{self.info_file}: its 'update_state.optimizer' does not match the tensors "
+                                  f"{UPDATE_STATE}optim.* of {tensors_file} ({type(e).__name__}: {e}); "
+                                  f"{_REDO}") from None
+        return {"weights": weights, "optimizer": optimizer, "scheduler": meta["scheduler"]}
 
     @property
     def texts(self) -> dict[str, list[str]]:
@@ -785,6 +840,92 @@ def _no_config(folder: Path) -> str:
             "config.json; train into it again (the same command)")
 
 
+def cache_slot(cache: dict, identity: tuple, *rest: Any) -> tuple:
+    """The key of a module-level cache of numbers derived from a run: ``(identity, *rest)`` with ``identity`` a
+    :meth:`Run.identity`. The entries of an earlier version of the same run dir (replaced at that path, or a step
+    recorded again) are dropped from ``cache`` here, so they are neither served nor kept in memory."""
+    path, config, *step = identity
+    for old in [k for k in list(cache) if k[0][0] == path and (k[0][1] != config or (step and len(k[0]) > 2
+                                                                              and k[0][2] == step[0]
+                                                                              and k[0] != identity))]:
+        cache.pop(old, None)
+    return (identity, *rest)
+
+
+def file_stamp(path: Path) -> tuple[int, int, int, int, int]:
+    """(device, inode, size, mtime, ctime) of ``path``: a file replaced, rewritten or copied in (``cp -p`` keeps the
+    mtime, never the ctime) has another stamp."""
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+class RecordInfo(dict):
+    """A recorded step's JSON (a ``dict``, its objects and arrays too): a key or list item a reader needs and the file
+    lacks is a :class:`ppolab.errors.RecordEntryError` naming the file and the entry — still a ``KeyError`` /
+    ``IndexError``; ``get`` and ``in`` behave as a dict's."""
+
+    def __init__(self, data: Mapping[str, Any], file: Path | str, where: str = ""):
+        super().__init__((k, _wrapped(v, file, f"{where}.{k}" if where else str(k))) for k, v in data.items())
+        self.file, self.where = file, where
+
+    def __missing__(self, key: Any):
+        from ppolab.errors import RecordEntryError
+
+        raise RecordEntryError(f"{self.file} has no entry {self.where + '.' if self.where else ''}{key} (the "
+                               f"recorder writes it): the file was edited or damaged; {_REDO}")
+
+
+class RecordList(list):
+    """A list of :class:`RecordInfo`: an index past its end names the file and the entry."""
+
+    def __init__(self, data: list, file: Path | str, where: str):
+        super().__init__(_wrapped(v, file, f"{where}[{i}]") for i, v in enumerate(data))
+        self.file, self.where = file, where
+
+    def __getitem__(self, i):
+        try:
+            return super().__getitem__(i)
+        except IndexError:
+            from ppolab.errors import RecordEntryError
+
+            raise RecordEntryError(f"{self.file}: {self.where} has {len(self)} entries, no [{i}] (the recorder "
+                                   f"writes one per row): the file was edited or damaged; {_REDO}") from None
+
+
+def _wrapped(value: Any, file: Path | str, where: str) -> Any:
+    if isinstance(value, dict):
+        return RecordInfo(value, file, where)
+    if isinstance(value, list):
+        return RecordList(value, file, where)
+    return value
+
+
+def _check_record(k: int, tensors: LazyTensors, info: dict[str, Any], tensors_file: Path, info_file: Path,
+                  steps: list[int]) -> None:
+    """:class:`ppolab.errors.FileFormatError` naming the file when step ``k``'s pair disagrees with itself: a file
+    that records another step (copied over this one), per-row lists of another length than the tensors' rows."""
+    from ppolab.errors import FileFormatError
+
+    todo = f"put back the step's own file, open another step (recorded: {steps}), or {_REDO}"
+    if "step" in info and info["step"] != k:
+        raise FileFormatError(f"{info_file} records step {info['step']!r}, not {k}: copied in from another step's "
+                              f"file or edited; {todo}")
+    if "step" in tensors.metadata and tensors.metadata["step"] != str(k):
+        raise FileFormatError(f"{tensors_file} records step {tensors.metadata['step']}, not {k} (its header): copied "
+                              f"in from another step's file; {todo}")
+    if "responses" not in tensors:
+        return
+    rows = tensors._entries["responses"][1][0] if tensors._entries["responses"][1] else 0
+    texts = info.get("texts")
+    lists = {f"texts.{n}": v for n, v in texts.items()} if isinstance(texts, dict) else {}
+    lists["data_source"] = info.get("data_source")
+    for name, value in lists.items():
+        if isinstance(value, list) and len(value) != rows:
+            raise FileFormatError(f"{info_file}: its {name} has {len(value)} entries, the step's "
+                                  f"{tensors_file.name} {rows} rows (one each): the file was edited or damaged; "
+                                  f"{todo}")
+
+
 class Run:
     """A run directory opened for reading: config, metrics, recorded steps."""
 
@@ -807,6 +948,7 @@ class Run:
                                   "trained into (its trainer.run_dir)")
         if not config_file.exists():
             raise MissingFileError(_no_config(self.path))
+        self._config_stamp = file_stamp(config_file)  # before reading: a file replaced meanwhile reads as changed
         meta = read_json(config_file)
         if isinstance(meta, dict) and "config" not in meta and ("model_type" in meta or "architectures" in meta):
             raise FileFormatError(f"{self.path} is a model directory (a {meta.get('model_type', 'model')}'s "
@@ -851,6 +993,7 @@ class Run:
         (the module docstring) — committed once metrics.jsonl holds their row."""
         folder = self.path / "steps"
         if not folder.exists():
+            self.there()  # a run dir moved away lists no steps: say so, not "recorded: []"
             return [], []
         frame = self._frame()
         stamp = (folder.stat().st_mtime_ns, self._metrics[0])
@@ -863,6 +1006,59 @@ class Run:
             logged = set(int(i) for i in frame.index) if len(frame) else set()
             self._steps = (stamp, sorted(found & logged), sorted(found - logged))
         return list(self._steps[1]), list(self._steps[2])
+
+    def there(self) -> None:
+        """:class:`ppolab.errors.MissingFileError` when the run dir is gone from its path since it was opened."""
+        if not self.path.is_dir():
+            from ppolab.errors import MissingFileError
+
+            raise MissingFileError(f"the run dir {self.path} is no longer there (moved or deleted after load_run) — "
+                                   "open it where it is now: ppolab.load_run(<its new path>)")
+
+    def _only_gained_tokenizer(self, now: tuple | None) -> bool:
+        """Whether config.json, rewritten since this Run opened it, differs only by the tokenizer's fingerprint the
+        recorder adds once ``tokenizer/`` is written (``Recorder.save_tokenizer``, right after the run is claimed): a
+        run followed from its first second is the same run. Takes the new stamp when so."""
+        if now is None:
+            return False
+        try:
+            meta = read_json(self.path / "config.json")
+        except Exception:  # noqa: BLE001 — a file being replaced or damaged: not the same run, as far as a cache knows
+            return False
+        if not isinstance(meta, dict) or meta.get("config") != self.config:
+            return False
+        old, new = dict(self.info), {k: v for k, v in meta.items() if k != "config"}
+        old_prints, new_prints = old.pop("fingerprints", None) or {}, new.pop("fingerprints", None) or {}
+        if old != new or TOKENIZER_DIR in old_prints or {k: v for k, v in new_prints.items()
+                                                         if k != TOKENIZER_DIR} != old_prints:
+            return False
+        self.info["fingerprints"], self._config_stamp = new_prints, now
+        return True
+
+    def identity(self, step: int | None = None) -> tuple:
+        """What a cache of numbers derived from this run (or from its recorded ``step``) is keyed by: the run dir's
+        path and the stat stamps (device, inode, size, mtime, ctime) of the files they were read from —
+        ``config.json`` as opened, and the step's two files as :meth:`step` read them. A run replaced at the same
+        path, or a step recorded again, has another identity, so a cache never serves it the old numbers; a stat
+        or two, no file read. The one helper every cache of ``ppolab.numbers`` and ``ppolab.replay`` keys on. A run
+        dir moved away, or replaced since this Run opened it, is an error naming it (its numbers would mix two
+        runs)."""
+        from ppolab.errors import FileFormatError
+
+        self.there()
+        try:
+            now = file_stamp(self.path / "config.json")
+        except FileNotFoundError:
+            now = None
+        if now != self._config_stamp and not self._only_gained_tokenizer(now):
+            raise FileFormatError(f"the run dir {self.path} was replaced (or resumed) since load_run opened it: its "
+                                  "config.json is another file now — open it again: "
+                                  f"ppolab.load_run({str(self.path)!r})")
+        key: tuple = (str(self.path.resolve()), self._config_stamp)
+        if step is not None:
+            record = self.step(step)
+            key += (record.step, record.stamp)
+        return key
 
     @property
     def steps(self) -> list[int]:
@@ -894,8 +1090,10 @@ class Run:
     def step(self, k: int | None = None) -> StepRecord:
         """The recorded step ``k`` (default: the last committed one); a step being written, or a missing or
         unreadable file, is an error naming it."""
-        from ppolab.errors import FileFormatError, MissingFileError
+        from ppolab.errors import FileFormatError, MissingFileError, NoSuchStep, whole_argument
 
+        if k is not None:  # "1", 1.0 or 2**70: one line naming the argument, not a KeyError of a string
+            k = whole_argument("step", k, None, "a recorded step's number")
         steps, pending = self._listing()
         if not steps:
             raise FileNotFoundError(self.no_steps())
@@ -907,7 +1105,7 @@ class Run:
                 raise StepNotCommitted(f"step {k} of {self.path} is being written (its files are on disk, its "
                                        "metrics row is not in metrics.jsonl yet): open it once it lands — "
                                        f"committed steps: {steps}")
-            raise KeyError(f"step {k} was not recorded in {self.path}; recorded steps: {steps}")
+            raise NoSuchStep(f"step {k} was not recorded in {self.path}; recorded steps: {steps}")
         if k not in self._cache:
             base = self.path / "steps" / STEP_FILE.format(k)
             tensors_file, info_file = base.with_suffix(".safetensors"), base.with_suffix(".json")
@@ -922,6 +1120,7 @@ class Run:
                 except Exception as e:  # a truncated or foreign file
                     raise FileFormatError(f"{tensors_file} is not a complete safetensors file ({e}); open another "
                                           f"step (recorded: {steps}) or {_REDO}") from None
+                info_stamp = file_stamp(info_file)
                 info = read_json(info_file)
                 if not isinstance(info, dict):
                     raise FileFormatError(f"{info_file} holds a JSON {_json_kind(info)}, not the object of texts "
@@ -932,7 +1131,14 @@ class Run:
             else:  # replaced three times while being opened: say so rather than pair two versions
                 raise FileFormatError(f"step {k} of {self.path} was rewritten while it was being opened (a resumed "
                                       "run recording it again): open it again in a moment")
-            self._cache[k] = StepRecord(k, tensors, info)
+            _check_record(k, tensors, info, tensors_file, info_file, steps)
+            try:
+                info = RecordInfo(info, info_file)
+            except RecursionError:  # wrapped level by level: a file nested as deep as json parses is no record
+                raise FileFormatError(f"{info_file} is nested deeper than a step record (an object of texts and "
+                                      f"plan a few levels deep); {_REDO}") from None
+            self._cache[k] = StepRecord(k, tensors, info, (tensors_file, info_file),
+                                        (tensors.version, tensors._size, info_stamp))
         return self._cache[k]
 
     def tokenizer(self) -> Any:

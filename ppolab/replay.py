@@ -30,7 +30,8 @@ from typing import Any
 import torch
 
 from ppolab.engine import Batch
-from ppolab.record import Run, resolve_run
+from ppolab.errors import whole_argument
+from ppolab.record import Run, cache_slot, resolve_run
 from ppolab.update_plan import RankRows, UpdatePlan, plan_update, recorded_plan, train_batching
 from ppolab.worker import ActorWorker, build_models
 
@@ -61,7 +62,7 @@ def restore(params: list[torch.Tensor], saved: list[torch.Tensor]) -> None:
 def run_models(run: Run | str | os.PathLike | None = None):
     """The run's models (``PolicyModels``) at their seeded initial state, loaded once per run directory."""
     r = resolve_run(run)
-    key = str(r.path.resolve())
+    key = cache_slot(_MODELS, r.identity())  # another run at the same path has other models (config.json)
     if key not in _MODELS:
         _MODELS[key] = build_models(models_config(r))
     return _MODELS[key]
@@ -93,9 +94,8 @@ def mini_batch_rows(run: Run | str | os.PathLike | None = None, step: int = 1, m
     """Recorded row indices of mini-batch ``mini_batch`` in the first epoch — every rank's share, in the order
     the data loader gave them — read from the step's update plan (:func:`step_plan`)."""
     plan = step_plan(run, step)
-    if not 0 <= mini_batch < plan.steps_per_epoch:
-        raise ValueError(f"mini_batch={mini_batch!r} is out of range; this step has mini-batches 0 … "
-                         f"{plan.steps_per_epoch - 1}")
+    mini_batch = whole_argument("mini_batch", mini_batch, range(plan.steps_per_epoch),
+                                f"a mini-batch of the first epoch of step {step}")
     return plan.steps[mini_batch].rows()
 
 
@@ -141,6 +141,8 @@ def replay_actor_update(run: Run | str | os.PathLike | None = None, step: int = 
     whole mini-batch (``mini_batch_rows`` rows), or on a large run only its first rows — say so where it shows.
     """
     r = resolve_run(run)
+    step = whole_argument("step", step, None, "a recorded step's number")
+    mini_batch = whole_argument("mini_batch", mini_batch, None, "a mini-batch of the first epoch")
     if 1 not in r.steps:
         raise ValueError(f"{r.path} has no recorded step 1; only step 1 can be replayed from the seeded adapter")
     exact = step == 1 and mini_batch == 0
@@ -148,6 +150,7 @@ def replay_actor_update(run: Run | str | os.PathLike | None = None, step: int = 
         raise ValueError(f"only the recorded step 1, mini-batch 0 started from weights a fresh trainer holds (the "
                          f"seeded initial adapter); step={step}, mini_batch={mini_batch} started from weights the run "
                          f"did not record. Pass strict=False to replay it from the initial weights anyway.")
+    require_policy_loss(r, loss_mode)  # before any model loads
     rows, batch = _replay_batch(r, step, mini_batch)
     batch = Batch(dict(batch.tensors))  # a shallow copy: the batch cached for later replays is never written into
     cfg = r.ppo_config()
@@ -178,13 +181,32 @@ def replay_actor_update(run: Run | str | os.PathLike | None = None, step: int = 
             "plan_recorded": step_plan(r, step).recorded}
 
 
+def require_policy_loss(r: Run, loss_mode: str | None = None) -> None:
+    """Refuse, in one line, a replay whose policy loss is not registered in this process: a run trained with a loss
+    plugged in (``capstone_loss.plug_in``) opens anywhere, but its update replays only where that function is
+    plugged in again — a run dir records the loss's name, never its code."""
+    from ppolab.algos import POLICY_LOSS_REGISTRY
+
+    mode = r.ppo_config().actor_rollout_ref.actor.policy_loss.loss_mode if loss_mode is None else loss_mode
+    if mode in POLICY_LOSS_REGISTRY:
+        return
+    plug = f"ppolab.numbers.capstone_loss.plug_in(your_loss, {mode!r})"
+    if loss_mode is None:
+        raise ValueError(f"{r.path} was trained with the learner's policy loss {mode!r} "
+                         f"(actor_rollout_ref.actor.policy_loss.loss_mode), which is not registered in this process "
+                         f"(a plugged-in loss lives only in the process that plugged it in): plug it in again first "
+                         f"— {plug} — then replay")
+    raise ValueError(f"loss_mode={mode!r} is not registered in this process: plug your loss in first — {plug} — or "
+                     f"choose one of {', '.join(POLICY_LOSS_REGISTRY)}")
+
+
 _BATCHES: dict[tuple, tuple[list[int], Batch]] = {}
 
 
 def _replay_batch(r: Run, step: int, mini_batch: int) -> tuple[list[int], Batch]:
     """The replayed rows and their batch (``row_id`` = local positions: the history is indexed by them), read
     once per run, step and mini-batch."""
-    key = (str(r.path.resolve()), step, mini_batch)
+    key = cache_slot(_BATCHES, r.identity(step), mini_batch)
     if key not in _BATCHES:
         rows = replay_rows(r, step, mini_batch)
         tensors = r.step(step).batch_tensors()

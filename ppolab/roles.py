@@ -24,7 +24,7 @@ from torch import nn
 from ppolab.algos import calculate_sum_pi_squared_from_logits, entropy_from_logits, logprobs_from_logits, scale_logits
 from ppolab.algos.fused_head import fused_head_logprobs_entropy
 from ppolab.algos.logprob import chunked_logprobs_entropy, logit_rows_per_pass, use_chunked_logits
-from ppolab.models import check_target_modules, check_vocab_fits, load_tokenizer_and_model
+from ppolab.models import check_target_modules, check_vocab_fits, load_tokenizer_and_model, model_skeleton
 
 
 @dataclass
@@ -213,6 +213,12 @@ class PolicyModels:
         seed: int = 0,
         gradient_checkpointing: bool = False,
     ):
+        critic_targets = target_modules if critic_target_modules is None else critic_target_modules
+        # LoRA targets are checked on the model built from its config alone, before a weight is read (a large model
+        # takes half a minute to load); a config transformers cannot build that way is checked after the load
+        skeleton = model_skeleton(path) if lora_rank > 0 else None
+        if skeleton is not None:
+            self._check_targets(skeleton, target_modules, critic_targets, use_critic)
         self.tokenizer, base = load_tokenizer_and_model(path, dtype, device)
         check_vocab_fits(base, self.tokenizer, "actor_rollout_ref.model.path", path)
         self.gradient_checkpointing = gradient_checkpointing
@@ -227,10 +233,8 @@ class PolicyModels:
         if self.lora:
             from peft import LoraConfig, get_peft_model
 
-            check_target_modules(base, target_modules)
-            critic_targets = target_modules if critic_target_modules is None else critic_target_modules
-            if use_critic:
-                check_target_modules(base, critic_targets, key="critic.model.target_modules")
+            if skeleton is None:
+                self._check_targets(base, target_modules, critic_targets, use_critic)
 
             def lora_config(rank: int, alpha: int, targets) -> LoraConfig:
                 return LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, bias="none")
@@ -273,6 +277,12 @@ class PolicyModels:
             for m in (self.model, self.critic_model):
                 if m is not None:
                     m.train()
+
+    @staticmethod
+    def _check_targets(model: nn.Module, target_modules, critic_targets, use_critic: bool) -> None:
+        check_target_modules(model, target_modules)
+        if use_critic:
+            check_target_modules(model, critic_targets, key="critic.model.target_modules")
 
     def _activate(self, adapter: str) -> None:
         """Route the forward through ``adapter``. peft's ``set_adapter`` also clears ``requires_grad`` on

@@ -19,15 +19,20 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import torch
+if __name__ == "__main__":  # the main job's first line, before torch and transformers load (seconds, cold)
+    print("ppolab: starting python -m ppolab.train — loading torch and transformers …", file=sys.stderr, flush=True)
 
-from ppolab import distributed
-from ppolab.config import PPOConfig, load_config, to_dict
-from ppolab.errors import RunDirError
-from ppolab.record import Recorder, Run, StepRecord, read_checkpoint, read_json, resume_checkpoint, update_state_record
+import torch  # noqa: E402
+
+from ppolab import distributed  # noqa: E402
+from ppolab.config import PPOConfig, load_config, to_dict  # noqa: E402
+from ppolab.errors import RunDirError  # noqa: E402
+from ppolab.progress import Progress  # noqa: E402
+from ppolab.record import Recorder, Run, StepRecord, read_checkpoint, read_json, resume_checkpoint, \
+    update_state_record  # noqa: E402
 from ppolab.rundir import check_resume, claim_run_dir, describe_leftovers, leftover_temp_files, new_run_dir, \
-    remove_leftovers
-from ppolab.update_plan import PLANS_KEY
+    remove_leftovers  # noqa: E402
+from ppolab.update_plan import PLANS_KEY  # noqa: E402
 
 #: Tensors of the final step batch that go into a recorded step (chapter §1: what exists after each stage).
 RECORDED_TENSORS = ("prompts", "prompt_mask", "responses", "response_mask", "response_attention_mask", "loss_mask",
@@ -217,8 +222,6 @@ def check_train_arguments(config: Any, overrides: Any, on_step: Any, progress: A
 
 def _train_claimed(cfg: PPOConfig, info, run_dir: Path, claim, on_step: OnStep | None, progress: bool) -> Run:
     """The loop of :func:`train` in a run dir this process has claimed (rank 0) or its rank 0 claimed."""
-    from tqdm.auto import tqdm
-
     from ppolab.errors import RewardWarning, RunWarning
     from ppolab.trainer import PPOTrainer
     from ppolab.watch import LearningSignalWatch
@@ -242,7 +245,9 @@ def _train_claimed(cfg: PPOConfig, info, run_dir: Path, claim, on_step: OnStep |
         summary = read_json(run_dir / "summary.json")
         for key in ("interrupted_at_step", "val_after"):  # facts of the earlier session, re-derived below
             summary.pop(key, None)
-    trainer = PPOTrainer(cfg, info)
+    shown = Progress(progress and info.is_main)  # what it is doing from its first second (ppolab.progress)
+    shown.say(f"{'resuming' if checkpoint is not None else 'training'} {t.experiment_name} into {run_dir}")
+    trainer = PPOTrainer(cfg, info, say=shown.say)
     if checkpoint is not None:
         load_checkpoint(trainer, checkpoint)  # a failure leaves the run dir (config.json too) as it was
     # Only rank 0 writes the run directory; the other ranks compute and log nothing.
@@ -262,14 +267,21 @@ def _train_claimed(cfg: PPOConfig, info, run_dir: Path, claim, on_step: OnStep |
     done = trainer.global_step  # the last step whose metrics are logged: what the run holds
     recording = None  # a step whose tensors are being written but whose metrics are not logged yet
     interrupted = False
-    bar = tqdm(total=trainer.total_steps, initial=trainer.global_step, disable=not progress, desc="ppolab",
-               dynamic_ncols=True)
+    bar = None
     try:
         if checkpoint is None and t.val_before_train and trainer.val_data and info.is_main:
-            summary["val_before"] = trainer.validate()
+            vk = cfg.actor_rollout_ref.rollout.val_kwargs
+            with shown.phase(f"initial evaluation: {len(trainer.val_data)} validation prompts × {vk.n}, "
+                             f"{'sampled' if vk.do_sample else 'greedy'}, up to {cfg.data.max_response_length} "
+                             "tokens each"):
+                summary["val_before"] = trainer.validate()
+            shown.say(f"before training: val/accuracy {summary['val_before'].get('val/accuracy', float('nan')):.3f}")
             recorder.log_metrics(0, summary["val_before"])
             if on_step is not None:  # step 0: where the curves start (val/accuracy before any update)
                 on_step(0, dict(summary["val_before"]), None)
+        shown.say(f"training steps {trainer.global_step + 1}–{trainer.total_steps} "
+                  f"({cfg.data.train_batch_size} prompts × {cfg.actor_rollout_ref.rollout.n} responses a step)")
+        bar = shown.bar(trainer.total_steps, trainer.global_step)
         while trainer.global_step < trainer.total_steps:
             step = trainer.global_step + 1
             records = info.is_main and t.record_freq > 0 and (step % t.record_freq == 0 or step == 1
@@ -309,11 +321,16 @@ def _train_claimed(cfg: PPOConfig, info, run_dir: Path, claim, on_step: OnStep |
     except KeyboardInterrupt:
         summary["interrupted_at_step"] = done
         interrupted = True
-        bar.write(f"interrupted after step {done}; {run_dir} is complete up to there and loadable")
+        message = f"interrupted after step {done}; {run_dir} is complete up to there and loadable"
+        if bar is not None:
+            bar.write(message)
+        else:
+            print(message, file=sys.stderr, flush=True)
     finally:
         if recording is not None:  # its tensors without its metrics (interrupted, or an error): not in the run
             recorder.discard_step(recording)
-        bar.close()
+        if bar is not None:
+            bar.close()
         if writer is not None:
             writer.close()
         distributed.finish(info, close=trainer.close)  # the rollout engine goes before the process group

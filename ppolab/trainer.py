@@ -18,7 +18,7 @@ comes from ``ppolab.algos``; only ``ppolab.record.Recorder`` writes the run dire
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -40,7 +40,9 @@ from ppolab.worker import ActorWorker, CriticWorker, InferBatching, ReferenceWor
 class PPOTrainer:
     """Builds models, workers, data and the rollout engine from a validated :class:`PPOConfig`; runs steps."""
 
-    def __init__(self, config: PPOConfig, dist_info: DistInfo | None = None):
+    def __init__(self, config: PPOConfig, dist_info: DistInfo | None = None,
+                 say: Callable[[str], None] | None = None):
+        """``say``: told each phase of the build as it starts (``ppolab.progress``: the main job's first lines)."""
         from ppolab.data import check_data_files, load_rl_dataset
         from ppolab.rewards import get_reward_fn
 
@@ -57,6 +59,10 @@ class PPOTrainer:
         arr = cfg.actor_rollout_ref
         require_engine(arr.rollout.name)  # a missing vllm is reported before the model loads
         self.use_critic, self.use_ref = cfg.use_critic, cfg.use_reference_policy
+        say = say or (lambda text: None)
+        m = arr.model
+        trains = f"LoRA rank {m.lora_rank}" if m.lora_rank else "all weights trained"
+        say(f"loading the model {m.path} ({m.dtype}, {trains}{', a critic' if self.use_critic else ''}) …")
         self.models = build_models(cfg, self.dist)
         self.device, self.tokenizer = self.models.device, self.models.tokenizer
         roles = dict(temperature=arr.rollout.temperature, dist=self.dist)
@@ -69,6 +75,8 @@ class PPOTrainer:
                if cfg.data.val_files else [])
         self.val_data = val[: cfg.data.val_max_samples] if cfg.data.val_max_samples else val
         self.total_steps = total_steps(cfg.trainer, len(self.train_data) // cfg.data.train_batch_size)
+        say(f"data: {len(self.train_data)} training prompts, {len(self.val_data)} validation prompts; "
+            f"starting the {arr.rollout.name} rollout engine …")
         vllm_args = dict(seed=cfg.trainer.seed,
                          max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length)
         self.rollout = make_rollout_engine(arr.rollout, self.models,

@@ -18,6 +18,7 @@ Nothing here imports a model, the engine or a run: lengths and counts in, lists 
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -201,6 +202,64 @@ def plan_update(ranks: Sequence[RankRows], config: Any, batching: InferBatching,
 
 
 # ---------------------------------------------------------------------------------------------------- recorded runs
+def plan_problem(plan: UpdatePlan, n_rows: int) -> str | None:
+    """Why ``plan`` cannot be the plan a worker executed on a batch of ``n_rows`` rows, or None: each optimizer step
+    holds ``dp_size`` shares of ``local_mini_batch`` rows, every row id in range, none twice in one step or one
+    epoch, and its micro-batches hold exactly its share's rows (none left out, none added) — what the planner
+    guarantees, so a recorded plan that breaks it was edited or damaged."""
+    if plan.dp_size < 1 or plan.local_mini_batch < 1:
+        return f"has dp_size={plan.dp_size} and local_mini_batch={plan.local_mini_batch} (both at least 1)"
+    seen: dict[int, set[int]] = {}
+    for k, s in enumerate(plan.steps):
+        where = f"optimizer step {k}"
+        if len(s.shares) != plan.dp_size or len(s.micro_batches) != plan.dp_size:
+            return (f"gives {where} {len(s.shares)} shares and {len(s.micro_batches)} ranks of micro-batches, not "
+                    f"dp_size={plan.dp_size}")
+        rows = s.rows()
+        bad = [i for i in rows if not 0 <= i < n_rows]
+        if bad:
+            return f"lists row {bad[0]} in {where}, outside the step's {n_rows} rows (0 … {n_rows - 1})"
+        twice = sorted(i for i, c in Counter(rows).items() if c > 1)
+        if twice:
+            return f"lists row {twice[0]} twice in {where}"
+        for rank, (share, micro) in enumerate(zip(s.shares, s.micro_batches)):
+            if len(share) != plan.local_mini_batch:
+                return (f"gives rank {rank} {len(share)} rows in {where}, not local_mini_batch="
+                        f"{plan.local_mini_batch}")
+            cut = [i for mb in micro for i in mb]
+            if sorted(cut) != sorted(share):
+                missing = sorted(set(share) - set(cut))
+                extra = sorted(set(cut) - set(share)) or sorted(i for i, c in Counter(cut).items() if c > 1)
+                return (f"cuts rank {rank}'s share of {where} into micro-batches that "
+                        + (f"leave out row {missing[0]}" if missing else f"hold row {extra[0]} again or instead"))
+        epoch = seen.setdefault(s.epoch, set())
+        again = sorted(epoch & set(rows))
+        if again:
+            return f"lists row {again[0]} in two optimizer steps of epoch {s.epoch}"
+        epoch.update(rows)
+    return None
+
+
+def _checked(record: Any, role: str, recorded: Any) -> UpdatePlan:
+    """The recorded plan of ``role``, checked against its own step (:func:`plan_problem`); a plan that does not
+    parse or does not fit is a ``ppolab.errors.FileFormatError`` naming the step's file."""
+    from ppolab.errors import FileFormatError
+
+    where = getattr(record, "info_file", f"the record of step {getattr(record, 'step', '?')}")
+    todo = "put back the step's own file, or re-record the run (python -m ppolab.train with a new trainer.run_dir)"
+    try:
+        plan = UpdatePlan.from_dict(recorded)
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise FileFormatError(f"{where}: its {PLANS_KEY}.{role} does not parse as an update plan "
+                              f"({type(e).__name__}: {e}); {todo}") from None
+    rows = record.tensors["responses"].shape[0] if "responses" in record.tensors else None
+    problem = plan_problem(plan, rows) if rows is not None else None
+    if problem:
+        raise FileFormatError(f"{where}: its {PLANS_KEY}.{role} {problem} — not the plan the worker executed; {todo}")
+    return plan
+
+
+
 def train_batching(config: Any, role: str) -> InferBatching:
     """How the ``role``'s update cuts a mini-batch, from the role's config slice ``config`` — the actor: its fixed
     ``ppo_micro_batch_size_per_gpu``, or its ``ppo_max_token_len_per_gpu`` budget when ``use_dynamic_bsz``; the
@@ -248,7 +307,7 @@ def recorded_plan(record: Any, cfg: Any, role: str = "actor", *, batching: Infer
     ``batching`` / ``config`` (a changed role config): a what-if — the same planner on the recorded rows."""
     plans = record.info.get(PLANS_KEY) or {}
     if batching is None and config is None and role in plans:
-        return UpdatePlan.from_dict(plans[role])
+        return _checked(record, role, plans[role])
     dp = int(record.info.get("dp_size") or (record.info.get("batch_plan") or {}).get("dp_size") or 1)
     config = config or role_config(cfg, role)
     return plan_update(recorded_rank_rows(record.tensors, dp), config, batching or train_batching(config, role),

@@ -24,6 +24,7 @@ from ppolab.algos import GlobalBatchInfo
 from ppolab.distributed import DistInfo
 from ppolab.engine import Batch, pad_right, to_device, trimmed_inputs
 from ppolab.metrics import accumulate_micro_metrics, reduce_metrics
+from ppolab.models import MODEL_LOCK
 from ppolab.roles import PolicyModels, forward_response
 from ppolab.update_plan import (InferBatching, OptimizerStep, RankRows, UpdatePlan, micro_batches, plan_update,
                                 train_batching)
@@ -39,14 +40,15 @@ def build_models(cfg: Any, dist: DistInfo | None = None) -> PolicyModels:
     device, _ = distributed.select_device(cfg.trainer.device, dist.local_rank, torch.cuda.is_available(),
                                           dist.world_size)
     arr = cfg.actor_rollout_ref
-    return PolicyModels(
-        arr.model.path, arr.model.lora_rank, arr.model.lora_alpha, arr.model.target_modules, arr.model.dtype,
-        str(device), use_critic=cfg.use_critic, use_reference=cfg.use_reference_policy,
-        critic_lora_rank=cfg.critic.model.lora_rank, critic_lora_alpha=cfg.critic.model.lora_alpha,
-        critic_path=cfg.critic.model.path,
-        critic_target_modules=cfg.critic.model.target_modules, seed=cfg.trainer.seed,
-        gradient_checkpointing=arr.model.enable_gradient_checkpointing,
-    )
+    with MODEL_LOCK:  # its loads, seed and adapter init: never beside another thread's load (ppolab.models)
+        return PolicyModels(
+            arr.model.path, arr.model.lora_rank, arr.model.lora_alpha, arr.model.target_modules, arr.model.dtype,
+            str(device), use_critic=cfg.use_critic, use_reference=cfg.use_reference_policy,
+            critic_lora_rank=cfg.critic.model.lora_rank, critic_lora_alpha=cfg.critic.model.lora_alpha,
+            critic_path=cfg.critic.model.path,
+            critic_target_modules=cfg.critic.model.target_modules, seed=cfg.trainer.seed,
+            gradient_checkpointing=arr.model.enable_gradient_checkpointing,
+        )
 
 
 def make_optimizer(params: list[torch.nn.Parameter], optim) -> tuple[torch.optim.Optimizer, Any]:

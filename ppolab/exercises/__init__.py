@@ -55,6 +55,7 @@ import json
 import math
 import pkgutil
 import re
+import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -122,6 +123,7 @@ class Verdict:
 
 _REGISTRY: dict[str, Exercise] = {}
 _TRIES: dict[str, int] = {}
+_TRIES_LOCK = threading.Lock()  # check() may run in several threads; each wrong try counts once
 _LOADED = False
 
 
@@ -339,11 +341,42 @@ def _answer_for(answer: Any, kind: str) -> Any:
     return answer
 
 
+_EXACT = (bool, int, float, str, type(None))
+
+
+def _exact(x: Any) -> Any:
+    """``x`` rebuilt from exact built-in types, read through the built-in types' own methods: a subclass of str,
+    int, float, list, tuple, dict, set (or a numpy float64) becomes the plain value it holds, so none of its methods
+    (``__eq__``, ``__iter__``, ``lower`` …) takes part in a verdict. Tensors, arrays and other objects are left as
+    they are (:func:`_answer_for` turns tensors and arrays into Python values, then this runs again)."""
+    t = type(x)
+    if t in _EXACT:
+        return x
+    if isinstance(x, bool):  # unreachable (bool cannot be subclassed), kept for the order of the tests below
+        return bool.__bool__(x)
+    if isinstance(x, int):
+        return int.__int__(x)  # an exact int, whatever the subclass defines
+    if isinstance(x, float):
+        return float.__float__(x)
+    if isinstance(x, str):
+        return str.__str__(x)
+    if isinstance(x, (list, tuple)):
+        base = list if isinstance(x, list) else tuple
+        return base(_exact(item) for item in base.__iter__(x))
+    if isinstance(x, dict):
+        return {_exact(k): _exact(v) for k, v in dict.items(x)}
+    if isinstance(x, (set, frozenset)):
+        base = set if isinstance(x, set) else frozenset
+        return base(_exact(m) for m in base.__iter__(x))
+    return x
+
+
 def _matches(answer: Any, expected: Any, rel: float, abs: float) -> bool:
-    """:func:`matches` without the guard: may raise on an odd answer."""
-    expected = _plain_expected(expected)
+    """:func:`matches` without the guard: may raise on an odd answer. Both sides are compared as exact built-in
+    values (:func:`_exact`), the truth on the left of every ``==``."""
+    expected = _exact(_plain_expected(expected))
     kind = _kind(expected)
-    answer = _answer_for(answer, kind)
+    answer = _exact(_answer_for(_exact(answer), kind))
     if kind == "bool":
         return isinstance(answer, bool) and answer == expected
     if kind == "number":
@@ -377,7 +410,9 @@ def _matches(answer: Any, expected: Any, rel: float, abs: float) -> bool:
         members = list(answer)
         return (all(any(_matches(a, e, rel, abs) for e in expected) for a in members)
                 and all(any(_matches(a, e, rel, abs) for a in members) for e in expected))
-    return bool(answer == expected)
+    # another kind of truth: equal only as an object of the truth's own type (an answer's subclass would get its
+    # reflected __eq__ called first and could claim to equal anything)
+    return type(answer) is type(expected) and bool(expected == answer)
 
 
 def matches(answer: Any, expected: Any, rel: float = 1e-6, abs: float = 1e-9) -> bool:
@@ -450,9 +485,9 @@ def _given_form(answer: Any) -> str:
 def _form_problem(answer: Any, expected: Any) -> str | None:
     """One phrase saying how the form of ``answer`` differs from the form ``expected`` asks for (for a sequence or
     dict: of which item), or None when the forms agree (the value itself is then what is wrong)."""
-    expected = _plain_expected(expected)
+    expected = _exact(_plain_expected(expected))
     kind = _kind(expected)
-    given = _answer_for(answer, kind)
+    given = _exact(_answer_for(_exact(answer), kind))
     fits = {"bool": lambda: isinstance(given, bool),  # each test only for its own kind (len() of a number raises)
             "number": lambda: isinstance(given, (int, float)) and not isinstance(given, bool),
             "string": lambda: isinstance(given, str), "dict": lambda: isinstance(given, dict),
@@ -553,11 +588,14 @@ def check(id: str, answer: Any, **context: Any) -> Verdict:
         ok, crashed = (False, False) if oversized else (_matches(answer, expected, ex.rel, ex.abs), False)
     except Exception:  # noqa: BLE001
         ok, crashed = False, True
+    with _TRIES_LOCK:
+        if ok:
+            _TRIES.pop(id, None)
+        else:
+            tries = _TRIES.get(id, 0)
+            _TRIES[id] = tries + 1
     if ok:
-        _TRIES.pop(id, None)
         return Verdict(id, True, True, tr("{id}: right.").format(id=id))
-    tries = _TRIES.get(id, 0)
-    _TRIES[id] = tries + 1
     try:
         all_hints = hints(id, context.get("run"))
     except Exception:  # noqa: BLE001 — a case finder that cannot read this run: the hints unfilled

@@ -71,13 +71,46 @@ def _cache_dir(r: Run) -> Path:
     return base / "ablations" / f"{r.path.name}-{digest}"
 
 
-def _train(r: Run, name: str, overrides: tuple[str, ...], out: Path) -> Path:
-    import ppolab
+#: Written last into a short run trained into the cache: a folder without it (a run killed midway, or one left by
+#: a ppolab that did not write it) is never read as a result — it is trained again.
+DONE = "ablation.json"
 
-    return Path(ppolab.train(r.ppo_config(), [*overrides, *SHORT, f"trainer.total_training_steps={STEPS}",
-                                              "trainer.n_gpus_per_node=null",
-                                              f"trainer.run_dir={out}", f"trainer.experiment_name={name}"],
-                             progress=False).path)
+
+def _complete(path: Path, shipped: bool) -> bool:
+    """Whether ``path`` holds a whole short run: the shipped set's folders as shipped, a cache folder only with
+    its :data:`DONE` marker."""
+    return (path / "metrics.jsonl").is_file() and (shipped or (path / DONE).is_file())
+
+
+def _train(r: Run, name: str, overrides: tuple[str, ...], out: Path) -> Path:
+    """Train the short run ``name`` into ``out`` atomically: into a temporary sibling folder, renamed into place
+    once it finished (with its :data:`DONE` marker) — a run interrupted midway leaves no folder at ``out``, and its
+    temporary folder is removed."""
+    import shutil
+    import tempfile
+
+    import ppolab
+    from ppolab.record import honour_umask, write_json
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    try:
+        honour_umask(tmp, folder=True)
+        ppolab.train(r.ppo_config(), [*overrides, *SHORT, f"trainer.total_training_steps={STEPS}",
+                                      "trainer.n_gpus_per_node=null", f"trainer.run_dir={tmp}",
+                                      f"trainer.experiment_name={name}"], progress=False)
+        write_json(tmp / DONE, {"knob": name, "overrides": list(overrides), "steps": STEPS})
+        if out.exists() and not _complete(out, False):  # what a killed run of an older ppolab left at that name
+            shutil.rmtree(out)
+        try:
+            os.replace(tmp, out)
+        except OSError:  # another process finished the same run first: its folder is as good as this one
+            if not _complete(out, False):
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
 
 
 def ablation_runs(run: Run | str | os.PathLike | None = None, knobs: tuple[str, ...] | None = None,
@@ -92,7 +125,7 @@ def ablation_runs(run: Run | str | os.PathLike | None = None, knobs: tuple[str, 
     out = {}
     for name in ("base", *wanted):
         path = root / name
-        if not (path / "metrics.jsonl").is_file():
+        if not _complete(path, root == SHIPPED):  # a folder a killed run left is no result: trained again
             if not train or root == SHIPPED:
                 raise RunLacks(f"the short ablation run {name!r} (ppolab.numbers.ablations.ablation_runs trains it)",
                                r)
@@ -132,6 +165,10 @@ def effect(runs: dict[str, Run], knob: str) -> float:
     """mean over steps 2 … STEPS of the knob's metric under the knob, over the same mean of the base."""
     metric = KNOBS[knob].metric
     mine, base = curve(runs[knob], metric)[1:], curve(runs["base"], metric)[1:]
+    if base and all(v == 0 for v in base):  # (NaN ≠ 0: a metric not logged stays NaN, as before)
+        # a factor over 0 is no number: the one line the lab shows instead (the phrase is translated there)
+        raise RunLacks("a base curve that is not 0 at every step (the base run's curve is 0 at every step: no "
+                       "relative effect to show)", runs["base"])
     return (sum(mine) / len(mine)) / (sum(base) / len(base))
 
 

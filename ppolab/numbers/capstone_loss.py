@@ -25,6 +25,7 @@ Three grades, each stopping at the first case that differs and naming the part o
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import tempfile
@@ -33,12 +34,13 @@ from typing import Any, Callable
 
 import torch
 
-from ppolab import algos
 from ppolab.algos import LOSS_AGG_MODES
 from ppolab.algos.aggregation import GlobalBatchInfo
 from ppolab.algos.policy_loss import POLICY_LOSS_REGISTRY, register_policy_loss
 from ppolab.config import ActorConfig
 from ppolab.i18n import tr
+from ppolab.numbers.grader_guard import (OWN_LOSSES, REF, LearnerError, call, check_returned, signature_line,
+                                         tampered)
 
 #: The ``policy_loss.loss_mode`` name the learner's policy loss is plugged in under.
 LEARNER = "learner"
@@ -54,8 +56,15 @@ _PLUGGED: set[str] = set()
 
 def plug_in(fn: Callable, name: str = LEARNER) -> str:
     """Register ``fn`` as ``actor.policy_loss.loss_mode = name`` (re-running the cell replaces an earlier function
-    plugged in under ``name``; ppolab's own losses cannot be replaced). Returns ``name``."""
-    if name in POLICY_LOSS_REGISTRY and name not in _PLUGGED:
+    plugged in under ``name``; ppolab's own losses cannot be replaced). Returns ``name``. Refuses, in one line and
+    registering nothing, anything verl's registry could not call: None, a number, a class, a function without the
+    policy-loss arguments."""
+    line = signature_line(fn)
+    if line is not None:
+        raise TypeError(line)
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"plug_in(name=...): name must be a non-empty string, got {name!r}")
+    if name in OWN_LOSSES or (name in POLICY_LOSS_REGISTRY and name not in _PLUGGED):
         raise ValueError(f"{name!r} is one of ppolab's policy losses; plug yours in under another name")
     POLICY_LOSS_REGISTRY.pop(name, None)
     register_policy_loss(name)(fn)
@@ -171,9 +180,12 @@ class Unanswered(Exception):
     """A learner's function that still returns None (its body is ``...``)."""
 
 
-def _answer(out: Any, name: str) -> Any:
+def _answer(fn: Callable, name: str, like: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    """The learner's ``fn(*args, **kwargs)`` called with torch's settings guarded, its result checked for kind."""
+    out = call(fn, name, *args, **kwargs)
     if out is None:
         raise Unanswered(name)
+    check_returned(out, name, like)
     return out
 
 
@@ -190,25 +202,28 @@ def _run_case(case: Case, policy_loss: Callable, actor_loss: Callable | None, va
         vp = t["vpreds"].clone().requires_grad_(True)
         args = (vp, t["returns"], t["values"], t["response_mask"], 0.2, cfg.loss_agg_mode)
         if reference:
-            loss, frac = algos.compute_value_loss(*args, **info.as_kwargs())
+            loss, frac = REF.compute_value_loss(*args, **info.as_kwargs())
         else:
-            loss, frac = _answer(value_loss(*args, global_batch_info=info), "value_loss")
+            loss, frac = _answer(value_loss, "value_loss", vp, *args, global_batch_info=info)
         return {"loss": float(loss.detach()), "grad": _grad(loss, vp),
                 "metrics": {"critic/vf_clipfrac": float(frac)}}
     lp = t["log_prob"].clone().requires_grad_(True)
-    fn = POLICY_LOSS_REGISTRY["vanilla"] if reference else policy_loss
-    pg, metrics = _answer(fn(t["old_log_prob"], lp, t["advantages"], t["response_mask"], cfg.loss_agg_mode, cfg,
-                             case.is_weights, global_batch_info=info), "policy_loss")
+    args = (t["old_log_prob"], lp, t["advantages"], t["response_mask"], cfg.loss_agg_mode, cfg, case.is_weights)
+    if reference:  # the function captured at import, never the registry entry a learner can rebind
+        pg, metrics = REF.vanilla(*args, global_batch_info=info)
+    else:
+        pg, metrics = _answer(policy_loss, "policy_loss", lp, *args, global_batch_info=info)
     loss = pg
     if case.stage in ("entropy", "kl loss"):
         ent, ref = t["entropy"], t["ref_log_prob"]
         if reference:
-            terms, _ = algos.ppo_loss_terms(cfg, old_log_prob=t["old_log_prob"], log_prob=lp,
+            terms, _ = REF.ppo_loss_terms(cfg, old_log_prob=t["old_log_prob"], log_prob=lp,
                                             advantages=t["advantages"], response_mask=t["response_mask"],
                                             entropy=ent, ref_log_prob=ref, global_batch_info=info)
             loss = sum(terms.values())
         else:
-            loss = _answer(actor_loss(pg, ent, lp, ref, t["response_mask"], cfg, global_batch_info=info), "actor_loss")
+            loss = _answer(actor_loss, "actor_loss", lp, pg, ent, lp, ref, t["response_mask"], cfg,
+                           global_batch_info=info)
     keys = ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower")
     return {"loss": float(loss.detach()), "grad": _grad(loss, lp),
             "metrics": {k: float(metrics[k]) for k in keys if k in (metrics or {})}}
@@ -223,6 +238,9 @@ def grade_hidden(policy_loss: Callable, actor_loss: Callable | None = None,
     """(a): every hidden case through the learner's functions and ppolab.algos. Returns ``ok``, the ``stage`` and
     ``case`` of the first difference, ``line`` (one line: the case, what differs, the part to look at) and
     ``cases`` (how many agreed). A function left out (None) skips its stages."""
+    refused = tampered()
+    if refused:
+        return {"ok": False, "stage": None, "case": None, "cases": 0, "line": "(a) " + refused}
     done = 0
     for i, case in enumerate(hidden_cases()):
         if (case.stage in ("entropy", "kl loss") and actor_loss is None) or \
@@ -234,7 +252,9 @@ def grade_hidden(policy_loss: Callable, actor_loss: Callable | None = None,
         except Unanswered as e:
             return {"ok": False, "stage": None, "case": None, "cases": done, "answered": False,
                     "line": tr("not answered yet: {name} returns None — write its body").format(name=e)}
-        except Exception as e:  # noqa: BLE001 — the learner's code: one line, not a traceback
+        except LearnerError as e:  # raised, exited, changed torch's settings, returned the wrong kind: one line
+            return _fail(case, i, done, str(e))
+        except Exception as e:  # noqa: BLE001 — the learner's code (a metrics dict it built …): one line
             return _fail(case, i, done, tr("your function raised {error}").format(
                 error=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]}"))
         if not _close(got["loss"], want["loss"]):
@@ -262,6 +282,32 @@ def _fail(case: Case, i: int, done: int, what: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- (b) one replayed step
+@contextlib.contextmanager
+def _guarded_in_trainer(policy_loss: Callable, name: str):
+    """``policy_loss`` plugged in as ``name``, and for the body (a replay or a run) registered behind a guard: each
+    call through the trainer runs with torch's settings guarded and its result checked for kind, so that
+    ``sys.exit()``, a changed setting or a wrong return is a :class:`LearnerError` the worker lets through. The
+    registry holds the learner's own function again afterwards."""
+    plug_in(policy_loss, name)
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        out = call(policy_loss, "policy_loss", *args, **kwargs)
+        like = kwargs.get("log_prob", args[1] if len(args) > 1 else None)
+        check_returned(out, "policy_loss", like if isinstance(like, torch.Tensor) else None)
+        return out
+
+    POLICY_LOSS_REGISTRY[name] = guarded
+    try:
+        yield
+    finally:
+        POLICY_LOSS_REGISTRY[name] = policy_loss
+
+
+def _raised(e: BaseException) -> str:
+    return str(e) if isinstance(e, LearnerError) else tr("the worker raised {error} inside your loss").format(
+        error=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]}")
+
+
 def grade_replay(policy_loss: Callable, run: Any = None, name: str = LEARNER) -> dict[str, Any]:
     """(b): the learner's policy loss plugged in as ``loss_mode = name``, optimizer step 0 of recorded step 1
     replayed through the actor worker (the seeded adapter, the run's own micro-batches and global counts), its
@@ -270,14 +316,17 @@ def grade_replay(policy_loss: Callable, run: Any = None, name: str = LEARNER) ->
     ``line``."""
     from ppolab.replay import replay_actor_update
 
+    refused = tampered()  # the reference replay runs the run's loss_mode by name, through the registry
+    if refused:
+        return {"ok": False, "rel": math.inf, "tensors": 0, "metrics": {}, "line": "(b) " + refused}
     plug_in(policy_loss, name)
     want = replay_actor_update(run)
     try:
-        got = replay_actor_update(run, loss_mode=name)
+        with _guarded_in_trainer(policy_loss, name):
+            got = replay_actor_update(run, loss_mode=name)
     except Exception as e:  # noqa: BLE001 — the learner's code inside the worker: one line
         return {"ok": False, "rel": math.inf, "tensors": 0, "metrics": {},
-                "line": tr("(b) not yet — the worker raised {error} inside your loss").format(
-                    error=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]}")}
+                "line": tr("(b) not yet — ") + _raised(e)}
     scale = max(float(w.abs().max()) for w in want["grads"]) or 1.0
     rel = max(float((g - w).abs().max()) for g, w in zip(got["grads"], want["grads"])) / scale
     keys = [k for k in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl") if k in want["metrics"]]
@@ -316,6 +365,9 @@ def grade_training(policy_loss: Callable, name: str = LEARNER, steps: int = TRAI
     actor/pg_loss, actor/pg_clipfrac and actor/ppo_kl; afterwards sampling differs once the weights differ in their
     last bit, so the curves must stay within bands: mean |Δ critic/score/mean| ≤ ``SCORE_BAND`` and mean
     actor/entropy within ``ENTROPY_REL``. Returns ``ok``, ``curves`` ({metric: (yours, vanilla)}) and ``line``."""
+    refused = tampered()  # the reference run trains with loss_mode=vanilla, through the registry
+    if refused:
+        return {"ok": False, "first": {}, "curves": {}, "line": "(c) " + refused}
     plug_in(policy_loss, name)
     root = Path(root or tempfile.mkdtemp(prefix="ppolab-capstone-"))
     key = (steps,)
@@ -324,7 +376,12 @@ def grade_training(policy_loss: Callable, name: str = LEARNER, steps: int = TRAI
     from ppolab.record import load_run
 
     ref = load_run(_REFERENCE[key]).metrics
-    mine = load_run(short_run(name, root / f"{name}-{len(list(root.glob(f'{name}-*')))}", steps).path).metrics
+    try:
+        with _guarded_in_trainer(policy_loss, name):
+            mine_path = short_run(name, root / f"{name}-{len(list(root.glob(f'{name}-*')))}", steps).path
+    except Exception as e:  # noqa: BLE001 — the learner's code inside the trainer: one line
+        return {"ok": False, "first": {}, "curves": {}, "line": tr("(c) not yet — ") + _raised(e)}
+    mine = load_run(mine_path).metrics
     first = {k: (float(mine.loc[1, k]), float(ref.loc[1, k]))
              for k in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl")}
     curves = {k: (mine[k].dropna().tolist(), ref[k].dropna().tolist()) for k in ("critic/score/mean", "actor/entropy")}

@@ -21,9 +21,9 @@ from ppolab.record import Run, resolve_run
 Case = dict[str, int | float]
 
 
-def _key(run: Run | str | None, default: str) -> tuple[str, tuple[int, ...]]:
+def _key(run: Run | str | None, default: str) -> tuple[str, tuple]:
     r = resolve_run(run, default)
-    return str(r.path.resolve()), tuple(r.steps)
+    return str(r.path.resolve()), (tuple(r.steps), r.identity())  # a run replaced at that path: another key
 
 
 def _cached(fn: Callable[..., Case]) -> Callable[..., Case]:

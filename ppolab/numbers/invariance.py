@@ -11,7 +11,7 @@ from typing import Any
 
 from ppolab.algos import SCALED_MODES
 from ppolab.config import LOSS_AGG_MODES
-from ppolab.record import resolve_run
+from ppolab.record import cache_slot, resolve_run
 from ppolab.replay import REPLAY_LOCK, replay_actor_update, replay_partition, replay_rows  # noqa: F401
 
 #: Replays shared by every explorer of this process: :func:`replay_key` → replay.
@@ -31,7 +31,8 @@ def replay_key(run=None, step: int = 1, *, loss_agg_mode: str, loss_scale_factor
     parts = replay_partition(r, step, micro_batch_size=micro_batch_size, use_dynamic_bsz=dyn,
                              max_token_len=max_token_len)
     factor = loss_scale_factor if loss_agg_mode in SCALED_MODES else None
-    return (str(r.path.resolve()), step, loss_agg_mode, factor, dyn, tuple(tuple(p) for p in parts))
+    # the run's identity (its path and the stamps of the files read): a run replaced at that path is another key
+    return cache_slot(_CACHE, r.identity(step), loss_agg_mode, factor, dyn, tuple(tuple(p) for p in parts))
 
 
 def cached_replay(run=None, step: int = 1, *, loss_agg_mode: str, loss_scale_factor: float | None,

@@ -89,7 +89,7 @@ def sample_positions(mask: torch.Tensor, vocab: int, budget: int = MAX_LOGIT_ELE
 
 
 @functools.lru_cache(maxsize=4)
-def _response_logits(path: str, step: int | None) -> dict[str, Any]:
+def _response_logits(path: str, step: int | None, _identity: tuple = ()) -> dict[str, Any]:
     from ppolab.models import load_tokenizer_and_model
     from ppolab.roles import response_logits as shifted_logits
 
@@ -150,7 +150,7 @@ def response_logits(run: Run | str | None = None, step: int | None = None) -> di
         if not r.steps:
             raise FileNotFoundError(r.no_steps())
         step = r.steps[0]
-    return _response_logits(str(Path(r.path).resolve()), int(step))
+    return _response_logits(str(Path(r.path).resolve()), int(step), r.identity(int(step)))  # replaced: another key
 
 
 #: Float64 elements per block of positions :func:`_moments_table` works on at once (1 MiB): at a real vocabulary one

@@ -49,7 +49,7 @@ def entropy_bonus_case(run: Run | str | None = None) -> dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=8)
-def _first_forward(path: str, temperature: float) -> dict[str, torch.Tensor]:
+def _first_forward(path: str, temperature: float, _identity: tuple = ()) -> dict[str, torch.Tensor]:
     from ppolab.models import load_tokenizer_and_model
     from ppolab.numbers.kl import run_base_model
     from ppolab.roles import forward_response
@@ -76,7 +76,7 @@ def first_forward(run: Run | str | None = None, temperature: float | None = None
     aligned with :func:`~ppolab.numbers.steps.optimizer_step_batch` ``(rec, 0)``. Cached per run and temperature."""
     r = require(run, "step1", "opt_steps", default=TEMP_RUN)
     T = run_temperature(r) if temperature is None else float(temperature)
-    return _first_forward(str(Path(r.path).resolve()), T)
+    return _first_forward(str(Path(r.path).resolve()), T, r.identity(1))  # a run replaced there: another key
 
 
 def first_ratio(run: Run | str | None = None, temperature: float | None = None) -> dict[str, torch.Tensor]:

@@ -32,13 +32,15 @@ from ppolab import algos
 from ppolab.algos.policy_loss import clip_bounds
 from ppolab.engine import Batch
 from ppolab.numbers.needs import RunLacks
-from ppolab.record import Run, resolve_run
+from ppolab.errors import whole_argument
+from ppolab.record import Run, cache_slot, resolve_run
 from ppolab.update_plan import InferBatching, OptimizerStep, recorded_plan
 
 #: Clip states of :func:`step_effect` (``clip_state``), by code.
 CLIP_STATES = ("inside", "clipped above", "clipped below", "dual-clipped")
 
-#: Per run and step: ``steps``, what each optimizer step measured so far did (k → :func:`step_effect`'s dict), and
+#: Per run and step (keyed by :meth:`Run.identity`: a run replaced at the same path, or a step recorded again, is
+#: another entry): ``steps``, what each optimizer step measured so far did (k → :func:`step_effect`'s dict), and
 #: ``worker``, the optimizer's state after the last of them, so that a later call goes on from there (with that
 #: step's weights, ``steps[k]["after"]``) instead of replaying the steps before it again. The two are replaced
 #: together, so a replay stopped midway leaves the entry as the last whole replay left it.
@@ -85,7 +87,12 @@ def step_effect(run: Run | str | os.PathLike | None = None, step: int = 1, opt_s
     starts from the seeded adapter; a later step from the state recorded with it (``trainer.record_update_state``),
     else :class:`RunLacks` (:func:`replayable_steps` lists the steps that can be replayed)."""
     r = resolve_run(run)
-    key = (str(r.path.resolve()), step)
+    step = whole_argument("step", step, None, "a recorded step's number")
+    if step not in r.steps:  # (a run dir moved away says so here: Run.there)
+        raise RunLacks(f"a recorded step {step} (recorded: {r.steps})", r)
+    n = n_optimizer_steps(r, step)
+    opt_step = whole_argument("opt_step", opt_step, range(n), f"an optimizer step of the actor's update at step {step}")
+    key = cache_slot(_CACHE, r.identity(step))
     entry = _CACHE.setdefault(key, {"steps": {}, "worker": None})
     if opt_step not in entry["steps"]:
         _replay_update(r, step, opt_step, entry)
@@ -110,6 +117,7 @@ def replayable_steps(run: Run | str | os.PathLike | None = None) -> list[int]:
 def n_optimizer_steps(run: Run | str | os.PathLike | None = None, step: int = 1) -> int:
     """The actor's optimizer steps at recorded step ``step`` (its update plan)."""
     r = resolve_run(run)
+    step = whole_argument("step", step, None, "a recorded step's number")
     return len(recorded_plan(r.step(step), r.ppo_config(), "actor").steps)
 
 
@@ -160,6 +168,8 @@ def _replay_update(r: Run, step: int, opt_step: int, entry: dict[str, Any]) -> N
                     restore(params, [state["weights"][f"actor.{i}"] for i in range(len(params))])
                     worker.load_state_dict(state)
                 lp_before = worker.infer(batch, reading)["log_probs"]
+                if state is not None and not record.info["update_state"].get("digest"):
+                    _check_state(record, plan, lp_before)  # recorded before digests: the log-prob agreement
             present = loss_terms(a)
             measured = {}  # cached below with the Adam state they end at, so an interrupted replay leaves no gap
             for k in range(start, opt_step + 1):  # the steps in the recorded order, each measured on the way
@@ -192,6 +202,34 @@ def _replay_update(r: Run, step: int, opt_step: int, entry: dict[str, Any]) -> N
         finally:
             worker.terms = None
             restore(params, saved)
+
+
+#: How far a recorded update state's log-probs may sit from those its step's first optimizer step recorded: 0 on
+#: the machine that trained it (fp32; measured on a 3-step tiny run), float rounding elsewhere; the next step's
+#: state spliced in sat 1.6 away there. Used only for records without a digest (before ``update_state_record``
+#: kept one).
+STATE_TOLERANCE = 1e-4
+
+
+def _check_state(record, plan, lp_before: torch.Tensor) -> None:
+    """For a step recorded before update states carried a digest (``record.update_state_record``): the state's
+    weights must compute on optimizer step 0's rows the log-probs the training's forward recorded there
+    (``actor_log_probs[0]``) — a sound record agrees with its own step to float rounding; else a
+    :class:`ppolab.errors.FileFormatError` naming the file."""
+    from ppolab.errors import FileFormatError
+
+    seen = record.tensors["actor_log_probs"][0].float()
+    rows = torch.as_tensor(plan.steps[0].rows(), dtype=torch.long)
+    mask = ~torch.isnan(seen[rows]) & (record.tensors["response_mask"][rows] > 0)
+    if not bool(mask.any()):
+        return
+    gap = float((lp_before[rows].float()[mask] - seen[rows][mask]).abs().max())
+    if gap > STATE_TOLERANCE:
+        where = record.files[0] if record.files else f"the tensors of step {record.step}"
+        raise FileFormatError(f"{where}: its update state (the actor's weights before step {record.step}) computes "
+                              f"log-probs up to {gap:.3g} from those the step's first optimizer step recorded "
+                              f"(actor_log_probs[0]; a sound record agrees to float rounding): copied in from "
+                              f"another step or damaged — put back the step's own file, or re-record the run")
 
 
 def _measure(r, step, opt_step, plan, batch, names, before, after, used, terms, lp_before, lp_after, lr,

@@ -1,0 +1,214 @@
+"""Issue 50 part C: the lab-17 grader is isolated from the code it grades, and check() is thread-safe.
+
+A learner's loss that exits, raises a BaseException or changes torch's global settings is graded as a failure in one
+line naming it, with torch's settings put back; rebinding the registry's ``vanilla`` or ``algos.compute_value_loss``
+never makes a wrong loss right; plug_in refuses what verl's registry could not call; an answer claiming to equal
+everything is judged by its value; model-loading checks agree whatever the threads."""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import ppolab.algos
+from ppolab.algos.policy_loss import POLICY_LOSS_REGISTRY
+from ppolab.exercises import check, matches
+from ppolab.numbers import capstone_loss as cl
+from ppolab.numbers import grader_guard
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("solutions_17_loss_iso", ROOT / "labs" / "solutions" / "17_loss.py")
+sol = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sol)
+
+
+def _settings():
+    return (torch.is_grad_enabled(), torch.get_default_dtype(), torch.get_num_threads(),
+            torch.random.get_rng_state().clone(), torch.are_deterministic_algorithms_enabled(),
+            torch.is_anomaly_enabled(), torch.get_default_device())
+
+
+def _same(a, b):
+    return all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(a, b))
+
+
+def _wrapping(act):
+    good = sol.make_policy_loss()
+
+    def loss(*args, **kwargs):
+        act()
+        return good(*args, **kwargs)
+    return loss
+
+
+class Boom(BaseException):
+    pass
+
+
+def _raise_boom():
+    raise Boom("out of the grader")
+
+
+MISDEEDS = {
+    "sys.exit": (lambda: sys.exit(3), "SystemExit: 3"),
+    "BaseException": (_raise_boom, "Boom: out of the grader"),
+    "grad off": (lambda: torch.set_grad_enabled(False), "switched autograd off"),
+    "float64": (lambda: torch.set_default_dtype(torch.float64), "default dtype to torch.float64"),
+    "threads": (lambda: torch.set_num_threads(1 if torch.get_num_threads() != 1 else 2), "number of threads"),
+    "seed": (lambda: torch.manual_seed(0), "random number generator"),
+}
+
+
+@pytest.mark.parametrize("misdeed", sorted(MISDEEDS))
+def test_a_loss_that_exits_or_changes_torch_fails_in_one_line_and_torch_is_put_back(misdeed):
+    act, words = MISDEEDS[misdeed]
+    before = _settings()
+    a = cl.grade_hidden(_wrapping(act))
+    assert not a["ok"] and a["case"] == 0 and words in a["line"] and "\n" not in a["line"], a["line"]
+    assert _same(_settings(), before)
+    assert cl.grade_hidden(*sol.loss_set())["ok"]  # the kernel still grades
+
+
+@pytest.mark.slow  # two replays of grpo_tiny's step 1: about a minute on 2 cores
+def test_a_loss_that_exits_inside_the_worker_fails_the_replay_and_the_process_still_replays():
+    from ppolab.replay import replay_actor_update
+
+    b = cl.grade_replay(_wrapping(lambda: sys.exit(2)), "grpo_tiny", name="learner_iso")
+    assert not b["ok"] and b["line"].startswith("(b) not yet") and "SystemExit: 2" in b["line"], b["line"]
+    assert POLICY_LOSS_REGISTRY["learner_iso"] is not None and torch.is_grad_enabled()
+    assert replay_actor_update("grpo_tiny")["grads"]
+    POLICY_LOSS_REGISTRY.pop("learner_iso")
+
+
+@pytest.fixture
+def restore_rebinding():
+    vanilla, value = POLICY_LOSS_REGISTRY["vanilla"], ppolab.algos.compute_value_loss
+    yield
+    POLICY_LOSS_REGISTRY["vanilla"], ppolab.algos.compute_value_loss = vanilla, value
+
+
+def test_a_rebound_vanilla_never_makes_a_doubled_loss_right(restore_rebinding):
+    good = sol.make_policy_loss()
+
+    def double(*args, **kwargs):
+        pg, metrics = good(*args, **kwargs)
+        return 2 * pg, metrics
+    POLICY_LOSS_REGISTRY["vanilla"] = double
+    a = cl.grade_hidden(double)
+    assert not a["ok"] and "POLICY_LOSS_REGISTRY['vanilla']" in a["line"] and "restart the kernel" in a["line"]
+    b = cl.grade_replay(double, "grpo_tiny", name="learner_iso")
+    assert not b["ok"] and "POLICY_LOSS_REGISTRY['vanilla']" in b["line"]
+    POLICY_LOSS_REGISTRY.pop("learner_iso", None)
+
+
+def test_a_rebound_compute_value_loss_never_makes_a_doubled_value_loss_right(restore_rebinding):
+    *_, value = sol.loss_set()
+    policy, actor, _ = sol.loss_set()
+
+    def double(*args, **kwargs):
+        loss, frac = value(*args, **kwargs)
+        return 2 * loss, frac
+    reference = ppolab.algos.compute_value_loss
+    ppolab.algos.compute_value_loss = lambda *a, **k: (lambda out: (2 * out[0], out[1]))(reference(*a, **k))
+    a = cl.grade_hidden(policy, actor, double)
+    assert not a["ok"] and a["stage"] == "value clip" and "×2" in a["line"], a["line"]
+
+
+@pytest.mark.parametrize("fn", [None, 42, int, lambda x: x], ids=["None", "42", "int", "one-arg lambda"])
+def test_plug_in_refuses_what_the_registry_could_not_call(fn):
+    before = dict(POLICY_LOSS_REGISTRY)
+    with pytest.raises(TypeError) as e:
+        cl.plug_in(fn, "learner_iso")
+    line = str(e.value)
+    assert line.startswith("plug_in(fn): ") and "\n" not in line, line
+    assert POLICY_LOSS_REGISTRY == before
+
+
+def test_plug_in_never_replaces_a_ppolab_loss():
+    with pytest.raises(ValueError, match="one of ppolab's policy losses"):
+        cl.plug_in(sol.make_policy_loss(), "gspo")
+    assert POLICY_LOSS_REGISTRY["gspo"] is grader_guard.OWN_LOSSES["gspo"]
+
+
+def _returning(value):
+    def loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights=None, *,
+             global_batch_info=None):
+        return value(log_prob)
+    return loss
+
+
+@pytest.mark.parametrize("value, words", [
+    (lambda lp: 1.5, "returned a float; expected a (pg_loss tensor, metrics dict) tuple"),
+    (lambda lp: (lp.sum(), {}, 3), "returned a tuple of length 3; expected a (pg_loss tensor, metrics dict) tuple"),
+    (lambda lp: (lp.sum(-1), {}), "pg_loss has shape ("),
+    (lambda lp: (lp.sum().long(), {}), "pg_loss is a torch.int64 tensor"),
+    (lambda lp: (lp.sum().detach(), {}), "pg_loss has no grad_fn — it does not depend on log_prob"),
+    (lambda lp: (lp.sum(), [1]), "metrics is a list; expected a dict"),
+], ids=["float", "3-tuple", "shape", "dtype", "no grad", "metrics"])
+def test_a_wrong_return_is_described(value, words):
+    a = cl.grade_hidden(_returning(value))
+    assert not a["ok"] and words in a["line"] and "raised" not in a["line"], a["line"]
+
+
+class S(str):
+    __eq__ = lambda s, o: True  # noqa: E731
+    __hash__ = str.__hash__
+    lower = strip = lambda s: s  # noqa: E731
+
+
+class T(tuple):
+    __eq__ = lambda s, o: True  # noqa: E731
+    __hash__ = tuple.__hash__
+
+
+class F(float):
+    __eq__ = lambda s, o: True  # noqa: E731
+    __hash__ = float.__hash__
+
+
+class I(int):  # noqa: E742
+    __eq__ = lambda s, o: True  # noqa: E731
+    __hash__ = int.__hash__
+
+
+@pytest.mark.parametrize("id, answer", [
+    ("15.3", S("nonsense")), ("14.2", T(("a", "b"))), ("14.2", (S("a"), S("b"))), ("12.2", T((0, 0))),
+    ("12.2", (I(0), I(0))), ("16.4", (F(0.5), F(0.5), F(0.5))), ("10.1", {S("x"), S("y"), S("z")}),
+    ("08.4", {S("reward-side"): S("x"), S("loss-side"): S("y")}),
+])
+def test_an_answer_that_claims_to_equal_everything_is_judged_by_its_value(id, answer):
+    assert not check(id, answer)
+
+
+def test_a_number_that_claims_to_equal_everything_is_judged_by_its_value():
+    assert not matches(F(0.0), 0.37) and not matches(I(0), 5) and matches(F(0.37), 0.37) and matches(I(5), 5)
+
+
+def test_models_load_in_threads_and_a_load_afterwards_works():
+    from ppolab.models import SHIPPED_MODEL, load_tokenizer_and_model
+
+    with cf.ThreadPoolExecutor(4) as pool:
+        models = list(pool.map(lambda _: load_tokenizer_and_model(SHIPPED_MODEL)[1], range(4)))
+    _, alone = load_tokenizer_and_model(SHIPPED_MODEL)
+    for m in models:
+        assert not any(p.is_meta for p in m.parameters())
+        assert all(torch.equal(p, q) for p, q in zip(m.parameters(), alone.parameters()))
+
+
+def test_checks_that_load_a_model_agree_in_threads_and_a_replay_works_afterwards():
+    from ppolab.exercises import lab07, reset, truth
+    from ppolab.replay import replay_actor_update
+
+    right = truth("07.3", run="grpo_tiny")
+    lab07._model.cache_clear()  # so that the threads load the model, not a cached one
+    answers = [right, 0.0, right, 0.0]
+    with cf.ThreadPoolExecutor(4) as pool:
+        verdicts = list(pool.map(lambda a: check("07.3", a, run="grpo_tiny"), answers))
+    reset("07.3")
+    assert [bool(v) for v in verdicts] == [True, False, True, False], [v.message for v in verdicts]
+    assert all("bug in ppolab" not in v.message for v in verdicts)
+    assert replay_actor_update("grpo_tiny")["grads"]
