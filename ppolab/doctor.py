@@ -26,17 +26,16 @@ profilers, checkpoints); every number above is read from the fields ppolab share
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib.util
-import io
 import sys
-import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
 from ppolab.course import DATA
 from ppolab.errors import FileFormatError, MissingFileError
 from ppolab.i18n import Sign, sign_text, tr
+# Reading the job, and verl's verdict on it, live in ppolab.verl_config; named here as the doctor's API too.
+from ppolab.verl_config import (EXPECTED, VERL_GROUPS, apply_overrides, disarm, find_config,  # noqa: F401
+                                read_verl_config, verl_verdict)
 from ppolab.vocab import clip_bounds, clip_ratio_unread
 
 #: The shipped example of a verl job: the output folder of a verl 0.9.1 job with ppo_fire_tiny's settings, its
@@ -52,153 +51,12 @@ def lab_job() -> Path:
 
     return Path(os.environ["PPOLAB_VERL_JOB"]).expanduser() if os.environ.get("PPOLAB_VERL_JOB") else EXAMPLE_JOB
 
-#: What a verl PPO config holds at its top level (verl 0.9.1 ``trainer/config/ppo_trainer.yaml``).
-VERL_GROUPS = ("actor_rollout_ref", "algorithm", "data", "trainer")
-EXPECTED = ("a verl PPO config: the .hydra/config.yaml of a verl trainer/main_ppo.py run, or a YAML with its "
-            f"groups {', '.join(VERL_GROUPS)}")
-
 
 #: Fields whose values ppolab's own trainer limits more narrowly than verl does (its loggers; verl's −1 for "no
 #: cap" or "use the warm-up ratio"): the doctor does not read them, so ppolab's limits never pass for verl's checks.
 NOT_VERLS_LIMITS = frozenset({"trainer.logger", "data.val_max_samples", "data.train_max_samples",
                               "actor_rollout_ref.rollout.name",  # ppolab: hf | vllm, and its rollout dtype hf only
                               "actor_rollout_ref.actor.optim.lr_warmup_steps", "critic.optim.lr_warmup_steps"})
-
-
-def find_config(path: str | Path) -> Path:
-    """The verl YAML ``path`` names: the file itself, or the one ``.hydra/config.yaml`` in the folder or up to
-    three levels below it (Hydra's ``outputs/<date>/<time>/``); several or none is an error naming them."""
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise MissingFileError(f"{p} does not exist; give a verl output folder (with .hydra/config.yaml) or a "
-                               "verl YAML")
-    if p.is_file():
-        return p
-    found = sorted(f for d in range(4) for f in p.glob("/".join(["*"] * d + [".hydra", "config.yaml"])))
-    if not found:
-        raise FileFormatError(f"{p} holds no .hydra/config.yaml within three levels: expected {EXPECTED}")
-    if len(found) > 1:
-        raise FileFormatError(f"{p} holds {len(found)} verl configs — give one of them: "
-                              + ", ".join(str(f.parent.parent) for f in found[:5]) + (" …" if len(found) > 5 else ""))
-    return found[0]
-
-
-def read_verl_config(path: str | Path, overrides: Sequence[str] = ()) -> tuple[dict[str, Any], Path]:
-    """(the resolved config as plain dicts, the file read): YAML (bounded: :func:`ppolab.config.yaml_file.load_yaml`),
-    then ``overrides`` (Hydra's ``key=value``, ``+key=value``, ``++key=value``, ``~key``: :func:`apply_overrides`),
-    then interpolations resolved as Hydra would — with ``oc.select`` the only resolver, the one verl's YAMLs use."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    from ppolab.config.yaml_file import foreign_resolvers, load_yaml
-
-    f = find_config(path)
-    conf = load_yaml(f, FileFormatError, f"expected {EXPECTED}")
-    if not OmegaConf.is_dict(conf) or not all(g in conf for g in VERL_GROUPS):
-        have = ", ".join(list(conf.keys())[:6]) if OmegaConf.is_dict(conf) else type(conf).__name__
-        raise FileFormatError(f"{f} is not a verl PPO config (its top level: {have}): expected {EXPECTED}")
-    tree = OmegaConf.to_container(conf, resolve=False)
-    tree = apply_overrides(tree, overrides, f)
-    for key, name in foreign_resolvers(tree, VERL_RESOLVERS)[:1]:
-        raise FileFormatError(f"{f}: {key} calls the resolver ${{{name}:…}}; verl's configs call only "
-                              f"{', '.join(sorted(VERL_RESOLVERS))}, and the doctor runs no other — write the value "
-                              "out")
-    try:
-        plain = OmegaConf.to_container(OmegaConf.create(tree), resolve=True)
-    except OmegaConfBaseException as e:
-        raise FileFormatError(f"{f}: {' '.join(str(e).split())[:200]} — fix the override or the interpolation "
-                              "it names") from None
-    for key, value in _leaves(plain):  # an escaped \${…} comes out as an interpolation verl would resolve again
-        if isinstance(value, str) and "${" in value:
-            raise FileFormatError(f"{f}: {key}={value[:80]!r} still holds an interpolation once resolved (an escaped "
-                                  "\\${…}); verl would resolve it again — write the value out")
-    return plain, f
-
-
-#: The resolvers a verl job's config may call (``${name:…}``): verl 0.9.1's trainer/config YAMLs call only
-#: ``oc.select``; node interpolations (``${a.b}``) call none.
-VERL_RESOLVERS = frozenset({"oc.select"})
-
-
-def _leaves(tree: Any, prefix: str = ""):
-    """(dotted key, value) of every leaf of plain nested dicts and lists (list items as ``key[i]``), and of every
-    dict and list before its items: what a check walks, in the file's order."""
-    if isinstance(tree, dict):
-        if prefix:
-            yield prefix[:-1], tree
-        for k, v in tree.items():
-            yield from _leaves(v, f"{prefix}{k}.")
-    elif isinstance(tree, list):
-        if prefix:
-            yield prefix[:-1], tree
-        for i, v in enumerate(tree):
-            yield from _leaves(v, f"{prefix[:-1]}[{i}].")
-    else:
-        yield prefix[:-1], tree
-
-
-def _keys(tree: Any) -> list[str]:
-    """Every dotted key of ``tree`` (groups and leaves, no list items): what an override may name."""
-    return [k for k, _ in _leaves(tree) if "[" not in k]
-
-
-def _free_group(tree: dict[str, Any], key: str) -> bool:
-    """Whether ``key``'s parent is a group of ``tree`` that is not one of verl's config dataclasses (no
-    ``_target_``): a free mapping such as ``model.override_config``, where Hydra's ``+key`` adds what it likes and
-    verl takes it."""
-    node: Any = tree
-    for part in key.split(".")[:-1]:
-        node = node.get(part) if isinstance(node, dict) else None
-    return "." in key and isinstance(node, dict) and "_target_" not in node
-
-
-def apply_overrides(tree: dict[str, Any], overrides: Sequence[str], f: Path) -> dict[str, Any]:
-    """``tree`` (the job's unresolved config, plain dicts) with Hydra's overrides applied, parsed as ``ppolab train``
-    parses them (:func:`ppolab.config.loader._parse_value`): ``key=value`` sets a key of the job or one ppolab
-    knows, ``+key=value`` adds a key the job lacks, ``++key=value`` sets or adds, ``~key`` (or ``~key=value``) deletes
-    a key of the job. Anything else is :class:`~ppolab.config.ConfigError` in one line naming the override, with the
-    nearest key of the job (difflib) — an override is never dropped unseen."""
-    import copy
-    import difflib
-
-    from ppolab.config import ConfigError
-    from ppolab.config.loader import _parse_value, valid_keys
-
-    tree = copy.deepcopy(tree)
-    ppolab_keys = set(valid_keys())
-    for item in overrides:
-        if not isinstance(item, str):
-            raise ConfigError(f"override {item!r} is not a string: write key=value, e.g. "
-                              "actor_rollout_ref.rollout.n=8")
-        text = item.strip()
-        op = next(p for p in ("++", "+", "~", "") if text.startswith(p))
-        body = text[len(op):]
-        if "=" not in body and op != "~":
-            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. actor_rollout_ref.rollout.n=8)")
-        key, _, value = body.partition("=")
-        key = key.strip()
-        have = set(_keys(tree))
-        if not key or key not in have | ppolab_keys and not (op in ("+", "++") and _free_group(tree, key)):
-            near = difflib.get_close_matches(key, sorted(have | ppolab_keys), n=1, cutoff=0.6)
-            hint = f"did you mean {near[0]}?" if near else f"see the keys of {f.name}"
-            raise ConfigError(f"override {item!r}: {key or '(empty)'} is not a key of {f} nor one ppolab knows; "
-                              f"{hint}")
-        if op == "+" and key in have:
-            raise ConfigError(f"override {item!r}: {key} is already in {f}; write {key}={value} to change it "
-                              "(Hydra's + only adds a key the job lacks)")
-        if op == "~" and key not in have:
-            raise ConfigError(f"override {item!r}: {key} is not in {f}, so there is nothing to delete")
-        *parents, last = key.split(".")
-        node = tree
-        for part in parents:
-            if not isinstance(node.get(part, {}), dict):
-                raise ConfigError(f"override {item!r}: {part} in {key} is a value in {f}, not a group of keys")
-            node = node.setdefault(part, {})
-        if op == "~":
-            node.pop(last)
-        else:
-            node[last] = _parse_value(value)
-    return tree
 
 
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -227,127 +85,6 @@ def ppolab_view(raw: dict[str, Any]):
                 raise
             refused[bad] = shared.pop(bad)
     raise AssertionError("unreachable")
-
-
-#: The ``_target_`` values verl's checks may build: every config dataclass verl 0.9.1's own YAMLs name
-#: (``verl/trainer/config/{ppo_trainer,_generated_ppo_*_trainer}.yaml`` and the groups they compose: ``actor/``,
-#: ``critic/``, ``ref/``, ``rollout/rollout.yaml``, ``engine/``, ``optim/``, ``model/hf_model.yaml``,
-#: ``profiler/profiler.yaml``, ``reward/reward.yaml``, ``distillation/distillation.yaml``), exactly — a prefix such
-#: as ``verl.`` would let ``verl.utils.fs.copy`` through. Hydra's ``instantiate`` calls whatever it names, and its
-#: blocklist stops only ``os.system``-like names: ``builtins.open`` with mode ``w`` truncates a file.
-VERL_CONFIG_CLASSES = frozenset(
-    [f"verl.trainer.config.{c}" for c in ("AlgoConfig", "CheckpointConfig", "FilterGroupsConfig",
-                                          "HybridRolloutSwitchConfig", "KLControlConfig", "config.ModuleConfig")]
-    + ["verl.utils.profiler.ProfilerConfig", "verl.utils.skip.SkipManagerConfig"]
-    + [f"verl.utils.profiler.config.{c}" for c in ("NPUToolConfig", "NsightToolConfig", "PrecisionDebuggerToolConfig",
-                                                   "TorchMemoryToolConfig", "TorchProfilerScheduleConfig",
-                                                   "TorchProfilerToolConfig")]
-    + ["verl.workers.config.reward.RewardManagerConfig"]
-    + [f"verl.workers.config.{c}" for c in (
-        "ActorConfig", "AgentLoopConfig", "AutomodelEngineConfig", "AutomodelOptimizerConfig",
-        "CheckpointEngineConfig", "CriticConfig", "CustomAsyncServerConfig", "DistillationConfig",
-        "DistillationLossConfig", "DistillationTeacherModelConfig", "EngineRouterReplayConfig", "FSDPActorConfig",
-        "FSDPCriticConfig", "FSDPEngineConfig", "FSDPOptimizerConfig", "HFModelConfig", "McoreActorConfig",
-        "McoreCheckpointConfig", "McoreCriticConfig", "McoreEngineConfig", "McoreOptimizerConfig", "MtpConfig",
-        "MultiTurnConfig", "PolicyLossConfig", "PrometheusConfig", "QATEngineConfig", "RewardConfig",
-        "RewardModelConfig", "RolloutConfig", "SamplingConfig", "SandboxFusionConfig", "TorchTitanActorConfig",
-        "TorchTitanCriticConfig", "TorchtitanEngineConfig", "TorchtitanOptimizerConfig", "TraceConfig",
-        "VeOmniActorConfig", "VeOmniCriticConfig", "VeOmniEngineConfig", "VeOmniOptimizerConfig")])
-#: Hydra's other instantiate keys: verl's YAMLs use none; ``_args_`` and ``_partial_`` reshape what is called.
-HYDRA_KEYS = ("_args_", "_partial_", "_recursive_", "_convert_")
-#: Fields whose value makes verl's config dataclasses run code or write files as they are built
-#: (``workers/config/model.py::HFModelConfig.__post_init__``: ``import_external_libs(external_lib)``,
-#: ``trust_remote_code`` for the model folder's own Python, ``use_shm`` copies the model to /dev/shm): what the
-#: copy handed to verl holds instead. The checks the doctor quotes do not read them.
-DISARMED = {"external_lib": None, "trust_remote_code": False, "use_shm": False}
-
-
-def disarm(raw: dict[str, Any]) -> tuple[list[str], list[str], dict[str, Any]]:
-    """(what in ``raw`` names code verl's checks would run — one line each, and then verl's checks are not run;
-    the fields :data:`DISARMED` changed — one line each; the copy verl's checks may be given). Refused: a
-    ``_target_`` that is not one of :data:`VERL_CONFIG_CLASSES`, Hydra's ``_args_``/``_partial_``/…, and an
-    ``hdfs://`` path (``utils/fs.py::copy_to_local`` copies it with a shell command, ``utils/hdfs_io.py``)."""
-    import copy
-
-    refused, changed = [], []
-    safe = copy.deepcopy(raw)
-    for key, value in _leaves(safe):
-        name = key.rsplit(".", 1)[-1]
-        if name == "_target_" and (not isinstance(value, str) or value not in VERL_CONFIG_CLASSES):
-            refused.append(f"{key} = {value!r}: not one of verl's config classes — verl's checks would call it")
-        elif name in HYDRA_KEYS:
-            refused.append(f"{key} = {value!r}: Hydra's {name}, which verl's configs never use, changes what "
-                           "verl's checks would call")
-        elif isinstance(value, str) and value.startswith("hdfs://"):
-            refused.append(f"{key} = {value!r}: verl's checks would copy it with a shell command (hdfs dfs)")
-        elif isinstance(value, dict):
-            for field, harmless in DISARMED.items():
-                if value.get(field) not in (None, harmless):
-                    changed.append(f"{key}.{field} = {value[field]!r}: read as {harmless!r} by verl's checks here "
-                                   "(the doctor runs no code a config names)")
-                    value[field] = harmless
-    return refused, changed, safe
-
-
-def _innermost(e: BaseException) -> BaseException:
-    """The exception a wrapper was raised from (Hydra's ``InstantiationException`` wraps the config dataclass's own
-    ``__post_init__`` error), so the quote is verl's sentence, not Hydra's."""
-    seen = {id(e)}
-    while e.__cause__ is not None and id(e.__cause__) not in seen:
-        e = e.__cause__
-        seen.add(id(e))
-    return e
-
-
-def _while_importing(e: BaseException) -> bool:
-    """Whether ``e`` (or what it wraps) was raised by a module's top-level code — an import on the way, such as
-    ``validate_config`` importing verl's vLLM helpers where vLLM is not installed: the machine's doing, not the
-    config's. verl's checks themselves run in functions."""
-    while e is not None:
-        tb = e.__traceback__
-        while tb is not None:
-            if tb.tb_frame.f_code.co_name == "<module>":
-                return True
-            tb = tb.tb_next
-        e = e.__cause__ or e.__context__
-    return False
-
-
-def verl_verdict(raw: dict[str, Any]) -> tuple[str, str | None] | None:
-    """verl's own verdict on ``raw`` where verl is importable here, else None: ``(version, stop)`` with ``stop``
-    None when verl 0.9.1's ``utils/config.py::validate_config`` passes, else its exception in verl's words —
-    called as ``trainer/main_ppo.py`` calls it, with ``use_reference_policy`` and ``use_critic`` from
-    ``trainer/ppo/utils.py::need_reference_policy`` / ``need_critic``. A config whose check cannot run here (the
-    critic's model folder is loaded by ``HFModelConfig`` and is not on this machine; a LoRA rollout on vLLM imports
-    verl's vLLM helpers, which need vLLM) gives ``stop`` starting ``"could not run: "``; a config that names code
-    verl would run (:func:`disarm`) gives ``"not run: "`` and verl never sees it. What verl prints on the way (its
-    NOTICE and success lines) is not passed on."""
-    if importlib.util.find_spec("verl") is None:
-        return None
-    refused, _, raw = disarm(raw)
-    if refused:  # the caller's report names each (diagnose); verl is not even imported
-        return "?", f"not run: {refused[0]}"
-    from omegaconf import OmegaConf
-
-    sink, version = io.StringIO(), "?"  # "?" until verl itself is imported (an import can fail first)
-    try:
-        with contextlib.redirect_stdout(sink), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import verl
-            from verl.trainer.ppo.utils import need_critic, need_reference_policy
-            from verl.utils.config import validate_config
-
-            version = str(getattr(verl, "__version__", "?"))
-            conf = OmegaConf.create(raw)
-            validate_config(conf, use_reference_policy=need_reference_policy(conf), use_critic=need_critic(conf))
-    except ImportError as e:  # verl's package is here but not its dependencies (ray, tensordict, …)
-        return version, f"could not run: {type(e).__name__}: {e}"
-    except Exception as e:  # noqa: BLE001 — verl's checks raise AssertionError and ValueError; anything else is named
-        inner = _innermost(e)
-        if isinstance(inner, OSError) or _while_importing(e):
-            return version, f"could not run: {type(inner).__name__}: {' '.join(str(inner).split())[:200]}"
-        return version, f"{type(inner).__name__}: {' '.join(str(inner).split())[:400]}"
-    return version, None
 
 
 def _world(raw: dict[str, Any]) -> int:
