@@ -20,9 +20,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ppolab.course import LABS
+from ppolab.course import COURSE_ROOT as REPO_ROOT, LABS  # torch-free: `ppolab train` speaks first
 from ppolab.labs_copy import LabsFolderError, copy_labs, why_kept
-from ppolab.models import REPO_ROOT
 
 __all__ = ["LABS", "copy_labs", "main"]  # LABS and copy_labs: re-exported, ppolab.labs_copy does the copying
 
@@ -93,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         parser.parse_args(argv[:1])  # prints help or names the unknown command, and exits
     command, rest = argv[0], argv[1:]
-    if command == "train":
+    if command == "train":  # its first line before torch and transformers load, as python -m ppolab.train says it
+        print("ppolab: starting ppolab train — loading torch and transformers …", file=sys.stderr, flush=True)
         from ppolab.train import main as train_main
 
         return train_main(rest)
