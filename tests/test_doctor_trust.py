@@ -175,3 +175,17 @@ def test_hydras_add_force_and_delete_overrides_work_as_hydra_does(tmp_path):
     assert raw["actor_rollout_ref"]["rollout"]["n"] == 8 and raw["actor_rollout_ref"]["actor"]["ppo_epochs"] == 3
     assert raw["actor_rollout_ref"]["model"]["override_config"]["attention_dropout"] == 0.1
     assert "val_before_train" not in raw["trainer"]
+
+
+def test_a_what_if_on_a_recorded_config_parses_overrides_as_ppolab_train_does():
+    """numbers.critic_engine.config_with (lab 09's what-if) reads its overrides with the one parser: a mistyped key
+    is named with its nearest, no '=' is one line — neither is set silently into a key the trainer never reads."""
+    from ppolab.config import ConfigError
+    from ppolab.numbers.critic_engine import config_with
+
+    cfg = config_with("ppo_gae_tiny", ["critic.ppo_micro_batch_size_per_gpu=2", "+critic.cliprange_value=0.3"])
+    assert cfg.critic.ppo_micro_batch_size_per_gpu == 2 and cfg.critic.cliprange_value == 0.3
+    with pytest.raises(ConfigError, match="did you mean critic.ppo_micro_batch_size_per_gpu"):
+        config_with("ppo_gae_tiny", ["critic.ppo_micro_batch_size_per_gpus=2"])
+    with pytest.raises(ConfigError, match="not of the form key=value"):
+        config_with("ppo_gae_tiny", ["critic.ppo_micro_batch_size_per_gpu"])

@@ -206,6 +206,23 @@ def _to_tree(source: str, data: Union[Mapping, Iterable[str]]) -> dict:
     return tree
 
 
+def override_tree(overrides: Iterable[str]) -> dict:
+    """``["a.b=1", …]`` as the nested dict ``ppolab train`` reads from its command line: each value in OmegaConf's YAML
+    grammar, each key checked against the schema (an unknown key is :class:`ConfigError` naming its nearest valid
+    key; no ``=``, or ``~key``, is one line too). The one parser of overrides: what-ifs on a recorded config use it."""
+    return _to_tree("override", [overrides] if isinstance(overrides, str) else list(overrides))
+
+
+def merge_tree(base: dict, extra: Mapping) -> dict:
+    """``base`` with every leaf of ``extra`` (a nested dict, e.g. :func:`override_tree`'s) set into it, in place."""
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            merge_tree(base[key], value)
+        else:
+            base[key] = copy.deepcopy(value)
+    return base
+
+
 def _lookup(tree: dict, key: str) -> Any:
     node: Any = tree
     for part in re.sub(r"\[\d+\]", "", key).split("."):

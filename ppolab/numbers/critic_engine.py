@@ -24,20 +24,13 @@ RUN = "ppo_fire_tiny"
 
 def config_with(run: Run | str | None = None, overrides: Iterable[str] = ()) -> Any:
     """The run's :class:`~ppolab.config.PPOConfig` with verl-style overrides (``"key=value"``; a leading ``+``, as
-    verl's Hydra command line needs for a key its YAML does not declare, is accepted). Not validated."""
-    import yaml
-
+    verl's Hydra command line needs for a key its YAML does not declare, is accepted), parsed as ``ppolab train``
+    parses them (:func:`ppolab.config.loader.override_tree`: a mistyped key is named with its nearest). Not
+    validated."""
     from ppolab.config import from_dict
+    from ppolab.config.loader import merge_tree, override_tree
 
-    tree = copy.deepcopy(resolve_run(run, RUN).config)
-    for item in overrides:
-        key, value = item.split("=", 1)
-        *parents, last = key.strip().lstrip("+").split(".")
-        node = tree
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = yaml.safe_load(value)
-    return from_dict(tree)
+    return from_dict(merge_tree(copy.deepcopy(resolve_run(run, RUN).config), override_tree(overrides)))
 
 
 def critic_batching(cfg: Any) -> Any:
