@@ -57,7 +57,11 @@ def live_training(config=None, overrides=None, metrics: tuple[str, ...] = LIVE_M
             on_step(step, m, record)
 
     def start(*_):
-        import ppolab.train as train_module
+        import importlib
+
+        # the module, not ppolab.train the function: `import ppolab.train as m` binds the package's attribute,
+        # which is the function once anyone has called ppolab.train(...) in this kernel
+        train_module = importlib.import_module("ppolab.train")
 
         if box.run is not None or box.training:  # one widget, one run: a second click (queued while the first
             # trained) must not start another run behind the learner's back
