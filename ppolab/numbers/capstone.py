@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ppolab import algos
+from ppolab.errors import whole_argument
 from ppolab.metrics import accumulate_micro_metrics
 from ppolab.numbers.cases import _cached
 from ppolab.numbers.needs import RunLacks, require
@@ -228,8 +229,7 @@ def _actor_metrics(r: Run, s: int, opt_step: int, cfg: Any, plan: UpdatePlan | N
     rec = r.step(s)
     t = rec.tensors
     plan = plan or step_plan(r, s, "actor")
-    if not 0 <= opt_step < len(plan.steps):
-        raise ValueError(f"opt_step={opt_step!r} is out of range; allowed: 0 … {len(plan.steps) - 1}")
+    opt_step = whole_argument("opt_step", opt_step, range(len(plan.steps)), f"an optimizer step of step {s}")
     ranks = plan.steps[opt_step].micro_batches
     info = plan.steps[opt_step].info()  # the global counts the worker divided every micro-batch's loss by
     weights = _is_weights(r, rec)

@@ -1,7 +1,6 @@
 """A run's recorded steps as tensors: which step, which optimizer step's rows, the run's actor config."""
 from __future__ import annotations
 
-import operator
 import os
 from dataclasses import replace
 from typing import Any
@@ -9,6 +8,7 @@ from typing import Any
 import torch
 
 from ppolab.config.actor import ActorConfig
+from ppolab.errors import whole_argument
 from ppolab.i18n import tr
 from ppolab.record import Run, StepRecord, resolve_run
 
@@ -70,15 +70,8 @@ def _n_opt_steps(rec: StepRecord) -> int:
 
 
 def _check_index(name: str, value: int | None, n: int) -> int | None:
-    if value is None:
-        return None
-    try:
-        index = operator.index(value)
-    except TypeError:
-        index = None
-    if index is None or isinstance(value, bool) or not 0 <= index < n:
-        raise ValueError(f"{name}={value!r} is out of range; allowed: an integer 0 … {n - 1}")
-    return index
+    # the one index check of the readers (ppolab.errors.whole_argument): a bool, float or string is named, not used
+    return None if value is None else whole_argument(name, value, range(n), "an index")
 
 
 def _opt_step_label(rec: StepRecord, k: int) -> str:

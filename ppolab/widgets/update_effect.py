@@ -12,6 +12,7 @@ import ipywidgets as W
 import plotly.graph_objects as go
 import torch
 
+from ppolab.errors import whole_argument
 from ppolab.i18n import tr
 from ppolab.numbers.update_effect import (CLIP_STATES, clip_state_name, layer_of, n_optimizer_steps, replayable_steps,
                                           step_effect)
@@ -80,8 +81,7 @@ def update_effect_explorer(run: Run | str | None = None, opt_step: int = 0, term
     terms = ["total", *[t for t in ("pg", "entropy", "kl") if any(t in e["terms"] for e in shown["effects"])]]
     if term not in terms:
         raise ValueError(f"term={term!r}; this run's loss has the terms {', '.join(terms)}")
-    if not 0 <= opt_step < n:
-        raise ValueError(f"opt_step={opt_step!r} is out of range; allowed: 0 … {n - 1}")
+    opt_step = whole_argument("opt_step", opt_step, range(n), "an optimizer step of the shown step")
     tok = r.tokenizer()
     controls = {
         "opt_step": W.Dropdown(options=[(label, k) for k, label in enumerate(shown["labels"])], value=opt_step,
