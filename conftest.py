@@ -13,6 +13,13 @@ from pathlib import Path
 import pytest
 
 
+#: Start-up code for every process the tests start (tests/kernel_env/sitecustomize.py: it spares each notebook kernel
+#: a 2.5 s import no test uses). Set at import, before pytest-xdist starts its workers, so they and their children
+#: inherit it; a PYTHONPATH the user set comes after it.
+KERNEL_ENV = Path(__file__).resolve().parent / "tests" / "kernel_env"
+if str(KERNEL_ENV) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(KERNEL_ENV), os.environ.get("PYTHONPATH")]))
+
 #: Most pytest-xdist workers ``-n auto`` starts: each holds torch, a model and a notebook kernel (about 1.5 GB).
 MAX_WORKERS = 4
 

@@ -243,13 +243,57 @@ def _while_importing(e: BaseException) -> bool:
     return False
 
 
+#: The environment that keeps Hugging Face's libraries off the network (huggingface_hub, transformers, datasets).
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+@contextlib.contextmanager
+def offline():
+    """The body runs with Hugging Face's hub off: :data:`OFFLINE_ENV` set, and huggingface_hub's flag (read once at
+    its import, so imported first) switched on; both put back afterwards. A model id that is not a folder here then
+    fails at once instead of being fetched."""
+    import os
+
+    from huggingface_hub import constants
+
+    saved_env = {k: os.environ.get(k) for k in OFFLINE_ENV}
+    saved_flag = constants.HF_HUB_OFFLINE
+    os.environ.update(OFFLINE_ENV)
+    constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = saved_flag
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _not_here(raw: dict[str, Any], use_critic: bool) -> str | None:
+    """The first model path verl's ``validate_config`` would load that is not a folder on this machine: the critic's
+    (``critic_config = omega_conf_to_dataclass(config.critic)`` builds its HFModelConfig, which reads the model's
+    config.json), or None."""
+    if not use_critic:
+        return None
+    model = (raw.get("critic") or {}).get("model") or {}
+    for key in ("path", "tokenizer_path"):
+        value = model.get(key)
+        if isinstance(value, str) and value and not Path(value).expanduser().is_dir():
+            return (f"critic.model.{key} = {value!r} is not a folder on this machine: verl's check loads that model's "
+                    "config, and the doctor fetches nothing (copy the model here and point the key at it)")
+    return None
+
+
 def verl_verdict(raw: dict[str, Any]) -> tuple[str, str | None] | None:
     """verl's own verdict on ``raw`` where verl is importable here, else None: ``(version, stop)`` with ``stop``
     None when verl 0.9.1's ``utils/config.py::validate_config`` passes, else its exception in verl's words —
     called as ``trainer/main_ppo.py`` calls it, with ``use_reference_policy`` and ``use_critic`` from
     ``trainer/ppo/utils.py::need_reference_policy`` / ``need_critic``. A config whose check cannot run here (the
     critic's model folder is loaded by ``HFModelConfig`` and is not on this machine; a LoRA rollout on vLLM imports
-    verl's vLLM helpers, which need vLLM) gives ``stop`` starting ``"could not run: "``; a config that names code
+    verl's vLLM helpers, which need vLLM) gives ``stop`` starting ``"could not run: "`` — a critic named by a hub
+id among them: verl is never asked to fetch it, and runs with the hub off (:func:`offline`); a config that names code
     verl would run (:func:`disarm`) gives ``"not run: "`` and verl never sees it. What verl prints on the way (its
     NOTICE and success lines) is not passed on."""
     if importlib.util.find_spec("verl") is None:
@@ -269,7 +313,12 @@ def verl_verdict(raw: dict[str, Any]) -> tuple[str, str | None] | None:
 
             version = str(getattr(verl, "__version__", "?"))
             conf = OmegaConf.create(raw)
-            validate_config(conf, use_reference_policy=need_reference_policy(conf), use_critic=need_critic(conf))
+            use_critic = need_critic(conf)
+            missing = _not_here(raw, use_critic)
+            if missing:
+                return version, f"could not run: {missing}"
+            with offline():  # whatever else a check loads comes from this machine or fails
+                validate_config(conf, use_reference_policy=need_reference_policy(conf), use_critic=use_critic)
     except ImportError as e:  # verl's package is here but not its dependencies (ray, tensordict, …)
         return version, f"could not run: {type(e).__name__}: {e}"
     except Exception as e:  # noqa: BLE001 — verl's checks raise AssertionError and ValueError; anything else is named

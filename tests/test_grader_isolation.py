@@ -27,8 +27,8 @@ spec.loader.exec_module(sol)
 
 
 def _settings():
-    return (torch.is_grad_enabled(), torch.get_default_dtype(), torch.get_num_threads(),
-            torch.random.get_rng_state().clone(), torch.are_deterministic_algorithms_enabled(),
+    return (torch.is_inference_mode_enabled(), torch.is_grad_enabled(), torch.get_default_dtype(),
+            torch.get_num_threads(), torch.random.get_rng_state().clone(), torch.are_deterministic_algorithms_enabled(),
             torch.is_anomaly_enabled(), torch.get_default_device())
 
 
@@ -53,10 +53,14 @@ def _raise_boom():
     raise Boom("out of the grader")
 
 
+_HELD: list = []  # what a learner's module might keep alive
 MISDEEDS = {
     "sys.exit": (lambda: sys.exit(3), "SystemExit: 3"),
     "BaseException": (_raise_boom, "Boom: out of the grader"),
     "grad off": (lambda: torch.set_grad_enabled(False), "switched autograd off"),
+    # entered and kept (a guard object that died would put the mode back itself)
+    "inference mode": (lambda: _HELD.append(torch.inference_mode()) or _HELD[-1].__enter__(),
+                       "left torch.inference_mode on"),
     "float64": (lambda: torch.set_default_dtype(torch.float64), "default dtype to torch.float64"),
     "threads": (lambda: torch.set_num_threads(1 if torch.get_num_threads() != 1 else 2), "number of threads"),
     "seed": (lambda: torch.manual_seed(0), "random number generator"),
@@ -82,6 +86,16 @@ def test_a_loss_that_exits_inside_the_worker_fails_the_replay_and_the_process_st
     assert POLICY_LOSS_REGISTRY["learner_iso"] is not None and torch.is_grad_enabled()
     assert replay_actor_update("grpo_tiny")["grads"]
     POLICY_LOSS_REGISTRY.pop("learner_iso")
+
+
+@pytest.mark.slow  # three one-step trainings of grpo_tiny: about 10 s, kept out of the README command's budget
+def test_a_loss_that_exits_inside_training_fails_part_c_and_the_process_still_trains(tmp_path):
+    c = cl.grade_training(_wrapping(lambda: sys.exit(4)), name="learner_iso_c", steps=1, root=tmp_path)
+    assert not c["ok"] and c["line"].startswith("(c) not yet") and "SystemExit: 4" in c["line"], c["line"]
+    assert "\n" not in c["line"] and torch.is_grad_enabled()
+    assert POLICY_LOSS_REGISTRY["learner_iso_c"] is not None  # the learner's own function, not the guard
+    assert cl.grade_training(sol.make_policy_loss(), name="learner_iso_c", steps=1, root=tmp_path)["ok"]
+    POLICY_LOSS_REGISTRY.pop("learner_iso_c")
 
 
 @pytest.fixture

@@ -104,8 +104,14 @@ def tampered() -> str | None:
 
 
 # ------------------------------------------------------------------------------------------ torch's global settings
+#: Guards entered by :func:`_put_back` to turn off an inference mode a learner's call left on (kept: leaving one
+#: would restore the learner's mode).
+_KEPT_GUARDS: list[Any] = []
+
+
 def _state() -> dict[str, Any]:
-    s = {"grad": torch.is_grad_enabled(), "dtype": torch.get_default_dtype(), "threads": torch.get_num_threads(),
+    s = {"inference": torch.is_inference_mode_enabled(), "grad": torch.is_grad_enabled(),
+         "dtype": torch.get_default_dtype(), "threads": torch.get_num_threads(),
          "rng": torch.random.get_rng_state(),
          "deterministic": (torch.are_deterministic_algorithms_enabled(),
                            torch.is_deterministic_algorithms_warn_only_enabled()),
@@ -119,6 +125,16 @@ def _state() -> dict[str, Any]:
 def _put_back(s: dict[str, Any]) -> list[str]:
     """Restore ``s``; the lines naming what had changed."""
     now, lines = _state(), []
+    if now["inference"] and not s["inference"]:
+        # a torch.inference_mode() entered and never left: its guard is the learner's object, out of reach, so an
+        # opposite guard is entered and kept for the thread's life (what `with torch.inference_mode(False)` does for
+        # its body). It also puts grad mode back on, hence before the grad check.
+        off = torch._C._InferenceMode(False)
+        off.__enter__()
+        _KEPT_GUARDS.append(off)
+        lines.append(tr("it left torch.inference_mode on (every tensor made after it would be an inference tensor "
+                        "no backward can reach)"))
+        now = _state()
     if now["grad"] != s["grad"]:
         torch.set_grad_enabled(s["grad"])
         lines.append(tr("it switched autograd off (torch.set_grad_enabled(False))") if s["grad"]

@@ -10,6 +10,7 @@ and points the models at the shipped tiny model. Skipped otherwise."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import random
 from pathlib import Path
 
@@ -119,3 +120,41 @@ def test_a_target_that_writes_a_file_is_never_handed_to_verls_checks(tmp_path):
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["config.yaml", "job", "notes.txt"]
     assert any("actor_rollout_ref.actor.policy_loss._target_ = 'builtins.open'" in ln for ln in lines), lines
     assert not any("validate_config, run here" in ln for ln in lines), lines
+
+
+def test_a_critic_named_by_a_hub_id_is_never_fetched(monkeypatch):
+    """A job someone sent names its critic by a hub id: verl's check would download that model's config. The doctor
+    says the check could not run here, in one line naming the key, and nothing touches the network."""
+    import socket
+
+    from huggingface_hub import constants
+
+    from ppolab.verl_config import OFFLINE_ENV
+
+    hub_flag, env = constants.HF_HUB_OFFLINE, {k: os.environ.get(k) for k in OFFLINE_ENV}
+    tried = []
+
+    def refuse(*args, **kwargs):
+        tried.append(args)
+        raise OSError("the network is off in this test")
+
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    batch = ["data.train_batch_size=8", "trainer.n_gpus_per_node=1", "algorithm.adv_estimator=gae",
+             "actor_rollout_ref.actor.ppo_mini_batch_size=8", "critic.ppo_mini_batch_size=8",
+             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "critic.ppo_micro_batch_size_per_gpu=2",
+             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2"]
+    raw, _ = read_verl_config(DEFAULT, [f"actor_rollout_ref.model.path={TINY}", "critic.model.path=someorg/some-model",
+                                        f"critic.model.tokenizer_path={TINY}", *batch])
+    version, stop = verl_verdict(raw)
+    assert version == "0.9.1" and stop.startswith("could not run: critic.model.path = 'someorg/some-model' is not a "
+                                                  "folder on this machine"), stop
+    # the same job with the critic here: verl's check runs, offline, and passes
+    raw, _ = read_verl_config(DEFAULT, MODELS + batch)
+    assert verl_verdict(raw) == ("0.9.1", None)
+    assert not tried, tried
+    # and the hub is on again for the rest of the process, as it was
+    from huggingface_hub import constants
+
+    assert constants.HF_HUB_OFFLINE == hub_flag and {k: os.environ.get(k) for k in OFFLINE_ENV} == env
