@@ -926,6 +926,13 @@ def _check_record(k: int, tensors: LazyTensors, info: dict[str, Any], tensors_fi
                                   f"{todo}")
 
 
+#: Parsed run configs, keyed by the recorded config itself (its canonical JSON): a reader opens the same run many
+#: times (an exercise resolves its run at each check), and composing a PPOConfig costs about 0.2 s. A run replaced
+#: with other settings is another key; the same settings give the same value whatever file they came from.
+_PPO_CONFIGS: dict[str, Any] = {}
+_PPO_CONFIGS_MAX = 64
+
+
 class Run:
     """A run directory opened for reading: config, metrics, recorded steps."""
 
@@ -1247,12 +1254,16 @@ class Run:
                                       f"{', '.join(missing)} (the recorder writes every setting; read without them, "
                                       f"the run's settings would be the defaults); put back the run's own "
                                       f"config.json, or {_REDO}")
+            key = json.dumps(self.config, sort_keys=True, default=str)
             try:
-                self._ppo_config = from_dict(self.config)
+                self._ppo_config = _PPO_CONFIGS.get(key) or from_dict(self.config)
             except ConfigError as e:  # a value edited into config.json: the loader names the key, not the file
                 message = str(e).removeprefix("dict: ")
                 raise FileFormatError(f"{self.path / 'config.json'}: its 'config' does not load ({message}); put "
                                       f"back the recorded value, or {_REDO}") from None
+            if len(_PPO_CONFIGS) >= _PPO_CONFIGS_MAX:
+                _PPO_CONFIGS.pop(next(iter(_PPO_CONFIGS)))
+            _PPO_CONFIGS[key] = self._ppo_config  # never handed out: each call below returns a copy
         return copy.deepcopy(self._ppo_config)
 
     def __repr__(self) -> str:
