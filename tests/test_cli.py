@@ -17,6 +17,19 @@ def test_the_console_script_is_declared():
     assert scripts == {"ppolab": "ppolab.cli:main"}
 
 
+def test_python_dash_m_ppolab_is_the_ppolab_command(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "ppolab", "logs", str(ROOT / "data" / "verl_logs" /
+                                                                   "ppo_fire_tiny.jsonl")],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "31 logged steps" in out.stdout, out.stderr[-2000:]
+    out = subprocess.run([sys.executable, "-m", "ppolab", "bogus"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and "invalid choice: 'bogus'" in out.stderr, out.stderr[-2000:]
+
+
 @pytest.mark.parametrize("zh", [False, True])
 def test_labs_are_copied_and_an_edited_notebook_is_kept(tmp_path, capsys, zh):
     source = LABS / "zh" if zh else LABS

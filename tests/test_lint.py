@@ -23,7 +23,7 @@ def test_learner_facing_text_cites_the_chapter_or_verl_never_our_notes():
     # "facts §N" points into the developers' notes, which learners do not have: cite the chapter's § or verl's
     # file and function instead.
     hits = [f"{p.relative_to(ROOT)}:{i}" for pattern in ("ppolab/**/*.py", "labs/**/*.ipynb", "labs/**/*.py",
-                                                         "labs/**/*.md", "README.md")
+                                                         "labs/**/*.md", "README.md", "docs/*.md")
             for p in ROOT.glob(pattern)
             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if "facts §" in line
             or "facts sheet" in line]
