@@ -409,7 +409,7 @@ def write_gsm8k(input_dir: str | os.PathLike, out: str | os.PathLike) -> tuple[P
     return written[0], written[1]
 
 
-def _digits(s: str) -> int | list[int]:
+def digits_arg(s: str) -> int | list[int]:
     ds = [int(x) for x in s.split(",")]
     if any(d < 1 or d > 6 for d in ds):
         raise argparse.ArgumentTypeError("digits per operand must be 1..6")
@@ -430,7 +430,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         t.add_argument("--out", default=f"data/{name}", help="output directory")
         t.add_argument("--n-train", type=int, default=5000)
         t.add_argument("--n-test", type=int, default=n_test)
-        t.add_argument("--digits", type=_digits, default=2, help="digits per operand (difficulty tier), or a mix '1,2'")
+        t.add_argument("--digits", type=digits_arg, default=2,
+                       help="digits per operand (difficulty tier), or a mix '1,2'")
         t.add_argument("--ops", default=ops, help=ops_help)
         t.add_argument("--seed", type=int, default=0)
     g = sub.add_parser("gsm8k", help="a local GSM8K copy (parquet/jsonl with question, answer) in verl's format")

@@ -174,13 +174,6 @@ def finish(info: DistInfo, close: Callable[[], None] | None = None) -> None:
         dist.destroy_process_group()
 
 
-def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
-    """Σ over ranks (a copy; float64 so token counts stay exact)."""
-    y = x.detach().to(torch.float64).clone()
-    dist.all_reduce(y, op=dist.ReduceOp.SUM)
-    return y
-
-
 def average_gradients(params: list[torch.nn.Parameter]) -> None:
     """Replace each gradient by its mean over ranks (a parameter without a gradient counts as zeros)."""
     world = dist.get_world_size()

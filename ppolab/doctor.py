@@ -69,7 +69,7 @@ def ppolab_view(raw: dict[str, Any]):
     """(ppolab's PPOConfig of the fields it shares with ``raw``, the verl keys it has no field for, the shared keys
     whose value ppolab cannot take — with the value): verl's names, ppolab's types."""
     from ppolab.config import ConfigError
-    from ppolab.config.loader import _compose, _to_tree, valid_keys
+    from ppolab.config.loader import compose, to_tree, valid_keys
 
     known = set(valid_keys()) - NOT_VERLS_LIMITS
     flat = _flat(raw)
@@ -78,7 +78,7 @@ def ppolab_view(raw: dict[str, Any]):
     refused: dict[str, Any] = {}
     for _ in range(len(shared) + 1):
         try:
-            return _compose([("verl config", _to_tree("verl config", shared))]), ignored, refused
+            return compose([("verl config", to_tree("verl config", shared))]), ignored, refused
         except ConfigError as e:
             bad = next((k for k in shared if f"{k}=" in str(e)), None)
             if bad is None:
@@ -95,16 +95,15 @@ def _world(raw: dict[str, Any]) -> int:
 def arithmetic(cfg, world: int) -> list[tuple[str, str, str]]:
     """Lab 12's table of the step (chapter §11–§12), then one line each for the passes' micro-batching, the KL
     paths and the loss: (quantity, formula or setting, value)."""
-    from ppolab.batching import padding_multiple, plan_batches
+    from ppolab.batching import plan_batches
 
     a, ro, ref, c, alg = (cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.ref,
                           cfg.critic, cfg.algorithm)
     n = ro.n
     critic = alg.adv_estimator == "gae"
-    minis = [a.ppo_mini_batch_size * n] + ([c.ppo_mini_batch_size * n] if critic else [])
     micro = None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu
     plan = plan_batches(cfg.data.train_batch_size, n, a.ppo_mini_batch_size, world, micro, a.ppo_epochs,
-                        pad_to=padding_multiple(world, *minis))
+                        pad_to=cfg.padding_multiple(world))
     rows = [(tr(q), f, v) for q, f, v in plan.rows()]
     unset = tr("unset (see verl's checks)")
     rows.append((tr("actor micro-batches (§11.5)"), f"use_dynamic_bsz={a.use_dynamic_bsz}",

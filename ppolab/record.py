@@ -563,13 +563,6 @@ def read_checkpoint(directory: str | os.PathLike, rank: int = 0) -> dict[str, An
             "rng": {"torch": rng_torch, "python": meta["python_random"], "numpy": meta["numpy_random"]}}
 
 
-def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
-    """The newest complete checkpoint folder (see :func:`checkpoint_problem`), or None."""
-    root = Path(run_dir) / "checkpoints"
-    folders = sorted(root.glob("step_*"), reverse=True) if root.exists() else []
-    return next((p for p in folders if checkpoint_problem(p) is None), None)
-
-
 def resume_checkpoint(run_dir: str | os.PathLike, resume: bool) -> tuple[Path | None, list[str]]:
     """Decide, before any model loads, how a run may start in ``run_dir``: ``(checkpoint, notes)``.
 
@@ -705,6 +698,55 @@ class LazyTensors(Mapping):
         return name in self._entries
 
 
+@dataclass(frozen=True)
+class OptimizerStepRecord:
+    """Optimizer step ``index`` of ``role``'s update at a recorded step (:meth:`StepRecord.opt_step`): ``step`` is
+    the plan's :class:`ppolab.update_plan.OptimizerStep` — ``epoch``, ``mini_batch``, every rank's share in loader
+    order (``rows()``), ``micro_batches[rank]``, and the global counts (``info()``) its micro-batch losses were
+    divided by."""
+
+    record: StepRecord
+    role: str
+    index: int
+    step: Any
+
+    @property
+    def label(self) -> str:
+        """"opt step k (epoch e, mini-batch m)", in the learner's language."""
+        from ppolab.i18n import tr
+
+        return tr("opt step {k} (epoch {e}, mini-batch {m})").format(k=self.index, e=self.step.epoch,
+                                                                     m=self.step.mini_batch)
+
+    def rows(self) -> list[int]:
+        """The recorded rows this optimizer step trained on (every rank's, padding rows included), in row order."""
+        return sorted(self.step.rows())
+
+    def batch(self) -> dict[str, torch.Tensor]:
+        """Its rows' tensors (n_rows, R), ready for the ``ppolab.algos`` losses: ``rows`` (indices),
+        ``response_mask`` of the real rows (0 on padding rows), and — the actor: ``old_log_probs``, ``advantages``,
+        ``entropy``, ``ref_log_prob`` where recorded, and ``log_prob`` (= ``actor_log_probs[k]``, the old log-prob
+        at masked positions so no NaN leaks into a seq-mean mode); the critic: ``values``, ``returns`` and
+        ``vpreds`` (= ``critic_vpreds[k]``, 0 at masked positions)."""
+        t = self.record.tensors
+        rows = torch.tensor(self.rows(), dtype=torch.long)
+        real = ~t["is_pad"].bool() if "is_pad" in t else torch.ones(t["responses"].shape[0], dtype=torch.bool)
+        mask = (t["response_mask"].float() * real.float().unsqueeze(-1))[rows]
+        out: dict[str, torch.Tensor] = {"rows": rows}
+        for key in (("old_log_probs", "advantages", "entropy", "ref_log_prob") if self.role == "actor"
+                    else ("values", "returns")):
+            if key in t:
+                out[key] = t[key][rows].float()
+        out["response_mask"] = mask
+        if self.role == "actor":
+            lp = torch.nan_to_num(t["actor_log_probs"][self.index][rows], nan=0.0)
+            out["log_prob"] = torch.where(mask > 0, lp, out["old_log_probs"])
+        else:
+            vp = torch.nan_to_num(t["critic_vpreds"][self.index][rows], nan=0.0)
+            out["vpreds"] = torch.where(mask > 0, vp, torch.zeros(()))
+        return out
+
+
 @dataclass
 class StepRecord:
     """One recorded training step: ``tensors`` (name → tensor) and ``info`` (texts, batch plan, …)."""
@@ -717,6 +759,38 @@ class StepRecord:
     #: stat stamps of the two files as read (:meth:`Run.identity`): a cache of numbers derived from the step keys
     #: on them, so a step recorded again (or a run replaced) is never served the old numbers
     stamp: tuple = ()
+    #: the run's parsed config (a zero-argument callable: :meth:`Run.ppo_config`): what a plan the step did not
+    #: record is planned from; None for a record built in memory with its plans
+    config_of: Any = field(default=None, repr=False, compare=False)
+    _plans: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def plan(self, role: str = "actor") -> Any:
+        """The update plan ``role``'s worker ("actor" or "critic") executed at this step — every optimizer step's
+        rows, each rank's micro-batches and the global counts its loss was normalised by
+        (:class:`ppolab.update_plan.UpdatePlan`). Read from the record; for a run recorded before plans were kept,
+        planned once from this step's own recorded batch and the run's config, which ``plan.recorded`` and
+        ``plan.note()`` say. The one way a reader gets an optimizer step's facts; a step the role did not update at
+        (a critic warm-up, a run without a critic) is a :class:`ppolab.errors.RecordEntryError`."""
+        from ppolab.errors import RecordEntryError
+        from ppolab.update_plan import PLANS_KEY, recorded_plan
+
+        if role not in self._plans:
+            recorded = role in (self.info.get(PLANS_KEY) or {})
+            history = "actor_log_probs" if role == "actor" else "critic_vpreds"
+            if not recorded and (history not in self.tensors or self.config_of is None):
+                raise RecordEntryError(f"{self.info_file}: step {self.step} has no {role} update (no {history})")
+            self._plans[role] = recorded_plan(self, None if recorded else self.config_of(), role)
+        return self._plans[role]
+
+    def opt_step(self, k: int, role: str = "actor") -> OptimizerStepRecord:
+        """Optimizer step ``k`` of ``role``'s update at this step, as the worker executed it (:meth:`plan`): its
+        place, rows, micro-batches, global counts and label, and its tensors (:meth:`OptimizerStepRecord.batch`)."""
+        from ppolab.errors import whole_argument
+
+        plan = self.plan(role)
+        k = whole_argument("opt_step", k, range(len(plan.steps)), f"an optimizer step of the {role}'s update at "
+                                                                      f"step {self.step}")
+        return OptimizerStepRecord(self, role, k, plan.steps[k])
 
     @property
     def info_file(self) -> str:
@@ -783,12 +857,12 @@ def _extra_file(folder: Path, expected: str) -> str | None:
     """The name of the one file of ``folder`` whose removal gives the recorded fingerprint ``expected`` (a file a
     user put beside a run's tokenizer files), or None. A folder fingerprint covers every file, so this is the one
     change it can name: the other files are then exactly the recorded ones."""
-    from ppolab.rundir import _digest, folder_files
+    from ppolab.rundir import claim_digest, folder_files
 
     files = folder_files(folder)
     if len(files) > 64:  # a tokenizer has a handful of files; a folder of many is not worth the digests
         return None
-    return next((f.name for f in files if _digest([g for g in files if g != f]) == expected), None)
+    return next((f.name for f in files if claim_digest([g for g in files if g != f]) == expected), None)
 
 
 #: The groups every recorded config holds (``to_dict`` writes the whole tree): :meth:`Run.ppo_config` of a config.json
@@ -824,19 +898,19 @@ def _check_config_shape(config_file: Path, meta: dict[str, Any]) -> None:
 def _no_config(folder: Path) -> str:
     """Why ``folder`` has no config.json: a training that claimed it and is loading its models now, one that stopped
     before writing it, or a folder that is no run at all."""
-    from ppolab.rundir import CLAIM_FILE, _holder, _pid_alive, _read_claim
+    from ppolab.rundir import CLAIM_FILE, claim_holder, pid_alive, read_claim
 
-    claim = _read_claim(folder / CLAIM_FILE) if (folder / CLAIM_FILE).is_file() else None
+    claim = read_claim(folder / CLAIM_FILE) if (folder / CLAIM_FILE).is_file() else None
     if claim is None:
         return (f"{folder} is not a ppolab run directory (no config.json). Shipped runs live in data/runs/; make one "
                 "with python -m ppolab.train trainer.run_dir=<dir>")
     import socket
 
     if claim.get("pid") and "released" not in claim and claim.get("host") == socket.gethostname() \
-            and _pid_alive(int(claim["pid"])):
-        return (f"{folder} is being started by {_holder(claim)}: its config.json is written once the models "
+            and pid_alive(int(claim["pid"])):
+        return (f"{folder} is being started by {claim_holder(claim)}: its config.json is written once the models "
                 "load — open it again in a moment")
-    return (f"{folder} holds no run: the training that claimed it ({_holder(claim)}) stopped before it wrote "
+    return (f"{folder} holds no run: the training that claimed it ({claim_holder(claim)}) stopped before it wrote "
             "config.json; train into it again (the same command)")
 
 
@@ -1145,7 +1219,7 @@ class Run:
                 raise FileFormatError(f"{info_file} is nested deeper than a step record (an object of texts and "
                                       f"plan a few levels deep); {_REDO}") from None
             self._cache[k] = StepRecord(k, tensors, info, (tensors_file, info_file),
-                                        (tensors.version, tensors._size, info_stamp))
+                                        (tensors.version, tensors._size, info_stamp), config_of=self.ppo_config)
         return self._cache[k]
 
     def tokenizer(self) -> Any:

@@ -32,7 +32,7 @@ import torch
 from ppolab.engine import Batch
 from ppolab.errors import whole_argument
 from ppolab.record import Run, cache_slot, resolve_run
-from ppolab.update_plan import RankRows, UpdatePlan, plan_update, recorded_plan, train_batching
+from ppolab.update_plan import RankRows, UpdatePlan, plan_update, train_batching
 from ppolab.worker import ActorWorker, build_models
 
 #: Sentinel: keep the run's own ``actor.loss_scale_factor`` (``None`` is a meaningful value of that field).
@@ -86,8 +86,7 @@ def step_plan(run: Run | str | os.PathLike | None = None, step: int = 1) -> Upda
     """The actor's update plan at recorded step ``step``: the one the worker recorded, or for a run recorded before
     plans were kept, the one :func:`ppolab.update_plan.plan_update` computes from the recorded batch
     (``plan.recorded`` tells which)."""
-    r = resolve_run(run)
-    return recorded_plan(r.step(step), r.ppo_config(), "actor")
+    return resolve_run(run).step(step).plan("actor")
 
 
 def mini_batch_rows(run: Run | str | os.PathLike | None = None, step: int = 1, mini_batch: int = 0) -> list[int]:

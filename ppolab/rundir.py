@@ -153,10 +153,10 @@ def fingerprint(value: Any) -> str | None:
         elif p.is_dir():
             files += sorted(f for f in p.iterdir() if f.is_file() and (
                 f.suffix in (".safetensors", ".bin", ".json", ".model", ".txt") and not f.name.startswith(".")))
-    return _digest(files)
+    return claim_digest(files)
 
 
-def _digest(files: list[Path]) -> str | None:
+def claim_digest(files: list[Path]) -> str | None:
     """16 hex digits of sha256 over the files (name, size, contents); None for no file."""
     if not files:
         return None
@@ -170,7 +170,7 @@ def folder_fingerprint(folder: Path) -> str | None:
     """A short digest of every file of ``folder`` (names and contents, dot-files aside): a run's ``tokenizer/``,
     whose chat template (``chat_template.jinja``) counts as much as its vocabulary. None for a missing or empty
     folder."""
-    return _digest(folder_files(folder))
+    return claim_digest(folder_files(folder))
 
 
 def folder_files(folder: Path) -> list[Path]:
@@ -335,7 +335,7 @@ def _describe(entries: list[str]) -> str:
     return shown + looks
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -345,7 +345,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _read_claim(path: Path) -> dict[str, Any]:
+def read_claim(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
         return data if isinstance(data, dict) else {}
@@ -353,7 +353,7 @@ def _read_claim(path: Path) -> dict[str, Any]:
         return {}
 
 
-def _holder(info: dict[str, Any]) -> str:
+def claim_holder(info: dict[str, Any]) -> str:
     if not info.get("pid"):
         return "another process"
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info["started"])) if info.get("started") else "?"
@@ -441,17 +441,17 @@ def claim_run_dir(folder: str | os.PathLike) -> RunDirClaim:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = _read_claim(folder / CLAIM_FILE)
+        holder = read_claim(folder / CLAIM_FILE)
         os.close(fd)
-        raise RunDirError(f"trainer.run_dir={str(folder)!r} is in use by {_holder(holder)}: two trainings never "
+        raise RunDirError(f"trainer.run_dir={str(folder)!r} is in use by {claim_holder(holder)}: two trainings never "
                           "write one run dir; wait for it to finish (then resume with trainer.resume=true) or give "
                           "another trainer.run_dir") from None
     raw = (folder / CLAIM_FILE).read_bytes()
-    previous = _read_claim(folder / CLAIM_FILE)
+    previous = read_claim(folder / CLAIM_FILE)
     stale = None
     if previous.get("pid") and "released" not in previous:  # its holder ended without releasing: killed
-        alive = previous.get("host") == socket.gethostname() and _pid_alive(int(previous["pid"]))
-        stale = (f"{folder} was claimed by {_holder(previous)}, which ended without finishing"
+        alive = previous.get("host") == socket.gethostname() and pid_alive(int(previous["pid"]))
+        stale = (f"{folder} was claimed by {claim_holder(previous)}, which ended without finishing"
                  + (" (that pid is now another process)" if alive else "") + "; taking the claim over")
     info = _me()
     _write_claim(fd, info)

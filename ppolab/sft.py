@@ -179,13 +179,13 @@ def train_sft(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from ppolab.data import _digits
+    from ppolab.data import digits_arg
     from ppolab.models import SHIPPED_ARITH
 
     p = argparse.ArgumentParser(prog="python -m ppolab.sft", description=__doc__.split("\n")[0])
     p.add_argument("--task", default="arith", choices=["arith", "arith_tool"])
     p.add_argument("--out", default=None, help="default data/models/tiny-arith (tiny-arith-tool for arith_tool)")
-    p.add_argument("--digits", type=_digits, default=2, help="digits per operand, or a mix '1,2'")
+    p.add_argument("--digits", type=digits_arg, default=2, help="digits per operand, or a mix '1,2'")
     p.add_argument("--ops", default=None, help="default '+-' ('*' for arith_tool)")
     p.add_argument("--steps", type=int, default=1200)
     p.add_argument("--bare-answer-prob", type=float, default=0.5,

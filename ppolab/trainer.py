@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ppolab import algos, distributed
-from ppolab.batching import padding_multiple, plan_batches, total_steps
+from ppolab.batching import plan_batches, total_steps
 from ppolab.config import PPOConfig
 from ppolab.distributed import DistInfo
 from ppolab.engine import Batch, concat_padded, pad_and_balance
@@ -179,11 +179,7 @@ class PPOTrainer:
 
     def padding_multiple(self) -> int:
         """lcm(dp, actor mini×n, critic mini×n when there is a critic): the row count balance_batch pads to."""
-        cfg, n = self.config, self.config.actor_rollout_ref.rollout.n
-        minis = [cfg.actor_rollout_ref.actor.ppo_mini_batch_size * n]
-        if self.use_critic:
-            minis.append(cfg.critic.ppo_mini_batch_size * n)
-        return padding_multiple(self.dp_size, *minis)
+        return self.config.padding_multiple(self.dp_size)
 
     def local(self, batch: Batch) -> Batch:
         """This rank's chunk of the balanced batch (the whole batch with one process)."""

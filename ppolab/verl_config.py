@@ -112,7 +112,7 @@ def _free_group(tree: dict[str, Any], key: str) -> bool:
 
 def apply_overrides(tree: dict[str, Any], overrides: Sequence[str], f: Path) -> dict[str, Any]:
     """``tree`` (the job's unresolved config, plain dicts) with Hydra's overrides applied, parsed as ``ppolab train``
-    parses them (:func:`ppolab.config.loader._parse_value`): ``key=value`` sets a key of the job or one ppolab
+    parses them (:func:`ppolab.config.loader.parse_value`): ``key=value`` sets a key of the job or one ppolab
     knows, ``+key=value`` adds a key the job lacks, ``++key=value`` sets or adds, ``~key`` (or ``~key=value``) deletes
     a key of the job. Anything else is :class:`~ppolab.config.ConfigError` in one line naming the override, with the
     nearest key of the job (difflib) — an override is never dropped unseen."""
@@ -120,7 +120,7 @@ def apply_overrides(tree: dict[str, Any], overrides: Sequence[str], f: Path) -> 
     import difflib
 
     from ppolab.config import ConfigError
-    from ppolab.config.loader import _parse_value, valid_keys
+    from ppolab.config.loader import parse_value, valid_keys
 
     tree = copy.deepcopy(tree)
     ppolab_keys = set(valid_keys())
@@ -155,7 +155,7 @@ def apply_overrides(tree: dict[str, Any], overrides: Sequence[str], f: Path) -> 
         if op == "~":
             node.pop(last)
         else:
-            node[last] = _parse_value(value)
+            node[last] = parse_value(value)
     return tree
 
 

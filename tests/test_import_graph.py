@@ -107,3 +107,32 @@ def test_the_circle_finder_finds_a_circle(tmp_path):
     graph = import_graph(pkg)
     assert graph["pkg.a"] == {"pkg.sub.b"} and graph["pkg.sub.b"] == {"pkg.a"} and graph["pkg.c"] == {"pkg.a"}
     assert circles(graph) == [["pkg.a", "pkg.sub.b"]]
+
+
+def private_imports(root: Path = PACKAGE) -> list[str]:
+    """``from ppolab.X import _name`` where the importing module is not in X's own package: a private name used
+    across packages (``ppolab.widgets.clip`` may take ``_box`` from ``ppolab.widgets.common``; ``ppolab.exercises``
+    may not take ``_n_opt_steps`` from ``ppolab.numbers.steps``, nor ``ppolab.record`` from ``ppolab.rundir``)."""
+    out = []
+    for mod, path in modules(root).items():
+        home = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(root.name):
+                source_home = node.module.rpartition(".")[0]
+                for a in node.names:
+                    if a.name.startswith("_") and not a.name.startswith("__") and (
+                            source_home != home or home == root.name):
+                        out.append(f"{mod}: from {node.module} import {a.name}")
+    return out
+
+
+def test_no_private_name_is_imported_across_packages(tmp_path):
+    assert not private_imports(), private_imports()
+    planted = tmp_path / "pkg"
+    (planted / "a").mkdir(parents=True)
+    (planted / "b").mkdir()
+    for f in ("__init__.py", "a/__init__.py", "b/__init__.py", "a/x.py", "a/y.py"):
+        (planted / f).write_text("")
+    (planted / "a" / "y.py").write_text("from pkg.a.x import _ok\n")  # within a package: allowed
+    (planted / "b" / "z.py").write_text("from pkg.a.x import _helper\n")
+    assert private_imports(planted) == ["pkg.b.z: from pkg.a.x import _helper"]

@@ -1,4 +1,4 @@
-"""The §7.3 full-distribution table (``ppolab.numbers.kl._moments_table``, what lab 08's exact-KL explorer shows)
+"""The §7.3 full-distribution table (``ppolab.numbers.kl.moments_table``, what lab 08's exact-KL explorer shows)
 works a cache-sized block of positions at a time; the blocks change nothing but the summation order."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def test_the_blockwise_table_is_the_whole_tensor_formula():
     assert n > nkl.BLOCK_ELEMENTS // vocab > 1
     logits = 3 * torch.randn(n, vocab, dtype=torch.float64)
     mask = torch.rand(n) > 0.25
-    tab = nkl._moments_table(logits, mask, 1.0, 0.7, nkl.CANONICAL)
+    tab = nkl.moments_table(logits, mask, 1.0, 0.7, nkl.CANONICAL)
     lp_ref, lp_theta = full_log_probs(logits[mask], 1.0), full_log_probs(logits[mask], 0.7)
     kl = exact_kl(lp_theta, lp_ref).mean().item()
     assert math.isclose(tab["kl"], kl, rel_tol=1e-12)

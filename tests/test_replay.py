@@ -83,7 +83,8 @@ def test_only_step_1_mini_batch_0_is_exact():
 
 
 def test_explorer_figures_are_replay_outputs(token_mean):
-    from ppolab.widgets import invariance, invariance_explorer
+    from ppolab.numbers import invariance
+    from ppolab.widgets import invariance_explorer
 
     invariance._CACHE.clear()  # other tests' replays must not pre-fill the bars the lazy refresh leaves empty
     w = invariance_explorer(RUN, prefetch=False)
@@ -182,3 +183,14 @@ def test_a_background_prefetch_and_a_cell_take_turns(token_mean):
     assert max_abs_diff(out["grads"], fresh["grads"]) == 0.0
     assert max_abs_diff(replay_actor_update(RUN, micro_batch_size=64, loss_agg_mode="token-mean")["grads"],
                         token_mean["micro=mini"]["grads"]) == 0.0  # the weights were put back every time
+
+
+@pytest.mark.slow  # a replay, then five forwards of the mini-batch: lab 03 cites it and leaves it to the learner
+def test_lab_03s_large_drift_replay_is_where_the_lab_says_and_no_token_passes_the_clamp():
+    import ppolab.numbers
+
+    out = ppolab.numbers.large_step_replay("grpo_tiny")  # the path lab 03's text gives
+    scales = out["scales"]
+    assert [s["scale"] for s in scales] == [1.0, 10.0, 100.0, 1000.0, 10000.0] and out["rows"] > 0
+    assert all(s["n_clamped"] == 0 and s["max_abs_log_ratio"] < 20 for s in scales), scales
+    assert scales[0]["max_abs_log_ratio"] < scales[1]["max_abs_log_ratio"]  # a longer step drifts further

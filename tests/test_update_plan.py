@@ -72,6 +72,65 @@ def test_no_module_but_the_planner_builds_a_plan():
     assert not offenders, f"only ppolab/update_plan.py plans an update; read its plan instead: {offenders}"
 
 
+# ------------------------------------------------------------------------------- readers ask the step for its plan
+#: Where a step's plan is read from the record or planned for it: the planner, the record's ``StepRecord.plan``,
+#: and the trainer and recorder that write it.
+PLAN_OWNERS = {"ppolab/update_plan.py", "ppolab/batching.py", "ppolab/record.py", "ppolab/train.py",
+               "ppolab/trainer.py", "ppolab/rundir.py"}
+#: Facts of an optimizer step a record's JSON holds, which only the plan may read.
+PLAN_KEYS = {"update_plans", "optimizer_steps_per_epoch", "local_mini_batch"}
+
+
+def rederivations(source: str) -> list[str]:
+    """``what (line)`` of every place in ``source`` that rebuilds a recorded step's plan instead of asking the step
+    (``rec.plan(role)``, ``rec.opt_step(k, role)``): ``recorded_plan`` called for the step's own plan (a what-if passes
+    ``batching=`` or ``config=``), an optimizer step's rows read off the NaN pattern of a history
+    (``isnan(…).all(…)``), or a plan fact read from the step's JSON."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            if name == "recorded_plan" and not {k.arg for k in node.keywords} & {"batching", "config"}:
+                found.append(f"recorded_plan (line {node.lineno})")
+            if name == "all" and isinstance(f, ast.Attribute) and isinstance(f.value, (ast.Call, ast.UnaryOp)):
+                inner = f.value.operand if isinstance(f.value, ast.UnaryOp) else f.value
+                g = inner.func if isinstance(inner, ast.Call) else None
+                if g is not None and (getattr(g, "attr", None) or getattr(g, "id", None)) == "isnan":
+                    found.append(f"isnan(…).all (line {node.lineno})")
+            first = node.args[0] if node.args else None
+            if name == "get" and isinstance(first, ast.Constant) and first.value in PLAN_KEYS:
+                found.append(f".get({node.args[0].value!r}) (line {node.lineno})")
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value in PLAN_KEYS:
+            found.append(f"[{node.slice.value!r}] (line {node.lineno})")
+    return found
+
+
+def test_the_checker_sees_a_plan_rebuilt_by_a_reader():
+    for planted in ('rows = ~torch.isnan(t["actor_log_probs"][k]).all(-1)',
+                    "rows = (~torch.isnan(lp).all(dim=-1)).nonzero()",
+                    'plan = recorded_plan(r.step(s), r.ppo_config(), "actor")',
+                    'per = rec.info["batch_plan"]["optimizer_steps_per_epoch"]',
+                    'mini = rec.info.get("batch_plan", {}).get("local_mini_batch")',
+                    'plans = rec.info["update_plans"]["critic"]'):
+        assert rederivations(planted), planted
+    assert not rederivations('plan = rec.plan("actor")\nrows = rec.opt_step(k, "critic").rows()\n'
+                             'what_if = recorded_plan(rec, cfg, "critic", batching=b)\n'
+                             'valid = ~torch.isnan(vp)  # a token-level mask, not an optimizer step\'s rows')
+
+
+def test_readers_ask_the_step_for_its_plan():
+    offenders = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = str(path.relative_to(ROOT))
+        if rel in PLAN_OWNERS:
+            continue
+        found = rederivations(path.read_text(encoding="utf-8"))
+        if found:
+            offenders[rel] = found
+    assert not offenders, f"read a step's plan with rec.plan(role) / rec.opt_step(k, role): {offenders}"
+
+
 # ---------------------------------------------------------------------------------------------- the planner itself
 def _ranks(lengths: list[list[int]], tokens: list[list[float]]) -> list[RankRows]:
     out, start = [], 0

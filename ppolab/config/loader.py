@@ -129,17 +129,17 @@ def _parse_override(item: str) -> tuple[str, Any]:
         raise ConfigError(f"override {item!r} is not of the form key=value")
     key, value = item.split("=", 1)
     key = key.strip().lstrip("+")  # Hydra's '+key=' adds a key; every valid key already exists here.
-    return key, _parse_value(value)
+    return key, parse_value(value)
 
 
-def _parse_value(value: str) -> Any:
+def parse_value(value: str) -> Any:
     """OmegaConf's YAML reading of an override value; a list YAML cannot read ([${x:}/a]) is split by hand."""
     try:
         return OmegaConf.to_container(OmegaConf.from_dotlist([f"v={value}"]), resolve=False)["v"]
     except yaml.YAMLError:
         text = value.strip()
         if text.startswith("[") and text.endswith("]"):
-            return [_parse_value(item) for item in re.split(r",(?![^{]*\})", text[1:-1]) if item.strip()]
+            return [parse_value(item) for item in re.split(r",(?![^{]*\})", text[1:-1]) if item.strip()]
         return text
 
 
@@ -198,7 +198,7 @@ def _shape_fits(tp: Any, value: Any) -> bool:
     return not isinstance(value, (Mapping, list, tuple))
 
 
-def _to_tree(source: str, data: Union[Mapping, Iterable[str]]) -> dict:
+def to_tree(source: str, data: Union[Mapping, Iterable[str]]) -> dict:
     tree: dict = {}
     pairs = data.items() if isinstance(data, Mapping) else (_parse_override(s) for s in data)
     for key, value in pairs:
@@ -210,7 +210,7 @@ def override_tree(overrides: Iterable[str]) -> dict:
     """``["a.b=1", …]`` as the nested dict ``ppolab train`` reads from its command line: each value in OmegaConf's YAML
     grammar, each key checked against the schema (an unknown key is :class:`ConfigError` naming its nearest valid
     key; no ``=``, or ``~key``, is one line too). The one parser of overrides: what-ifs on a recorded config use it."""
-    return _to_tree("override", [overrides] if isinstance(overrides, str) else list(overrides))
+    return to_tree("override", [overrides] if isinstance(overrides, str) else list(overrides))
 
 
 def merge_tree(base: dict, extra: Mapping) -> dict:
@@ -251,7 +251,7 @@ def _merges(base: Any, key: str, value: Any) -> bool:
     return True
 
 
-def _compose(sources: list[tuple[str, dict]]) -> PPOConfig:
+def compose(sources: list[tuple[str, dict]]) -> PPOConfig:
     """Merge nested dicts over the structured defaults in order; wrap OmegaConf errors as ConfigError."""
     merged = OmegaConf.structured(PPOConfig)
     leaves, _ = _schema()
@@ -340,12 +340,12 @@ def load_config(preset: Union[str, os.PathLike, None] = "grpo_tiny", overrides: 
             # oc.create / oc.decode would parse YAML text when the config resolves, past load_yaml's bounds
             raise ConfigError(f"{path}: {key} calls the resolver ${{{name}:…}}; a config file may call only "
                               "${ppolab_root:}, ${oc.select:…} and ${oc.env:…} — write the value out")
-        sources.append((f"preset {path.name}", _to_tree(f"preset {path.name}", raw)))
+        sources.append((f"preset {path.name}", to_tree(f"preset {path.name}", raw)))
     if overrides:
         if isinstance(overrides, str):
             overrides = [overrides]
-        sources.append(("override", _to_tree("override", overrides)))
-    cfg = _compose(sources)
+        sources.append(("override", to_tree("override", overrides)))
+    cfg = compose(sources)
     for notice in dict.fromkeys(validate(cfg, world_size=world_size)):
         warnings.warn(notice, ConfigNotice, stacklevel=2)
     return cfg
@@ -388,7 +388,7 @@ def from_dict(d: Mapping[str, Any]) -> PPOConfig:
 
     Not validated so that a recorded run stays loadable after validation rules tighten.
     """
-    return _compose([("dict", _to_tree("dict", d))])
+    return compose([("dict", to_tree("dict", d))])
 
 
 def to_yaml(cfg: PPOConfig) -> str:

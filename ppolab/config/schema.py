@@ -8,6 +8,7 @@ chapter §8) is ``None`` here and filled by :meth:`PPOConfig.resolve`.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -382,6 +383,16 @@ class PPOConfig:
         if self.critic.enable is not None:
             return bool(self.critic.enable)
         return self.algorithm.adv_estimator == "gae"
+
+    def padding_multiple(self, dp_size: int) -> int:
+        """What stage 3 (balance_batch) pads a step's rows to with synthetic samples: lcm(dp_size, actor
+        ppo_mini_batch_size × n, and the critic's when there is one) — every rank then holds whole mini-batches
+        (chapter §9, §12; verl V1 `trainer_base.py`). The one place this is computed; torch-free."""
+        n = self.actor_rollout_ref.rollout.n
+        minis = [self.actor_rollout_ref.actor.ppo_mini_batch_size * n]
+        if self.use_critic:
+            minis.append(self.critic.ppo_mini_batch_size * n)
+        return math.lcm(dp_size, *minis)
 
     @property
     def use_reference_policy(self) -> bool:

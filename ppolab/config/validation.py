@@ -6,7 +6,6 @@ one :class:`ConfigError` and returns the notices (legal combinations that are us
 from __future__ import annotations
 
 import difflib
-import math
 import os
 import sys
 from collections.abc import Iterable
@@ -150,17 +149,9 @@ def _check_batches(c: _Checks, p: str) -> None:
     # chapter §9): the planner checks the padded batch; _notices says how many rows are added.
     try:
         plan_batches(tb, n, c.get(f"{p}.ppo_mini_batch_size"), c.world_size, fixed_micro, c.get(f"{p}.ppo_epochs"),
-                     pad_to=_padding_multiple(c))
+                     pad_to=c.cfg.padding_multiple(c.world_size))
     except ValueError as e:  # say it with dotted keys; keep the planner's words if ours find nothing
         c.errors.extend(_batch_errors(c, p) or [f"{p} batch sizes: {e}"])
-
-
-def _padding_multiple(c: _Checks) -> int:
-    """lcm(world_size, actor mini×n, critic mini×n when there is a critic): what balance_batch pads a step to
-    (``ppolab.batching.padding_multiple``, written out here so validation stays torch-free)."""
-    n = c.cfg.actor_rollout_ref.rollout.n
-    minis = [c.get(f"{p}.ppo_mini_batch_size") * n for p in ((_A, "critic") if c.cfg.use_critic else (_A,))]
-    return math.lcm(c.world_size, *minis)
 
 
 def _check_names(c: _Checks) -> None:
@@ -441,7 +432,7 @@ def _notices(c: _Checks) -> None:
                          "log-probs, so nothing can be rejected)")
     tb, n = cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n
     if not c.errors and tb > 0 and n > 0 and c.world_size > 0:
-        multiple = _padding_multiple(c)
+        multiple = c.cfg.padding_multiple(c.world_size)
         if (tb * n) % multiple:
             c.notices.append(f"data.train_batch_size × {_R}.n = {tb}×{n} = {tb * n} rows is not a multiple of "
                              f"lcm(world_size, mini-batch × n) = {multiple}: every step adds "

@@ -57,11 +57,10 @@ def reading_order_case(run=None) -> dict:
     counts differ from one optimizer step each, from each other and from the counts the run recorded."""
     from ppolab.numbers.critic_engine import smallest_budget
     from ppolab.record import resolve_run
-    from ppolab.update_plan import recorded_plan
 
     r = resolve_run(run)
     step = r.steps[0]
-    plan = recorded_plan(r.step(step), r.ppo_config())
+    plan = r.step(step).plan("actor")
     local = len(plan.steps[0].rows(0))
     ran = sum(len(o.micro_batches[0]) for o in plan.steps)  # the calls as recorded: copying them must not pass
 
@@ -94,13 +93,12 @@ def reading_order_case(run=None) -> dict:
 def _e4(run=None) -> tuple[int, int]:
     from ppolab.numbers.critic_engine import critic_micro_batches
     from ppolab.record import resolve_run
-    from ppolab.update_plan import recorded_plan
 
     r = resolve_run(run)
     c = reading_order_case(r)
     rec = r.step(c["step"])
     # the recorded plan fixes each optimizer step's rows on rank 0; a fixed micro size cuts them in ⌈rows/micro⌉
-    actor = sum(-(-len(o.rows(0)) // c["micro"]) for o in recorded_plan(rec, r.ppo_config()).steps)
+    actor = sum(-(-len(o.rows(0)) // c["micro"]) for o in rec.plan("actor").steps)
     if "critic_vpreds" not in rec.tensors:
         return actor, 0
     updates = int(rec.tensors["critic_vpreds"].shape[0])

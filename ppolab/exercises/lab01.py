@@ -1,9 +1,6 @@
 """Lab 01 — one update, end to end: verl's nine stages (chapter §1)."""
 from __future__ import annotations
 
-import inspect
-import re
-
 import torch
 
 from ppolab.exercises import exercise
@@ -12,13 +9,13 @@ from ppolab.exercises import exercise
 def last_opt_step_case(run=None) -> dict:
     """Exercise 01.1's case: the first recorded step and its last optimizer step, with the batch plan's numbers."""
     from ppolab.numbers import resolve_run
-    from ppolab.numbers.cases import _per_epoch
-    from ppolab.numbers.steps import _n_opt_steps
+    from ppolab.numbers.cases import steps_per_epoch
+    from ppolab.numbers.steps import n_opt_steps
 
     r = resolve_run(run)
     s = r.steps[0]
     rec = r.step(s)
-    n_opt, per = _n_opt_steps(rec), _per_epoch(r, s)
+    n_opt, per = n_opt_steps(rec), steps_per_epoch(r, s)
     actor = r.ppo_config().actor_rollout_ref.actor
     rows = int(rec.tensors["responses"].shape[0])
     return {"step": s, "opt_step": n_opt - 1, "n_opt": n_opt, "rows": rows, "per_epoch": per,
@@ -60,15 +57,6 @@ def _e2(run=None) -> int:
     real = ~t["is_pad"].bool()
     rejected = int((t["loss_mask"].bool() & ~t["response_mask"].bool())[real].sum()) if "loss_mask" in t else 0
     return round(rec.info["metrics"]["response_length/mean"] * int(real.sum())) - rejected
-
-
-def stage_methods() -> list[str]:
-    """The stage methods of ``ppolab.trainer.PPOTrainer.step``, in the order it calls them."""
-    from ppolab.trainer import PPOTrainer
-
-    names = re.findall(r"self\.(\w+)\(", inspect.getsource(PPOTrainer.step))
-    return [n for i, n in enumerate(names) if n not in names[:i] and n.startswith(
-        ("generate_", "compute_", "balance_", "update_"))]
 
 
 def score_row_case(run=None) -> dict:

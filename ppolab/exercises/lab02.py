@@ -110,9 +110,10 @@ def bypass_first_ratio(run=None, step: int | None = None) -> torch.Tensor:
     from ppolab.record import resolve_run
 
     r = resolve_run(run, default="grpo_tiny_vllm_bf16")
-    t = r.step(r.steps[0] if step is None else step).tensors
+    rec = r.step(r.steps[0] if step is None else step)
+    t = rec.tensors
     lp = t["actor_log_probs"][0]
-    rows = ~torch.isnan(lp).all(dim=-1)
+    rows = rec.opt_step(0).rows()
     terms = algos.ppo_clip_terms(t["rollout_log_probs"][rows], lp[rows], t["advantages"][rows], 0.2, 0.2)
     return terms["ratio"][t["response_mask"][rows].bool()]
 

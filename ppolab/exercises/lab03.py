@@ -28,11 +28,11 @@ def push_case(run=None) -> dict:
     and a push ``what_if`` = 20 − half the largest positive log-ratio there, so that the tokens whose drift is past
     that half land beyond the clamp's edge and the others stay inside (a push of 20 where nothing drifted)."""
     from ppolab.numbers import optimizer_step_batch, resolve_run
-    from ppolab.numbers.steps import _n_opt_steps
+    from ppolab.numbers.steps import n_opt_steps
 
     r = resolve_run(run)
     rec = r.step(r.steps[0])
-    k = _n_opt_steps(rec) - 1
+    k = n_opt_steps(rec) - 1
     b = optimizer_step_batch(rec, k)
     d = (b["log_prob"] - b["old_log_probs"])[b["response_mask"] > 0]
     top = max(0.0, float(d.max())) if d.numel() else 0.0

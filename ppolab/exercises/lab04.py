@@ -28,18 +28,18 @@ def code_case(run=None) -> dict:
     most — in either case one whose pg_clipfrac at the run's ε differs from exercise 04.2's truth (resubmitting the
     previous answer must not pass), searched in order of clipped tokens when the first choice collides."""
     from ppolab.numbers import resolve_run
-    from ppolab.numbers.cases import _clip_terms, _opt_pairs
+    from ppolab.numbers.cases import clip_terms, opt_pairs
 
     r = resolve_run(run, default=RUN)
     c = clip_case(r, CODE, default=RUN)
     avoid = _e2(r)
 
     def clipfrac(s: int, k: int) -> float:
-        b, terms = _clip_terms(r, s, k)
+        b, terms = clip_terms(r, s, k)
         return algos.masked_mean(terms["clipped"], b["response_mask"]).item()
     if not math.isclose(clipfrac(c["step"], c["opt_step"]), avoid, rel_tol=1e-6, abs_tol=1e-9):
         return c
-    for s, k in sorted(_opt_pairs(r, first_opt=1), key=lambda p: -clipfrac(*p)):
+    for s, k in sorted(opt_pairs(r, first_opt=1), key=lambda p: -clipfrac(*p)):
         f = clipfrac(s, k)
         if f > 0 and not math.isclose(f, avoid, rel_tol=1e-6, abs_tol=1e-9):
             return {**c, "step": s, "opt_step": k}
@@ -58,17 +58,17 @@ def below_window_case(run=None) -> dict:
     lower edge 1 − ε_low (the one with the lowest ratio of each sign); where no optimizer step has both, the lowest
     ratio of each sign. §4.3 and its mirror, on recorded tokens."""
     from ppolab.numbers import RunLacks, resolve_run
-    from ppolab.numbers.cases import _clip_terms, _opt_pairs
+    from ppolab.numbers.cases import clip_terms, opt_pairs
 
     r = resolve_run(run, default=RUN)
     low = algos.policy_loss.clip_bounds(actor_config_of(r))[0]
-    pairs = _opt_pairs(r, first_opt=1)
+    pairs = opt_pairs(r, first_opt=1)
     pairs = ([PREDICT] if PREDICT in pairs else []) + pairs
     # first choice: both tokens below the window; a run whose tokens never drift that far (ε = 0.2 on grpo_tiny)
     # gets the lowest ratio of each sign instead: the same two maxima to work out, another branch may win
     for strict in (True, False):
         for s, k in pairs:
-            b, terms = _clip_terms(r, s, k)
+            b, terms = clip_terms(r, s, k)
             valid = (b["response_mask"] > 0) & ((terms["ratio"] < 1 - low) if strict else True)
             picks = {}
             for name, sign in (("a", b["advantages"] > 0), ("b", b["advantages"] < 0)):

@@ -26,7 +26,7 @@ def critic_batch(run=None, update: int = 0, step: int | None = None):
     _, rec = _record(run, step)
     t = rec.tensors
     vp = t["critic_vpreds"][update]
-    rows = ~torch.isnan(vp).all(-1)
+    rows = rec.opt_step(update, "critic").rows()
     m = t["response_mask"][rows]
     return torch.where(m > 0, vp[rows], t["values"][rows]), t["returns"][rows], t["values"][rows], m
 
@@ -124,7 +124,7 @@ def first_update_vf_loss(run=None, step: int | None = None, half: bool = True,
     ``critic_vpreds[0]`` are not NaN)."""
     _, rec = _record(run, step)
     t = rec.tensors
-    rows = ~torch.isnan(t["critic_vpreds"][0]).all(-1)
+    rows = rec.opt_step(0, "critic").rows()
     m = t["response_mask"][rows].double()
     v, g = t["values"][rows].double(), t["returns"][rows].double()
     total = ((v - g).square() * m).sum() / t[denominator][rows].double().sum()
@@ -183,7 +183,7 @@ def window_counts(run=None, update: int | None = None, mask: str = "response_mas
     update = window_case(r)["update"] if update is None else update
     eps = r.ppo_config().critic.cliprange_value
     vp = t["critic_vpreds"][update]
-    rows = ~torch.isnan(vp).all(-1)
+    rows = rec.opt_step(update, "critic").rows()
     keep = t[mask][rows] > 0
     v, g = t["values"][rows], t["returns"][rows]
     vpred = torch.where(t["response_mask"][rows] > 0, vp[rows], v)

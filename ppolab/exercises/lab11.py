@@ -12,13 +12,15 @@ RUN = "ppo_fire_tiny"
 
 
 def mini_batch(run=None, opt_step: int = 0, step: int | None = None) -> dict[str, torch.Tensor]:
-    """The global mini-batch of actor optimizer step ``opt_step`` of recorded step ``step`` (default the first): the
-    rows whose ``actor_log_probs[opt_step]`` are not NaN — on several ranks, each rank's share of it. Returns ``rows``
-    and, float64 for those rows, ``loss`` (ℓ = −advantages), ``response_mask``, ``loss_mask`` and ``is_pad``."""
+    """The global mini-batch of actor optimizer step ``opt_step`` of recorded step ``step`` (default the first): its
+    rows in the step's update plan (the rows whose ``actor_log_probs[opt_step]`` are not NaN) — on several ranks,
+    each rank's share of it. Returns ``rows`` and, float64 for those rows, ``loss`` (ℓ = −advantages),
+    ``response_mask``, ``loss_mask`` and ``is_pad``."""
     from ppolab.numbers import step_tensors
 
-    t = step_tensors(run, step, RUN).tensors
-    rows = (~torch.isnan(t["actor_log_probs"][opt_step]).all(-1)).nonzero().flatten()
+    rec = step_tensors(run, step, RUN)
+    t = rec.tensors
+    rows = torch.tensor(rec.opt_step(opt_step).rows(), dtype=torch.long)
     return {"rows": rows, "loss": -t["advantages"][rows].double(), "response_mask": t["response_mask"][rows].double(),
             "loss_mask": t["loss_mask"][rows].double(), "is_pad": t["is_pad"][rows].bool()}
 
@@ -36,10 +38,9 @@ def padded_mini_batch_step(run=None) -> int:
 
     from ppolab.record import resolve_run
 
-    t = step_tensors(run, None, RUN).tensors
-    pad = t["is_pad"].bool()
-    found = next((k for k in range(t["actor_log_probs"].shape[0])
-                  if (pad & ~torch.isnan(t["actor_log_probs"][k]).all(-1)).any()), None)
+    rec = step_tensors(run, None, RUN)
+    pad = rec.tensors["is_pad"].bool()
+    found = next((k for k in range(len(rec.plan("actor").steps)) if pad[rec.opt_step(k).rows()].any()), None)
     if found is None:
         raise RunLacks("synthetic padding rows (is_pad) in the first recorded step", resolve_run(run, RUN))
     return found

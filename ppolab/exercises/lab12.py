@@ -1,7 +1,6 @@
 """Lab 12 — batch, mini-batch, micro-batch (chapter §11–§12, §9 for the synthetic padding rows)."""
 from __future__ import annotations
 
-import torch
 
 from ppolab.exercises import exercise
 
@@ -17,10 +16,11 @@ from ppolab.exercises import exercise
 def _e1(run=None) -> tuple[int, int]:
     from ppolab.numbers import step_tensors
 
-    lp = step_tensors(run, 1).tensors["actor_log_probs"]
-    rows = (~torch.isnan(lp).all(-1)).sum(-1)
-    assert (rows == rows[0]).all()
-    return int(lp.shape[0]), int(rows[0])
+    rec = step_tensors(run, 1)
+    steps = rec.plan("actor").steps
+    rows = {len(o.rows()) for o in steps}
+    assert len(rows) == 1
+    return len(steps), rows.pop()
 
 
 @exercise("12.2", "Predict, then verify with plan_batches: train_batch_size = 64, rollout.n = 4, "
@@ -73,7 +73,7 @@ def _e4(run=None) -> int:
     from ppolab.numbers import step_tensors
 
     rec = step_tensors(run, 1)
-    return len(plan_dynamic_micro_batches(recorded_seq_lens(rec, rec.info["batch_plan"]["local_mini_batch"]), 128))
+    return len(plan_dynamic_micro_batches(recorded_seq_lens(rec, rec.plan("actor").local_mini_batch), 128))
 
 
 #: Exercise 12.5's overrides: a fixed critic micro-batch of 2 rows (3, 4, … where 2 rows would cut as many

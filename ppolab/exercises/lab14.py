@@ -25,7 +25,7 @@ def _e1(run=None) -> tuple[tuple[int, int], tuple[int, int]]:
     for name in (run if isinstance(run, (tuple, list)) else DEFAULT_RUNS):
         r = resolve_run(name)
         rec = r.step(r.steps[0])
-        out.append((int(rec.info["batch_plan"]["n_trajectories"]), int(rec.tensors["actor_log_probs"].shape[0])))
+        out.append((int(rec.info["batch_plan"]["n_trajectories"]), len(rec.plan("actor").steps)))
     return tuple(out)
 
 

@@ -52,7 +52,8 @@ def lab_pair(default: tuple[str, str]) -> tuple[str, str]:
     return (default[0], own) if gae else (own, default[1])
 
 # chapter §3's clamp on a run's own tensors, and §3/§5's rollout IS weights in the loss (labs 02, 03)
-from ppolab.numbers.clamp import clamp_gradient, largest_log_ratio  # noqa: E402
+from ppolab.numbers.clamp import clamp_gradient, large_step_replay, largest_log_ratio  # noqa: E402
 from ppolab.numbers.rollout_is import is_weighted_step, pg_loss_with_and_without_is  # noqa: E402
 
-__all__ += ["clamp_gradient", "is_weighted_step", "largest_log_ratio", "pg_loss_with_and_without_is"]
+__all__ += ["clamp_gradient", "is_weighted_step", "large_step_replay", "largest_log_ratio",
+            "pg_loss_with_and_without_is"]

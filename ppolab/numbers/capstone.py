@@ -17,11 +17,11 @@ import torch
 from ppolab import algos
 from ppolab.errors import whole_argument
 from ppolab.metrics import accumulate_micro_metrics
-from ppolab.numbers.cases import _cached
+from ppolab.numbers.cases import cached_case
 from ppolab.numbers.needs import RunLacks, require
 from ppolab.numbers.steps import actor_config
 from ppolab.record import Run, StepRecord, resolve_run
-from ppolab.update_plan import UpdatePlan, recorded_plan
+from ppolab.update_plan import UpdatePlan
 
 SHIPPED = "ppo_fire_tiny"
 
@@ -148,15 +148,13 @@ def capstone_step(run: Run | str | None = None) -> int:
     return int(_step_case(run, default=SHIPPED)["step"])
 
 
-@_cached
+@cached_case
 def _step_case(r: Run) -> dict[str, int]:
     require(r, default=SHIPPED)
     m = r.metrics
 
-    cfg = r.ppo_config()
-
     def several_micro_batches(s: int) -> bool:
-        plan = recorded_plan(r.step(s), cfg, "actor")
+        plan = r.step(s).plan("actor")
         return all(len(rank) >= 2 for opt in plan.steps for rank in opt.micro_batches)
 
     def score(s: int) -> tuple[bool, float, float, int]:
@@ -188,29 +186,29 @@ def part_truth(part: str, run: Run | str | None = None, step: int | None = None)
 Plan = list[list[list[list[int]]]]  # optimizer step → rank → micro-batch → row
 
 
-def step_plan(run: Run | str | None = None, step: int | None = None, role: str = "actor") -> UpdatePlan:
+def capstone_plan(run: Run | str | None = None, step: int | None = None, role: str = "actor") -> UpdatePlan:
     """The ``role``'s update plan at the capstone step (or ``step``): the one the worker recorded, or for a run
     recorded before plans were kept, ``ppolab.update_plan.plan_update`` on the recorded batch (``.recorded``,
     ``.note()`` say which)."""
     r = resolve_run(run, SHIPPED)
-    return recorded_plan(r.step(capstone_step(r) if step is None else step), r.ppo_config(), role)
+    return r.step(capstone_step(r) if step is None else step).plan(role)
 
 
 def update_plan(run: Run | str | None = None, step: int | None = None, role: str = "actor") -> Plan:
     """Which rows every micro-batch held: ``plan[k][rank]`` is the list of micro-batches (each a list of row
     indices of the recorded batch) of optimizer step ``k`` on DP rank ``rank``, in execution order — the worker's
-    update plan (:func:`step_plan`; verl `TrainingWorker.train_mini_batch`): rank r holds the r-th contiguous chunk
+    update plan (:func:`capstone_plan`; verl `TrainingWorker.train_mini_batch`): rank r holds the r-th contiguous chunk
     of the balanced batch, cuts it into ``ppo_mini_batch_size × n / dp`` rows per mini-batch for ``ppo_epochs``
     epochs (shuffled with ``data_loader_seed + r`` when ``shuffle``), and each mini-batch into micro-batches (the
     actor: fixed ``ppo_micro_batch_size_per_gpu`` or the ``ppo_max_token_len_per_gpu`` budget; the critic: the
     engine's ``ppo_infer_max_token_len_per_gpu`` budget, chapter §11.6)."""
-    return [opt.micro_batches for opt in step_plan(run, step, role).steps]
+    return [opt.micro_batches for opt in capstone_plan(run, step, role).steps]
 
 
 def dp_size(run: Run | str | None = None, step: int | None = None) -> int:
     """The data-parallel ranks the step was trained on."""
     r = resolve_run(run, SHIPPED)
-    return step_plan(r, step).dp_size
+    return capstone_plan(r, step).dp_size
 
 
 # ------------------------------------------------------------------ the reference for one optimizer step
@@ -228,7 +226,7 @@ def _actor_metrics(r: Run, s: int, opt_step: int, cfg: Any, plan: UpdatePlan | N
     ``ppolab.numbers.capstone_what_if``)."""
     rec = r.step(s)
     t = rec.tensors
-    plan = plan or step_plan(r, s, "actor")
+    plan = plan or capstone_plan(r, s, "actor")
     opt_step = whole_argument("opt_step", opt_step, range(len(plan.steps)), f"an optimizer step of step {s}")
     ranks = plan.steps[opt_step].micro_batches
     info = plan.steps[opt_step].info()  # the global counts the worker divided every micro-batch's loss by
@@ -272,7 +270,7 @@ def actor_case(run: Run | str | None = None) -> dict[str, int]:
     return _actor_case(run, default=SHIPPED)
 
 
-@_cached
+@cached_case
 def _actor_case(r: Run) -> dict[str, int]:
     require(r, default=SHIPPED)
     s = capstone_step(r)

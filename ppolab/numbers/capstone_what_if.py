@@ -35,7 +35,7 @@ import torch
 from ppolab import algos
 from ppolab.algos.correction import parse_rollout_rs
 from ppolab.metrics import accumulate_micro_metrics
-from ppolab.numbers.capstone import SHIPPED, _actor_metrics, capstone_step, logged, step_plan
+from ppolab.numbers.capstone import SHIPPED, _actor_metrics, capstone_step, logged, capstone_plan
 from ppolab.numbers.needs import RunLacks
 from ppolab.numbers.steps import actor_config
 from ppolab.record import Run, resolve_run
@@ -103,7 +103,7 @@ def micro_what_if(run: Run | str | None = None, step: int | None = None) -> Upda
     (one row per micro-batch already: the recorded cut)."""
     r = resolve_run(run, SHIPPED)
     s = _step(r, step)
-    recorded = step_plan(r, s, "actor")
+    recorded = capstone_plan(r, s, "actor")
     largest = max(len(mb) for opt in recorded.steps for micro in opt.micro_batches for mb in micro)
     local = recorded.local_mini_batch
     d = max(x for x in range(1, local + 1) if local % x == 0 and x <= max(1, largest // 2))
@@ -210,7 +210,7 @@ def actor_reduced(r: Run, s: int, eps_low: float, eps_high: float, clip_ratio_c:
     """Every optimizer step of the actor at that setting (:func:`actor_opt_step`), reduced as ``reduce_metrics``
     logs them: the mean over optimizer steps. The config and the plan are built once for all of them."""
     cfg = actor_config(r, clip_ratio_low=eps_low, clip_ratio_high=eps_high, clip_ratio_c=clip_ratio_c)
-    update = _update_plan(r, s, plan) or step_plan(r, s, "actor")
+    update = _update_plan(r, s, plan) or capstone_plan(r, s, "actor")
     steps = [_actor_metrics(r, s, k, cfg, update) for k in range(len(update.steps))]
     return {key: float(np.mean([m[key] for m in steps])) for key in steps[0]}
 
@@ -224,7 +224,7 @@ def critic_reduced(r: Run, s: int, cliprange_value: float) -> dict[str, float]:
         raise RunLacks("a critic (critic_vpreds recorded)", r)
     critic = r.ppo_config().critic
     steps = []
-    for k, opt in enumerate(step_plan(r, s, "critic").steps):
+    for k, opt in enumerate(capstone_plan(r, s, "critic").steps):
         info = opt.info()
         per_rank = []
         for micro in opt.micro_batches:

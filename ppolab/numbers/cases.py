@@ -15,7 +15,7 @@ import torch
 
 from ppolab import algos
 from ppolab.numbers.needs import RunLacks, require
-from ppolab.numbers.steps import _n_opt_steps, actor_config, optimizer_step_batch, real_rows
+from ppolab.numbers.steps import n_opt_steps, actor_config, optimizer_step_batch, real_rows
 from ppolab.record import Run, resolve_run
 
 Case = dict[str, int | float]
@@ -26,7 +26,7 @@ def _key(run: Run | str | None, default: str) -> tuple[str, tuple]:
     return str(r.path.resolve()), (tuple(r.steps), r.identity())  # a run replaced at that path: another key
 
 
-def _cached(fn: Callable[..., Case]) -> Callable[..., Case]:
+def cached_case(fn: Callable[..., Case]) -> Callable[..., Case]:
     """Cache a finder per run directory and its recorded steps (a run still training gets a fresh search)."""
     @lru_cache(maxsize=64)
     def by_key(path: str, _steps: tuple[int, ...], *args) -> Case:
@@ -50,11 +50,11 @@ def _pick(prefer: tuple[int, int] | None, candidates: Iterable[tuple[int, int]],
     return best[2] if best[0] > 0 else None
 
 
-def _opt_pairs(r: Run, first_opt: int = 0) -> list[tuple[int, int]]:
-    return [(s, k) for s in r.steps for k in range(first_opt, _n_opt_steps(r.step(s)))]
+def opt_pairs(r: Run, first_opt: int = 0) -> list[tuple[int, int]]:
+    return [(s, k) for s in r.steps for k in range(first_opt, n_opt_steps(r.step(s)))]
 
 
-def _clip_terms(r: Run, step: int, k: int, c: float | None = None) -> tuple[dict, dict]:
+def clip_terms(r: Run, step: int, k: int, c: float | None = None) -> tuple[dict, dict]:
     cfg = actor_config(r)
     low, high = algos.policy_loss.clip_bounds(cfg)
     b = optimizer_step_batch(r.step(step), k)
@@ -69,22 +69,22 @@ def run_eps(run: Run | str | None) -> float:
     return float(algos.policy_loss.clip_bounds(actor_config(resolve_run(run)))[0])
 
 
-@_cached
+@cached_case
 def clip_case(r: Run, prefer: tuple[int, int] | None = None) -> Case:
     """The recorded step and optimizer step where the PPO clip (at the run's ε) takes out the most real response
     tokens; optimizer step 0 is never one (π_θ is still π_old there)."""
     require(r, "opt_steps")
 
     def clipped(s: int, k: int) -> float:
-        b, terms = _clip_terms(r, s, k)
+        b, terms = clip_terms(r, s, k)
         return float(algos.masked_sum(terms["clipped"], b["response_mask"]))
-    found = _pick(prefer, _opt_pairs(r, first_opt=1), clipped)
+    found = _pick(prefer, opt_pairs(r, first_opt=1), clipped)
     if found is None:
         raise RunLacks("a PPO clip that binds (clipped tokens at an optimizer step after the first)", r)
     return {"step": found[0], "opt_step": found[1], "eps": run_eps(r)}
 
 
-@_cached
+@cached_case
 def clip_fire_case(r: Run, prefer: tuple[int, int] | None = None) -> Case:
     """Where lab 04's explorer opens so that the clip fires on this run: :func:`clip_case` with the run's ε where
     the clip binds at some recorded optimizer step (``eps`` None: the run's own); else the optimizer step whose
@@ -98,11 +98,11 @@ def clip_fire_case(r: Run, prefer: tuple[int, int] | None = None) -> Case:
     require(r, "opt_steps")
 
     def pushed(s: int, k: int) -> float:  # the largest move along the advantage: r − 1 for A > 0, 1 − r for A < 0
-        b, terms = _clip_terms(r, s, k)
+        b, terms = clip_terms(r, s, k)
         real = (b["response_mask"] > 0) & (b["advantages"] != 0)
         drift = torch.where(b["advantages"] > 0, terms["ratio"] - 1, 1 - terms["ratio"])
         return float(drift[real].max()) if real.any() else 0.0
-    found = _pick(None, _opt_pairs(r, first_opt=1), pushed)
+    found = _pick(None, opt_pairs(r, first_opt=1), pushed)
     largest = pushed(*found) if found is not None else 0.0
     if largest < 0.02:
         raise RunLacks("an optimizer step after the first that moved the policy (the ratio is 1 at the first: more "
@@ -124,7 +124,7 @@ def fire_line(case: Case) -> str | None:
               "that it does (a what-if on the run's real tokens)").format(**case)
 
 
-@_cached
+@cached_case
 def clip_window_case(r: Run, prefer: tuple[int, int] | None, eps_low: float, eps_high: float) -> Case:
     """Like :func:`clip_case`, but where the window [1 − eps_low, 1 + eps_high] also clips another number of real
     tokens than the run's ε (``prefer`` when it does, else where the two counts differ most) — so an answer that
@@ -132,13 +132,13 @@ def clip_window_case(r: Run, prefer: tuple[int, int] | None, eps_low: float, eps
     require(r, "opt_steps")
 
     def moved(s: int, k: int) -> float:
-        b, terms = _clip_terms(r, s, k)
+        b, terms = clip_terms(r, s, k)
         base = float(algos.masked_sum(terms["clipped"], b["response_mask"]))
         if base == 0:
             return 0.0
         other = algos.ppo_clip_terms(b["old_log_probs"], b["log_prob"], b["advantages"], eps_low, eps_high)
         return abs(float(algos.masked_sum(other["clipped"], b["response_mask"])) - base)
-    found = _pick(prefer, _opt_pairs(r, first_opt=1), moved)
+    found = _pick(prefer, opt_pairs(r, first_opt=1), moved)
     if found is None:
         raise RunLacks(f"a PPO clip that binds and clips other tokens at ε_low = {eps_low}, ε_high = {eps_high}", r)
     return {"step": found[0], "opt_step": found[1], "eps": run_eps(r)}
@@ -147,14 +147,14 @@ def clip_window_case(r: Run, prefer: tuple[int, int] | None, eps_low: float, eps
 def _dual_binding(r: Run, step: int) -> list[int]:
     c = actor_config(r).clip_ratio_c
     out = []
-    for k in range(_n_opt_steps(r.step(step))):
-        b, terms = _clip_terms(r, step, k, c)
+    for k in range(n_opt_steps(r.step(step))):
+        b, terms = clip_terms(r, step, k, c)
         if algos.masked_sum(terms["dual_clipped"], b["response_mask"]).item() > 0:
             out.append(k)
     return out
 
 
-@_cached
+@cached_case
 def dual_clip_case(r: Run, prefer: tuple[int, int, int] | None = None) -> Case:
     """The first recorded step where the dual clip (the run's clip_ratio_c) binds on a real token; ``open`` and
     ``code`` are two optimizer steps where it binds (``prefer``'s when they do, else the first and the last)."""
@@ -171,66 +171,65 @@ def dual_clip_case(r: Run, prefer: tuple[int, int, int] | None = None) -> Case:
         opened, code = binding[0], binding[-1]
     cfg = actor_config(r)
     return {"step": s, "open": opened, "code": code, "c": cfg.clip_ratio_c, "eps": cfg.clip_ratio,
-            "n_opt": _n_opt_steps(r.step(s)), "per_epoch": _per_epoch(r, s)}
+            "n_opt": n_opt_steps(r.step(s)), "per_epoch": steps_per_epoch(r, s)}
 
 
-def _per_epoch(r: Run, step: int) -> int:
-    rec = r.step(step)
-    per = int(rec.info.get("batch_plan", {}).get("optimizer_steps_per_epoch", 0) or 0)
-    return per or max(1, _n_opt_steps(rec) // max(1, r.ppo_config().actor_rollout_ref.actor.ppo_epochs))
+def steps_per_epoch(r: Run, step: int) -> int:
+    """The actor's optimizer steps per epoch at recorded step ``step`` (its update plan)."""
+    return max(1, r.step(step).plan("actor").steps_per_epoch)
 
 
-@_cached
+@cached_case
 def second_epoch_case(r: Run) -> Case:
     """Recorded step 1's first optimizer step of the second epoch (``opt_step``), with the batch's ``rows``, the
     global mini-batch ``mini`` and ``epochs``."""
     require(r, "step1", "epochs")
     rec = r.step(1)
-    per = _per_epoch(r, 1)
+    per = steps_per_epoch(r, 1)
     rows = int(rec.tensors["responses"].shape[0])
     return {"step": 1, "opt_step": per, "per_epoch": per, "rows": rows, "mini": rows // per,
             "epochs": r.ppo_config().actor_rollout_ref.actor.ppo_epochs}
 
 
-@_cached
+@cached_case
 def opt_step_case(r: Run, prefer: int, step: int | None = None) -> Case:
     """Optimizer step ``prefer`` of recorded step ``step`` (default the first), or that step's last optimizer step
     when it took fewer."""
     s = r.steps[0] if step is None else step
-    return {"step": s, "opt_step": min(prefer, _n_opt_steps(r.step(s)) - 1)}
+    return {"step": s, "opt_step": min(prefer, n_opt_steps(r.step(s)) - 1)}
 
 
-@_cached
+@cached_case
 def recorded_step_case(r: Run, prefer: int) -> Case:
     """Recorded step ``prefer`` if the run recorded it, else its first recorded step."""
     return {"step": prefer if prefer in r.steps else r.steps[0]}
 
 
-@_cached
+@cached_case
 def critic_case(r: Run, prefer: int = 3) -> Case:
     """Critic optimizer step ``prefer`` of the first recorded step (its last one when it took fewer), the last
     critic optimizer step, the run's ε_v and DP ranks, and that recorded ``step``."""
     require(r, "critic", "critic_updates")
     rec = r.step(r.steps[0])
-    n = int(rec.tensors["critic_vpreds"].shape[0])
+    plan = rec.plan("critic")
+    n = len(plan.steps)
     return {"update": min(prefer, n - 1), "last": n - 1, "eps_v": r.ppo_config().critic.cliprange_value,
-            "dp": int(rec.info.get("dp_size", 1) or 1), "step": r.steps[0]}
+            "dp": plan.dp_size, "step": r.steps[0]}
 
 
 def _pad_rows_in(r: Run, s: int, k: int) -> int:
-    t = r.step(s).tensors
-    rows = ~torch.isnan(t["actor_log_probs"][k]).all(-1)
-    return int((t["is_pad"].bool() & rows).sum())
+    rec = r.step(s)
+    return int(rec.tensors["is_pad"].bool()[rec.opt_step(k).rows()].sum())
 
 
-@_cached
+@cached_case
 def padded_mini_batch_case(r: Run, prefer: tuple[int, int] | None = None) -> Case:
     """A recorded step and optimizer step whose global mini-batch holds synthetic padding rows — and, where the run
     has one, a real row that rejection sampling emptied, so counting the trajectories "with a token in the loss"
     differs from counting the real rows (``prefer`` when it qualifies, else the first pair that does) — with
     ``n_pad`` and the trainer's global_batch_size ``gbs``."""
     require(r, "padding_rows")
-    padded = [p for p in _opt_pairs(r) if _pad_rows_in(r, *p)]
+    padded = [p for p in opt_pairs(r) if _pad_rows_in(r, *p)]
     pool = [p for p in padded if _emptied_in(r, *p)] or padded
     found = prefer if prefer in pool else next(iter(pool), None)
     if found is None:
@@ -257,36 +256,22 @@ def _rejected_in(r: Run, s: int, k: int) -> int:
     return int((rec.tensors["loss_mask"][b["rows"]] * real).sum() - b["response_mask"].sum())
 
 
-@_cached
+@cached_case
 def rejection_case(r: Run, prefer: tuple[int, int] | None = None) -> Case:
     """The recorded step and optimizer step whose global mini-batch holds the most tokens that rejection sampling
     zeroed (``prefer`` when it holds any)."""
     require(r, "rejection")
-    found = _pick(prefer, _opt_pairs(r), lambda s, k: _rejected_in(r, s, k))
+    found = _pick(prefer, opt_pairs(r), lambda s, k: _rejected_in(r, s, k))
     if found is None:
         raise RunLacks("tokens that rejection sampling zeroed", r)
     return {"step": found[0], "opt_step": found[1]}
-
-
-@_cached
-def adaptive_kl_case(r: Run, prefer: int) -> Case:
-    """A recorded step ``step`` whose next training step logged β (``prefer`` when it qualifies, else the last such
-    recorded step), with the controller's ``target_kl`` and ``horizon``."""
-    require(r, "adaptive_kl")
-    logged = set(r.metrics["actor/reward_kl_penalty_coeff"].dropna().index)
-    ok = [s for s in r.steps if s in logged and s + 1 in logged]
-    if not ok:
-        raise RunLacks("two consecutive training steps that logged actor/reward_kl_penalty_coeff", r)
-    ctrl = r.ppo_config().algorithm.kl_ctrl
-    step = prefer if prefer in ok else ok[-1]
-    return {"step": step, "next": step + 1, "target_kl": ctrl.target_kl, "horizon": ctrl.horizon}
 
 
 #: The adaptive controller's proportional band: e = clip(KL/target − 1, −0.2, 0.2) is clipped outside it.
 KL_CTRL_CLIP = 0.2
 
 
-@_cached
+@cached_case
 def proportional_kl_case(r: Run, prefer: int) -> Case:
     """A recorded step ``step`` where the adaptive KL controller is proportional — its logged
     ``actor/reward_kl_penalty`` within ±20 % of ``target_kl``, so the error is not clipped — and whose next step

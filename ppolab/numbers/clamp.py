@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ppolab.algos.policy_loss import LOG_RATIO_CLAMP
-from ppolab.numbers.steps import _n_opt_steps, optimizer_step_batch
+from ppolab.numbers.steps import n_opt_steps, optimizer_step_batch
 from ppolab.record import Run, resolve_run
 
 
@@ -22,7 +22,7 @@ def largest_log_ratio(run: Run | str | None = None, steps: list[int] | None = No
     best = {"value": -1.0, "step": 0, "opt_step": 0, "row": 0, "position": 0, "log_ratio": 0.0}
     for s in (r.steps if steps is None else steps):
         rec = r.step(s)
-        for k in range(_n_opt_steps(rec)):
+        for k in range(n_opt_steps(rec)):
             b = optimizer_step_batch(rec, k)
             d = torch.where(b["response_mask"] > 0, b["log_prob"] - b["old_log_probs"], torch.zeros(()))
             v, flat = d.abs().flatten().max(0)

@@ -48,7 +48,7 @@ def critic_plan(run: Run | str | None = None, step: int | None = None, overrides
     cfg = r.ppo_config()
     overrides = list(overrides)
     if not overrides and max_token_len is None:
-        return recorded_plan(rec, cfg, "critic")
+        return rec.plan("critic")
     if overrides:
         cfg = config_with(r, overrides)
     batching = critic_batching(cfg)

@@ -68,7 +68,7 @@ def token_share(mode: str, response_mask: torch.Tensor, loss_agg_mode: str) -> t
     return share
 
 
-def _weights(mode: str, cfg: ActorConfig, old: torch.Tensor, lp: torch.Tensor, adv: torch.Tensor,
+def token_weights(mode: str, cfg: ActorConfig, old: torch.Tensor, lp: torch.Tensor, adv: torch.Tensor,
              mask: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """w = −(∂pg_loss/∂log_prob)/s by autograd through the registered loss; 0 where the mask is 0."""
     lp = lp.detach().double().requires_grad_(True)
@@ -110,4 +110,4 @@ def gradient_weights(
     old = torch.log(p_old).unsqueeze(-1)
     lp = old + torch.log(r).unsqueeze(-1)
     gen = torch.Generator().manual_seed(seed)
-    return _weights(mode, cfg, old, lp, a.unsqueeze(-1).clone(), torch.ones_like(lp), gen).squeeze(-1)
+    return token_weights(mode, cfg, old, lp, a.unsqueeze(-1).clone(), torch.ones_like(lp), gen).squeeze(-1)

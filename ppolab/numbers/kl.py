@@ -18,7 +18,7 @@ from ppolab.record import Run, resolve_run
 CANONICAL = ("k1", "abs", "k2", "k3")
 
 
-def _mask_before_rejection(rec) -> torch.Tensor:
+def mask_before_rejection(rec) -> torch.Tensor:
     """(N, R) float mask of the policy's sampled tokens of real rows as stage 7 received it: the recorded
     ``loss_mask`` (a copy of response_mask made at generation; rejection sampling rewrites only response_mask,
     verl V1), or ``response_mask`` for a recording without one
@@ -99,11 +99,11 @@ def _response_logits(path: str, step: int | None, _identity: tuple = ()) -> dict
     _, model = load_tokenizer_and_model(run_base_model(r))
     ids = torch.cat([t["prompts"], t["responses"]], dim=1)
     # the ref pass ran before rejection sampling rewrote response_mask: attend to every token it attended to
-    seen = t.get("response_attention_mask", _mask_before_rejection(rec))
+    seen = t.get("response_attention_mask", mask_before_rejection(rec))
     attn = torch.cat([t["prompt_mask"], seen.long()], dim=1)
     N, R = t["responses"].shape
     vocab = model.get_output_embeddings().weight.shape[0]
-    mask = _mask_before_rejection(rec).bool()
+    mask = mask_before_rejection(rec).bool()
     where = sample_positions(mask, vocab)
     rows_per_pass = max(1, MAX_FORWARD_ELEMENTS // max((R + 1) * vocab, 1))
     picked = []
@@ -153,14 +153,14 @@ def response_logits(run: Run | str | None = None, step: int | None = None) -> di
     return _response_logits(str(Path(r.path).resolve()), int(step), r.identity(int(step)))  # replaced: another key
 
 
-#: Float64 elements per block of positions :func:`_moments_table` works on at once (1 MiB): at a real vocabulary one
+#: Float64 elements per block of positions :func:`moments_table` works on at once (1 MiB): at a real vocabulary one
 #: position's distribution is 1.2 MB, and the two dozen temporaries of a block that size stay in the core's cache
 #: instead of streaming the whole reading through memory two dozen times (measured at 151,936 tokens, 6 positions:
 #: about 1.5× faster a move).
 BLOCK_ELEMENTS = 1 << 17
 
 
-def _moments_table(logits: torch.Tensor, mask: torch.Tensor, ref_temperature: float, temperature: float,
+def moments_table(logits: torch.Tensor, mask: torch.Tensor, ref_temperature: float, temperature: float,
                    names: tuple[str, ...]) -> dict[str, Any]:
     x = logits if bool(mask.all()) else logits[mask]
     per_position: dict[tuple, list[torch.Tensor]] = {}
@@ -199,7 +199,7 @@ def estimator_table(run: Run | str | None = None, step: int | None = None, tempe
     the step) and ``sampled`` (whether a real vocabulary made it read a sample of them, :func:`sample_positions`).
     """
     src = response_logits(run, step)
-    return {**_moments_table(src["logits"], src["mask"], src["temperature"], temperature, names),
+    return {**moments_table(src["logits"], src["mask"], src["temperature"], temperature, names),
             "n_valid": src["n_valid"], "sampled": src["sampled"]}
 
 

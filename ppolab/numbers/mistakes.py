@@ -6,20 +6,20 @@ import torch
 from ppolab.algos import FixedKLController, GlobalBatchInfo, agg_loss, apply_kl_penalty, get_policy_loss_fn
 from ppolab.algos import kl_penalty, masked_mean
 from ppolab.i18n import tr
-from ppolab.numbers.steps import _check_index, _n_opt_steps, actor_config, loss_mask_of_real_rows, \
+from ppolab.numbers.steps import check_index, n_opt_steps, actor_config, loss_mask_of_real_rows, \
     optimizer_step_batch, real_rows
 from ppolab.record import Run, StepRecord, resolve_run
 
 
-def _setup(run, step, opt_step) -> tuple[Run, StepRecord, int, dict[str, torch.Tensor]]:
+def mistake_setup(run, step, opt_step) -> tuple[Run, StepRecord, int, dict[str, torch.Tensor]]:
     r = resolve_run(run)
     rec = r.step(step)  # default: the last recorded step (the policy has moved away from π_ref by then)
-    n = _n_opt_steps(rec)
-    k = n - 1 if opt_step is None else _check_index("opt_step", opt_step, n)
+    n = n_opt_steps(rec)
+    k = n - 1 if opt_step is None else check_index("opt_step", opt_step, n)
     return r, rec, k, optimizer_step_batch(rec, k)
 
 
-def _pg(cfg, b, log_prob=None, mask=None, info: GlobalBatchInfo | None = None):
+def pg_of(cfg, b, log_prob=None, mask=None, info: GlobalBatchInfo | None = None):
     """(pg_loss, metrics) of the run's policy loss on batch ``b`` (the registry entry the config names); ``info``:
     the global mini-batch counts (None: normalise by ``b`` itself)."""
     fn = get_policy_loss_fn(cfg.policy_loss.loss_mode)
@@ -93,11 +93,11 @@ def kl_term_vs_policy_gradient(run=None, step: int | None = None, opt_step: int 
     """
     import pandas as pd
 
-    r, _rec, _k, b = _setup(resolve_run(run, default="ppo_fire_tiny"), step, opt_step)
+    r, _rec, _k, b = mistake_setup(resolve_run(run, default="ppo_fire_tiny"), step, opt_step)
     cfg = actor_config(r)
     own = cfg.kl_loss_coef if cfg.use_kl_loss else None
     lp = b["log_prob"].clone().requires_grad_(True)
-    pg, _ = _pg(cfg, b, log_prob=lp)
+    pg, _ = pg_of(cfg, b, log_prob=lp)
     (g_pg,) = torch.autograd.grad(pg, lp)
     lp = b["log_prob"].clone().requires_grad_(True)
     kl = agg_loss(kl_penalty(lp, b["ref_log_prob"], cfg.kl_loss_type), b["response_mask"], cfg.loss_agg_mode)

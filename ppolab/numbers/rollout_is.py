@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ppolab import algos
 from ppolab.numbers.needs import RunLacks
-from ppolab.numbers.steps import _n_opt_steps, actor_config, global_batch_info, optimizer_step_batch
+from ppolab.numbers.steps import n_opt_steps, actor_config, global_batch_info, optimizer_step_batch
 from ppolab.record import Run, resolve_run
 
 
@@ -37,7 +37,7 @@ def pg_loss_with_and_without_is(run: Run | str | None = None, step: int | None =
         raise RunLacks("recorded rollout_is_weights", r)
     loss = algos.get_policy_loss_fn(cfg.policy_loss.loss_mode)
     out: dict[str, list[float]] = {"with_is": [], "without_is": [], "kl_loss": []}
-    for k in range(_n_opt_steps(rec)):
+    for k in range(n_opt_steps(rec)):
         b = optimizer_step_batch(rec, k)
         info = global_batch_info(r, rec, k)  # the worker's own counts, every rank's rows at once
         w = t["rollout_is_weights"][b["rows"]].float()

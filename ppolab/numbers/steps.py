@@ -9,7 +9,6 @@ import torch
 
 from ppolab.config.actor import ActorConfig
 from ppolab.errors import whole_argument
-from ppolab.i18n import tr
 from ppolab.record import Run, StepRecord, resolve_run
 
 
@@ -40,20 +39,11 @@ def loss_mask_of_real_rows(record: StepRecord) -> torch.Tensor:
 
 def global_batch_info(run: Run, record: StepRecord, opt_step: int) -> Any:
     """The :class:`~ppolab.algos.GlobalBatchInfo` the worker divided every micro-batch loss of optimizer step
-    ``opt_step`` by — read from the step's update plan (:func:`ppolab.update_plan.recorded_plan`): Σ loss_mask of its
-    rows on all ranks (``batch_num_tokens``), ppo_mini_batch_size × rollout.n rows (``global_batch_size``, padding
-    rows counted), the run's ``loss_scale_factor`` — with ``dp_size`` 1, for a loss over every rank's rows at once
-    (a recording merges the ranks; on one rank each share is × dp_size and the gradients are averaged)."""
-    from ppolab.update_plan import recorded_plan
-
-    plan = recorded_plan(record, run.ppo_config(), "actor")
-    _check_index("opt_step", opt_step, len(plan.steps))
-    return replace(plan.steps[opt_step].info(), dp_size=1)
-
-
-def token_labels(record: StepRecord, tokenizer: Any, row: int) -> list[str]:
-    """The decoded response tokens of one row (one string per position, padding included)."""
-    return [tokenizer.decode([int(t)]) for t in record.tensors["responses"][row]]
+    ``opt_step`` by — read from the step's update plan (:meth:`StepRecord.opt_step`): Σ loss_mask of its rows on all
+    ranks (``batch_num_tokens``), ppo_mini_batch_size × rollout.n rows (``global_batch_size``, padding rows
+    counted), the run's ``loss_scale_factor`` — with ``dp_size`` 1, for a loss over every rank's rows at once (a
+    recording merges the ranks; on one rank each share is × dp_size and the gradients are averaged)."""
+    return replace(record.opt_step(opt_step).step.info(), dp_size=1)
 
 
 def actor_config(run: Run, **overrides: Any) -> ActorConfig:
@@ -65,36 +55,25 @@ def actor_config(run: Run, **overrides: Any) -> ActorConfig:
     return replace(cfg, **overrides)
 
 
-def _n_opt_steps(rec: StepRecord) -> int:
-    return int(rec.tensors["actor_log_probs"].shape[0])
+def n_opt_steps(rec: StepRecord) -> int:
+    """The actor's optimizer steps at ``rec`` (its update plan)."""
+    return len(rec.plan("actor").steps)
 
 
-def _check_index(name: str, value: int | None, n: int) -> int | None:
+def check_index(name: str, value: int | None, n: int) -> int | None:
     # the one index check of the readers (ppolab.errors.whole_argument): a bool, float or string is named, not used
     return None if value is None else whole_argument(name, value, range(n), "an index")
 
 
-def _opt_step_label(rec: StepRecord, k: int) -> str:
-    per_epoch = int(rec.info.get("batch_plan", {}).get("optimizer_steps_per_epoch", 0) or 0)
-    if per_epoch > 0:
-        return tr("opt step {k} (epoch {e}, mini-batch {m})").format(k=k, e=k // per_epoch, m=k % per_epoch)
-    return tr("opt step {k}").format(k=k)
+def opt_step_label(rec: StepRecord, k: int) -> str:
+    """"opt step k (epoch e, mini-batch m)" of the actor's update at ``rec``."""
+    return rec.opt_step(k).label
 
 
 def optimizer_step_batch(rec: StepRecord, k: int) -> dict[str, torch.Tensor]:
-    """The rows optimizer step ``k`` trained on: ``rows`` (indices), and for those rows ``old_log_probs``,
-    ``log_prob`` (= actor_log_probs[k]), ``advantages``, ``response_mask`` (real rows only), ``entropy``,
-    ``ref_log_prob`` — every tensor (n_rows, R), ready for the ``ppolab.algos`` losses."""
-    t = rec.tensors
-    _check_index("opt_step", k, _n_opt_steps(rec))
-    lp = t["actor_log_probs"][k]
-    rows = torch.nonzero(~torch.isnan(lp).all(dim=-1)).flatten()
-    mask = t["response_mask"].float() * real_rows(rec).float().unsqueeze(-1)
-    out = {"rows": rows, "log_prob": torch.nan_to_num(lp[rows], nan=0.0)}
-    for key in ("old_log_probs", "advantages", "entropy", "ref_log_prob"):
-        if key in t:
-            out[key] = t[key][rows].float()
-    out["response_mask"] = mask[rows]
-    # a NaN at a masked position would leak through the seq-mean modes; pad positions carry 0 instead
-    out["log_prob"] = torch.where(out["response_mask"] > 0, out["log_prob"], out["old_log_probs"])
-    return out
+    """The rows optimizer step ``k`` of the actor trained on, and their tensors (:meth:`StepRecord.opt_step` →
+    ``batch()``): ``rows`` (indices), and for those rows ``old_log_probs``, ``log_prob`` (= actor_log_probs[k]),
+    ``advantages``, ``response_mask`` (real rows only), ``entropy``, ``ref_log_prob`` — every tensor (n_rows, R),
+    ready for the ``ppolab.algos`` losses."""
+    check_index("opt_step", k, n_opt_steps(rec))
+    return rec.opt_step(k).batch()

@@ -95,12 +95,6 @@ def first_ratio(run: Run | str | None = None, temperature: float | None = None) 
             "pg_clipfrac": algos.masked_mean(terms["clipped"], m).item()}
 
 
-def mean_first_ratio(run: Run | str | None = None, temperature: float | None = None) -> float:
-    """The masked mean of :func:`first_ratio` over the first optimizer step's valid tokens."""
-    f = first_ratio(run, temperature)
-    return algos.masked_mean(f["ratio"], f["response_mask"]).item()
-
-
 def first_step_loss(run: Run | str | None = None, entropy_coeff: float | None = None,
                     with_entropy: bool = True) -> tuple[float, dict[str, float]]:
     """The actor loss of recorded step 1's first optimizer step through ``algos.ppo_loss`` with the run's actor
@@ -121,9 +115,3 @@ def first_step_loss(run: Run | str | None = None, entropy_coeff: float | None = 
                                    ref_log_prob=None if ref is None else torch.where(m > 0, ref, b["old_log_probs"]))
     return loss.item(), metrics
 
-
-def entropy_bonus_shift(run: Run | str | None = None) -> float:
-    """How far the entropy bonus moves the first optimizer step's actor loss: loss at the run's entropy_coeff
-    minus the loss at entropy_coeff 0 (−entropy_coeff · entropy_loss, verl ``losses.py::ppo_loss``)."""
-    entropy_bonus_case(run)
-    return first_step_loss(run)[0] - first_step_loss(run, entropy_coeff=0.0)[0]

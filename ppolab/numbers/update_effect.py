@@ -34,7 +34,7 @@ from ppolab.engine import Batch
 from ppolab.numbers.needs import RunLacks
 from ppolab.errors import whole_argument
 from ppolab.record import Run, cache_slot, resolve_run
-from ppolab.update_plan import InferBatching, OptimizerStep, recorded_plan
+from ppolab.update_plan import InferBatching, OptimizerStep
 
 #: Clip states of :func:`step_effect` (``clip_state``), by code.
 CLIP_STATES = ("inside", "clipped above", "clipped below", "dual-clipped")
@@ -118,7 +118,7 @@ def n_optimizer_steps(run: Run | str | os.PathLike | None = None, step: int = 1)
     """The actor's optimizer steps at recorded step ``step`` (its update plan)."""
     r = resolve_run(run)
     step = whole_argument("step", step, None, "a recorded step's number")
-    return len(recorded_plan(r.step(step), r.ppo_config(), "actor").steps)
+    return len(r.step(step).plan("actor").steps)
 
 
 def _replay_update(r: Run, step: int, opt_step: int, entry: dict[str, Any]) -> None:
@@ -140,7 +140,7 @@ def _replay_update(r: Run, step: int, opt_step: int, entry: dict[str, Any]) -> N
     if "actor_log_probs" not in record.tensors:
         raise RunLacks(f"an actor update at step {step} (critic warm-up?)", r)
     cfg = r.ppo_config()
-    plan = recorded_plan(r.step(step), cfg, "actor")
+    plan = r.step(step).plan("actor")
     if not 0 <= opt_step < len(plan.steps):
         raise ValueError(f"opt_step={opt_step!r} is out of range; step {step} has optimizer steps 0 … "
                          f"{len(plan.steps) - 1}")

@@ -158,11 +158,6 @@ class StandaloneModels:
         yield self.model
 
 
-def tool_calls_written(out: RolloutOutput, call_id: int) -> torch.Tensor:
-    """Per row, how many ``<|tool_call|>`` tokens the policy wrote (response_mask = 1)."""
-    return ((out.responses == call_id) & out.response_mask.bool()).sum(-1)
-
-
 def evaluate_tool_agent(model: Any, tokenizer: Any, dataset: Sequence[dict[str, Any]], max_assistant_turns: int = 2,
                         max_response_length: int = 32, do_sample: bool = False, temperature: float = 1.0,
                         max_tool_response_length: int = 32, reward_fn: Any = None, seed: int = 0) -> dict[str, Any]:

@@ -83,7 +83,7 @@ def batch_calculator(run=None, step=None, max_token_len: int | None = None, **si
         lo, hi = RANGES[k]
         if not isinstance(v, int) or not lo <= v <= hi:
             raise ValueError(f"{k} must be an int in {lo}..{hi}, got {v!r}")
-    mini_rows = recorded.get("local_mini_batch") or rec.tensors["responses"].shape[0]
+    mini_rows = rec.plan("actor").local_mini_batch
     lens = recorded_seq_lens(rec, mini_rows)
     lo_tok, hi_tok = max(lens), sum(lens)
     mtl = max_token_len if max_token_len is not None else max(lo_tok, hi_tok // 4)

@@ -24,10 +24,10 @@ from ppolab.widgets.common import (
     _box,
     drawn,
     drawn_note,
-    _check_index,
+    check_index,
     _hline,
-    _n_opt_steps,
-    _opt_step_label,
+    n_opt_steps,
+    opt_step_label,
     _opt_step_slider,
     _vline,
     _vrect,
@@ -114,7 +114,7 @@ def clip_explorer(
     """
     r = resolve_run(run, default="ppo_fire_tiny")
     rec = step_tensors(r, step)
-    opt_step = _check_index("opt_step", opt_step, _n_opt_steps(rec))
+    opt_step = check_index("opt_step", opt_step, n_opt_steps(rec))
     base = actor_config(r)
     eps_low = clip_bounds(base)[0] if eps_low is None else eps_low
     eps_high = clip_bounds(base)[1] if eps_high is None else eps_high
@@ -216,7 +216,7 @@ def clip_explorer(
             rows=b["rows"],
         )
         ratio, adv = terms["ratio"], b["advantages"]
-        label = _opt_step_label(rec, k)
+        label = opt_step_label(rec, k)
         point = tr("row {row}, position {pos}, ∂loss/∂log_prob = {g:.3g}")
 
         def hover(sel):
@@ -284,7 +284,7 @@ def dual_clip_explorer(
     """
     r = resolve_run(run, default="ppo_fire_tiny")
     rec = step_tensors(r, step)
-    opt_step = _check_index("opt_step", opt_step, _n_opt_steps(rec))
+    opt_step = check_index("opt_step", opt_step, n_opt_steps(rec))
     base = actor_config(r)
     c0 = base.clip_ratio_c if clip_ratio_c is None else clip_ratio_c
     if not c0 > 1.0:
@@ -382,7 +382,7 @@ def dual_clip_explorer(
             title = (tr("{label}, recorded update: pg_clipfrac_lower = {f:.4f}") if s == 1 else
                      tr("{label}, stretch {s:g} (what-if, synthetic): pg_clipfrac_lower = {f:.4f}"))
             f_batch.layout.title.text = title.format(
-                label=_opt_step_label(rec, k), s=s, f=state["pg_clipfrac_lower"]) + drawn_note(neg, keep | shown_dual)
+                label=opt_step_label(rec, k), s=s, f=state["pg_clipfrac_lower"]) + drawn_note(neg, keep | shown_dual)
         head = (tr("<b>recorded update</b> (stretch 1): {neg} of {tokens} real tokens have A &lt; 0; the dual clip "
                    "bites on {dual} (ratio &gt; c = {c:g}).") if s == 1 else
                 tr("<b>what-if (synthetic)</b>: the recorded update replayed {s:g}× as far; {neg} of {tokens} real "

@@ -12,14 +12,13 @@ import torch
 from ppolab.i18n import tr
 from ppolab.record import SHIPPED_RUNS, Run, StepRecord, resolve_run  # noqa: F401 (re-exported)
 from ppolab.numbers.steps import (  # noqa: F401 (re-exported: the explorers' shared helpers)
-    _check_index,
-    _n_opt_steps,
-    _opt_step_label,
+    check_index,
+    n_opt_steps,
+    opt_step_label,
     actor_config,
     optimizer_step_batch,
     real_rows,
     step_tensors,
-    token_labels,
 )
 
 
@@ -98,7 +97,7 @@ def as_array(x: torch.Tensor) -> Any:
 
 
 def _opt_step_slider(rec: StepRecord, value: int | None, description: str = "opt step") -> W.IntSlider:
-    n = _n_opt_steps(rec)
+    n = n_opt_steps(rec)
     value = n - 1 if value is None else value
     return W.IntSlider(
         value=value, min=0, max=n - 1, step=1, description=tr(description), continuous_update=False

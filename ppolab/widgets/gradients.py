@@ -36,9 +36,9 @@ from ppolab.config.actor import ActorConfig
 from ppolab.record import Run, StepRecord
 from ppolab.widgets.common import (
     _box,
-    _check_index,
-    _n_opt_steps,
-    _opt_step_label,
+    check_index,
+    n_opt_steps,
+    opt_step_label,
     _opt_step_slider,
     _vline,
     actor_config,
@@ -54,7 +54,7 @@ from ppolab.numbers.gradients import (  # noqa: F401 (re-exported)
     BRANCHES,
     DEFAULT_OLD_PROB,
     DRO_BETA_SHOWN,
-    _weights,
+    token_weights,
     gradient_weights,
     mode_config,
     token_share,
@@ -141,7 +141,7 @@ def recorded_weights(mode: str, batch: dict[str, torch.Tensor], config: ActorCon
         if rollout_log_probs is None:
             raise ValueError("bypass_mode needs the rollout log-probs (its old_log_prob)")
         old = rollout_log_probs.double()
-    w = _weights(mode, cfg, old, lp, adv, m, torch.Generator().manual_seed(seed))
+    w = token_weights(mode, cfg, old, lp, adv, m, torch.Generator().manual_seed(seed))
     d = (lp - old) * m
     lengths = m.sum(dim=-1, keepdim=True)
     if mode == "gspo":
@@ -207,7 +207,7 @@ def gradient_gallery(
     """
     r = resolve_run(run, default="ppo_fire_tiny")
     rec: StepRecord = step_tensors(r, step)
-    opt_step = _check_index("opt_step", opt_step, _n_opt_steps(rec))
+    opt_step = check_index("opt_step", opt_step, n_opt_steps(rec))
     if mode not in POLICY_LOSS_REGISTRY:
         raise ValueError(f"mode={mode!r} is not registered; choose one of {', '.join(POLICY_LOSS_REGISTRY)}")
     if not 0.02 <= old_prob <= DEFAULT_OLD_PROB:
@@ -307,7 +307,7 @@ def gradient_gallery(
                 {**_vline(1 - e), "xref": f"x{'' if c == 1 else c}"} for c in (1, 2) for e in (eps_lo, -eps_hi)
             ]
             f_mode.layout.title.text = tr("loss_mode={m}: gradient weight vs ratio — {label}, {n} tokens with "
-                                          "A ≠ 0").format(m=m, label=_opt_step_label(rec, k),
+                                          "A ≠ 0").format(m=m, label=opt_step_label(rec, k),
                                                           n=int(rw["w"].numel())) + view["note"]
         n_zero = int((rw["w"] == 0).sum())
         state.update(mode=m, opt_step=k, old_prob=p, n_tokens=int(rw["w"].numel()), n_zero=n_zero,

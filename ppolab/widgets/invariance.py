@@ -23,8 +23,7 @@ from ppolab.config import LOSS_AGG_MODES
 from ppolab.replay import max_abs_diff, mini_batch_rows, replay_rows
 from ppolab.widgets.batching import recorded_seq_lens
 from ppolab.widgets.common import resolve_run
-from ppolab.numbers.invariance import (  # noqa: F401 (_CACHE re-exported)
-    _CACHE, DYNAMIC, cached_replay, distinct_budgets, divisors, every_setting)
+from ppolab.numbers.invariance import DYNAMIC, cached_replay, distinct_budgets, divisors, every_setting
 
 #: Relative tolerance of the "same gradient" verdict: gap ≤ TOL · max(1, max |g_ref|).
 TOL = 1e-5

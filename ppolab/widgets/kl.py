@@ -27,10 +27,10 @@ from ppolab.record import Run
 from ppolab.widgets.common import resolve_run, step_tensors
 from ppolab.widgets.common import (
     _box,
-    _check_index,
+    check_index,
     _hline,
-    _n_opt_steps,
-    _opt_step_label,
+    n_opt_steps,
+    opt_step_label,
     _opt_step_slider,
     as_array,
     on_move,
@@ -40,8 +40,8 @@ from ppolab.numbers.steps import global_batch_info
 from ppolab.numbers.kl import (  # noqa: F401 (re-exported)
     CANONICAL,
     ESTIMATORS_AND_ST,
-    _mask_before_rejection,
-    _moments_table,
+    mask_before_rejection,
+    moments_table,
     adaptive_kl_trace,
     estimator_moments,
     estimator_table,
@@ -92,7 +92,7 @@ def kl_explorer(
     """
     r = resolve_run(run)
     rec = step_tensors(r, step)
-    opt_step = _check_index("opt_step", opt_step, _n_opt_steps(rec))
+    opt_step = check_index("opt_step", opt_step, n_opt_steps(rec))
     cfg = r.ppo_config()
     actor, algo = cfg.actor_rollout_ref.actor, cfg.algorithm
     if kl_type is None:
@@ -216,7 +216,7 @@ def kl_explorer(
             t = rec.tensors
             # the reward-side statistic uses the response_mask that apply_kl_penalty saw, before rejection
             # sampling rewrote it — which is the recorded loss_mask (§7.1)
-            full_mask = _mask_before_rejection(rec)
+            full_mask = mask_before_rejection(rec)
             reward_kl = kl_penalty(t["old_log_probs"].float(), t["ref_log_prob"].float(), name) * full_mask
             pair_cache[("reward", name)] = (float(torch.mean(masked_mean(reward_kl, full_mask, axis=-1))),
                                             reward_kl[full_mask > 0])
@@ -249,10 +249,10 @@ def kl_explorer(
             f_pairs.data[0].x = as_array(loss_tokens)
             f_pairs.data[1].x = as_array(reward_tokens)
             f_pairs.layout.title.text = tr("{name} on the recorded pairs, step {step}, {label}").format(
-                name=name, step=rec.step, label=_opt_step_label(rec, k))
+                name=name, step=rec.step, label=opt_step_label(rec, k))
         readout.value = "<br>".join([
             tr("<b>loss-side</b> (use_kl_loss: kl_penalty(log_prob, ref_log_prob) at {label}, token-mean over its "
-               "global mini-batch, ÷ Σ loss_mask) = <b>{kl:.6g}</b>").format(label=_opt_step_label(rec, k),
+               "global mini-batch, ÷ Σ loss_mask) = <b>{kl:.6g}</b>").format(label=opt_step_label(rec, k),
                                                                              kl=loss_side),
             tr("<b>reward-side</b> (use_kl_in_reward: kl_penalty(old_log_probs, ref_log_prob), batch mean of "
                "per-sequence means, as apply_kl_penalty) = <b>{kl:.6g}</b>").format(kl=reward_side),
@@ -325,7 +325,7 @@ def exact_kl_explorer(run: Run | str | None = None, step: int | None = None, tem
         f_spread.add_bar(name=sampler, x=list(CANONICAL))
     grid = [round(0.1 * i, 1) for i in range(3, 21)]
     src = response_logits(run, step)
-    sweep = [_moments_table(src["logits"], src["mask"], src["temperature"], T, ("k1", "k3")) for T in grid]
+    sweep = [moments_table(src["logits"], src["mask"], src["temperature"], T, ("k1", "k3")) for T in grid]
     f_sweep = go.FigureWidget(layout=dict(height=320, xaxis_title=tr("T_θ (π_ref: the run's temperature)"),
                                           yaxis_type="log", title=tr("under a ∼ π_θ")))
     f_sweep.add_scatter(x=grid, y=[s["kl"] for s in sweep], mode="lines", name=tr("KL(π_θ‖π_ref)"))
@@ -337,7 +337,7 @@ def exact_kl_explorer(run: Run | str | None = None, step: int | None = None, tem
     state: dict[str, Any] = {}
 
     def update(*_):
-        tab = _moments_table(src["logits"], src["mask"], src["temperature"], controls["temperature"].value, CANONICAL)
+        tab = moments_table(src["logits"], src["mask"], src["temperature"], controls["temperature"].value, CANONICAL)
         state.clear()
         state.update(tab)
         with f_means.batch_update(), f_spread.batch_update(), f_sweep.batch_update():

@@ -20,9 +20,9 @@ from ppolab.config.actor import LOSS_AGG_MODES, ActorConfig
 from ppolab.record import Run
 from ppolab.widgets.common import (
     _box,
-    _check_index,
-    _n_opt_steps,
-    _opt_step_label,
+    check_index,
+    n_opt_steps,
+    opt_step_label,
     _opt_step_slider,
     actor_config,
     on_move,
@@ -54,7 +54,7 @@ def loss_assembly(
     """
     r = resolve_run(run)
     rec = step_tensors(r, step)
-    opt_step = _check_index("opt_step", opt_step, _n_opt_steps(rec))
+    opt_step = check_index("opt_step", opt_step, n_opt_steps(rec))
     base = actor_config(r)
     adv_est = r.ppo_config().algorithm.adv_estimator
     loss_mode = base.policy_loss.loss_mode if loss_mode is None else loss_mode
@@ -166,7 +166,7 @@ def loss_assembly(
             f_terms.data[0].y = [pg, ent, kl, float(loss)]
             f_terms.data[0].text = [f"{v:.4g}" for v in (pg, ent, kl, float(loss))]
             f_terms.layout.title.text = tr("{label}, loss_mode={mode}, {agg}").format(
-                label=_opt_step_label(rec, controls["opt_step"].value), mode=cfg.policy_loss.loss_mode,
+                label=opt_step_label(rec, controls["opt_step"].value), mode=cfg.policy_loss.loss_mode,
                 agg=cfg.loss_agg_mode)
         with f_modes.batch_update():
             f_modes.data[0].y = [mode_losses[mm] for mm in modes]

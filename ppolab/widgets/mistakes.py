@@ -37,7 +37,7 @@ from ppolab.record import Run, StepRecord
 from ppolab.update_plan import micro_batches
 from ppolab.widgets.common import (
     _box,
-    _opt_step_label,
+    opt_step_label,
     actor_config,
     real_rows,
     resolve_run,
@@ -46,8 +46,8 @@ from ppolab.widgets.common import (
 from ppolab.numbers.steps import global_batch_info, loss_mask_of_real_rows
 from ppolab.numbers.mistakes import (  # noqa: F401 (re-exported)
     KL_SWEEP,
-    _pg,
-    _setup,
+    pg_of,
+    mistake_setup,
     kl_drowning,
     kl_term_vs_policy_gradient,
     reference_drift,
@@ -95,13 +95,6 @@ class Mistake:
 # ------------------------------------------------------------------------------------------------ helpers
 
 
-def _loss_mask(rec: StepRecord, b: dict[str, torch.Tensor]) -> torch.Tensor:
-    """``loss_mask`` of the optimizer step's rows (real rows only): the mask as generated, which the engine
-    counts for ``batch_num_tokens``. Rejection sampling (``rollout_rs``) zeroes tokens of ``response_mask`` but not
-    of ``loss_mask`` (verl V1 does the same), so the two differ exactly at the rejected tokens."""
-    return loss_mask_of_real_rows(rec)[b["rows"]]
-
-
 def _global_info(r: Run, rec: StepRecord, k: int) -> GlobalBatchInfo:
     """What the worker passed as ``global_batch_info`` for optimizer step ``k`` — its recorded update plan
     (:func:`ppolab.numbers.steps.global_batch_info`), with ``dp_size`` 1 (the rows of every rank are here at once):
@@ -122,31 +115,31 @@ def _plan(r: Run, forget_n: bool = False, micro: int | None = None):
     minis = [mini] + ([c.critic.ppo_mini_batch_size] if c.use_critic else [])
     if forget_n:
         return plan_batches(tb * n, 1, mini, dp, None, a.ppo_epochs, pad_to=padding_multiple(dp, *minis))
-    return plan_batches(tb, n, mini, dp, micro, a.ppo_epochs, pad_to=padding_multiple(dp, *(m * n for m in minis)))
+    return plan_batches(tb, n, mini, dp, micro, a.ppo_epochs, pad_to=c.padding_multiple(dp))
 
 
 # ------------------------------------------------------------------------------------- the nine mistakes
 def _m1_grpo_loss(run=None, step=None, opt_step=None) -> Effect:
     """adv_estimator=grpo still dispatches the loss named by policy_loss.loss_mode (vanilla PPO clip)."""
-    r, rec, k, b = _setup(run, step, opt_step)
+    r, rec, k, b = mistake_setup(run, step, opt_step)
     cfg_run = r.ppo_config()
     as_run = cfg_run.actor_rollout_ref.actor.policy_loss.loss_mode  # what adv_estimator=grpo really runs
     cfg = actor_config(r)
-    off_loss, off_m = _pg(cfg, b)
+    off_loss, off_m = pg_of(cfg, b)
     assumed = actor_config(r, loss_mode="gspo")
-    on_loss, on_m = _pg(assumed, b)
+    on_loss, on_m = pg_of(assumed, b)
     return Effect(
         "actor/pg_loss", float(off_loss), float(on_loss),
         details={"adv_estimator": cfg_run.algorithm.adv_estimator, "loss_mode_run": as_run,
                  "loss_fn": get_policy_loss_fn(as_run).__name__,
                  "pg_clipfrac_off": off_m["actor/pg_clipfrac"], "pg_clipfrac_on": on_m["actor/pg_clipfrac"],
-                 "opt_step": _opt_step_label(rec, k)})
+                 "opt_step": opt_step_label(rec, k)})
 
 
 def _m2_ppo_kl(run=None, step=None, opt_step=None) -> Effect:
     """actor/ppo_kl (current vs π_old) read as the reference KL (current vs π_ref)."""
-    r, rec, k, b = _setup(run, step, opt_step)
-    _, m = _pg(actor_config(r), b)
+    r, rec, k, b = mistake_setup(run, step, opt_step)
+    _, m = pg_of(actor_config(r), b)
     ref_tok = kl_penalty(b["log_prob"], b["ref_log_prob"], "k1")
     old_tok = -kl_penalty(b["log_prob"], b["old_log_probs"], "k1")  # ppo_kl's token term, old − current
     ref_kl = float(masked_mean(ref_tok, b["response_mask"]))
@@ -154,7 +147,7 @@ def _m2_ppo_kl(run=None, step=None, opt_step=None) -> Effect:
     return Effect(
         "KL estimate (k1, token mean)", ref_kl, float(m["actor/ppo_kl"]),
         pair=(ref_tok[mask], old_tok[mask]), pair_label="response token",
-        details={"reference_kl_k1": ref_kl, "ppo_kl": float(m["actor/ppo_kl"]), "opt_step": _opt_step_label(rec, k)})
+        details={"reference_kl_k1": ref_kl, "ppo_kl": float(m["actor/ppo_kl"]), "opt_step": opt_step_label(rec, k)})
 
 
 def _m3_kl_twice(run=None, step=None, opt_step=None) -> Effect:
@@ -164,7 +157,7 @@ def _m3_kl_twice(run=None, step=None, opt_step=None) -> Effect:
     thing: the recorded ``token_level_rewards`` against ``token_level_scores``, shaped with the β the controller held
     at that step. On a run without it, the reward side is a what-if: ``apply_kl_penalty`` with
     ``FixedKLController(algorithm.kl_ctrl.kl_coef)`` on the recorded π_old / π_ref."""
-    r, rec, _k, b = _setup(run, step, opt_step)
+    r, rec, _k, b = mistake_setup(run, step, opt_step)
     notices = {}
     for on in (False, True):
         cfg = r.ppo_config()  # a fresh copy on every call
@@ -215,16 +208,16 @@ def _m4_micro_batch(run=None, step=None, opt_step=None) -> Effect:
 
     Mistake off is the engine: every micro-batch divides its token sum by ``batch_num_tokens`` = Σ loss_mask of the
     whole global mini-batch — which still counts the tokens rejection sampling zeroed in ``response_mask``."""
-    r, rec, k, b = _setup(run, step, opt_step)
+    r, rec, k, b = mistake_setup(run, step, opt_step)
     n_rows = int(b["rows"].numel())
     micro, what_if = _micro(r, n_rows)
     parts = micro_batches(range(n_rows), micro, None)  # the planner's fixed split of the step's rows
     info = _global_info(r, rec, k)
     cfg = actor_config(r)
-    whole, _ = _pg(cfg, b, info=info)
+    whole, _ = pg_of(cfg, b, info=info)
     sums = {}
     for mistaken in (False, True):
-        losses = [_pg(cfg, {kk: v[idx] for kk, v in b.items() if kk != "rows"}, info=None if mistaken else info)[0]
+        losses = [pg_of(cfg, {kk: v[idx] for kk, v in b.items() if kk != "rows"}, info=None if mistaken else info)[0]
                   for idx in parts]
         sums[mistaken] = torch.stack(losses)
     plan = _plan(r)
@@ -242,23 +235,22 @@ def _m4_micro_batch(run=None, step=None, opt_step=None) -> Effect:
 
 def _m5_forget_n(run=None, step=None, opt_step=None) -> Effect:
     """ppo_mini_batch_size read as trajectories, forgetting the trainer's × rollout.n."""
-    r, rec, _k, _b = _setup(run, step, opt_step)
+    r, rec, _k, _b = mistake_setup(run, step, opt_step)
     right, wrong = _plan(r), _plan(r, forget_n=True)
-    lp = rec.tensors["actor_log_probs"]
-    rows_per_step = (~torch.isnan(lp).all(dim=-1)).sum(dim=-1)
+    steps = rec.plan("actor").steps
     return Effect(
         "optimizer steps per training step", float(right.optimizer_steps), float(wrong.optimizer_steps),
         details={"rollout_n": right.rollout_n, "global_mini_batch": right.global_mini_batch,
                  "global_mini_batch_forgot_n": wrong.global_mini_batch,
-                 "recorded_optimizer_steps": int(lp.shape[0]), "recorded_rows_per_step": rows_per_step.tolist()})
+                 "recorded_optimizer_steps": len(steps), "recorded_rows_per_step": [len(o.rows()) for o in steps]})
 
 
 def _m6_epochs(run=None, step=None, opt_step=None) -> Effect:
     """ppo_epochs as a repeated forward of the same policy: ratio ≡ 1, so ppo_kl and the clip vanish."""
-    r, rec, k, b = _setup(run, step, opt_step)
+    r, rec, k, b = mistake_setup(run, step, opt_step)
     cfg = actor_config(r)
-    _, m_off = _pg(cfg, b)
-    _, m_on = _pg(cfg, b, log_prob=b["old_log_probs"])
+    _, m_off = pg_of(cfg, b)
+    _, m_on = pg_of(cfg, b, log_prob=b["old_log_probs"])
     mask = b["response_mask"] > 0
     dlp = (b["log_prob"] - b["old_log_probs"])[mask]
     plan = _plan(r)
@@ -267,7 +259,7 @@ def _m6_epochs(run=None, step=None, opt_step=None) -> Effect:
         pair=(dlp, torch.zeros_like(dlp)), pair_label="response token (log π_θ − log π_old)",
         details={"pg_clipfrac_off": m_off["actor/pg_clipfrac"], "pg_clipfrac_on": m_on["actor/pg_clipfrac"],
                  "optimizer_steps": plan.optimizer_steps, "ppo_epochs": plan.ppo_epochs,
-                 "opt_step": _opt_step_label(rec, k)})
+                 "opt_step": opt_step_label(rec, k)})
 
 
 def _row_weights(mask: torch.Tensor, mode: str, **info: Any) -> torch.Tensor:
@@ -283,11 +275,11 @@ def _m7_agg_mode(run=None, step=None, opt_step=None) -> Effect:
     Both with the trainer's global normalisation: token-mean divides by Σ loss_mask of the mini-batch, the seq-mean
     modes by the fixed ``global_batch_size`` = ppo_mini_batch_size × n, which counts synthetic padding rows (and rows
     rejection sampling emptied) although they carry no token."""
-    r, rec, k, b = _setup(run, step, opt_step)
+    r, rec, k, b = mistake_setup(run, step, opt_step)
     info = _global_info(r, rec, k)
     cfgs = {mode: actor_config(r, loss_agg_mode=mode) for mode in ("token-mean", "seq-mean-token-mean")}
-    off, _ = _pg(cfgs["token-mean"], b, info=info)
-    on, _ = _pg(cfgs["seq-mean-token-mean"], b, info=info)
+    off, _ = pg_of(cfgs["token-mean"], b, info=info)
+    on, _ = pg_of(cfgs["seq-mean-token-mean"], b, info=info)
     keep = b["response_mask"].sum(-1) > 0
     w_tm = _row_weights(b["response_mask"], "token-mean", **info.as_kwargs())[keep]
     w_sm = _row_weights(b["response_mask"], "seq-mean-token-mean", **info.as_kwargs())[keep]
@@ -328,7 +320,7 @@ def _m8_tool_obs(run=None, step=None, opt_step=None) -> Effect:
     On a tool run the observations are the real ones, with their recorded log-probs, and with the mistake on the
     advantage reaches them too (the GRPO advantage is computed again with them in the mask, as the trainer would).
     On a run without tool turns the first two response tokens play the observation (what-if, synthetic)."""
-    r, rec, k, b = _setup(run, step, opt_step)
+    r, rec, k, b = mistake_setup(run, step, opt_step)
     obs, simulated = _observations(rec, b)
     cfg = actor_config(r)
     if simulated:
@@ -355,7 +347,7 @@ def _m8_tool_obs(run=None, step=None, opt_step=None) -> Effect:
     grads, losses = {}, {}
     for mistaken in (False, True):
         lp = log_prob.clone().requires_grad_(True)
-        loss, _ = _pg(cfg, {**b, "advantages": advs[mistaken]}, log_prob=lp, mask=masks[mistaken])
+        loss, _ = pg_of(cfg, {**b, "advantages": advs[mistaken]}, log_prob=lp, mask=masks[mistaken])
         loss.backward()
         grads[mistaken], losses[mistaken] = lp.grad, float(loss.detach())
     count = {m: int(((grads[m] != 0) & (obs > 0)).sum()) for m in grads}
@@ -369,7 +361,7 @@ def _m8_tool_obs(run=None, step=None, opt_step=None) -> Effect:
 
 def _m9_clip_only(run=None, step=None, opt_step=None) -> Effect:
     """Widening the clip changes the clip fraction, never the trajectories whose advantage is zero."""
-    r, rec, _k, b = _setup(run, step, opt_step)
+    r, rec, _k, b = mistake_setup(run, step, opt_step)
     base = actor_config(r)
     low, high = clip_bounds(base)  # the window itself: clip_ratio alone is not it (verl's defaults set both bounds)
     tuned = actor_config(r, clip_ratio=base.clip_ratio / 2, clip_ratio_low=low / 2, clip_ratio_high=high / 2)
@@ -378,7 +370,7 @@ def _m9_clip_only(run=None, step=None, opt_step=None) -> Effect:
     zero_adv = nonempty & ((b["advantages"].abs() * b["response_mask"]).sum(-1) == 0)
     for name, cfg in (("off", base), ("on", tuned)):
         lp = b["log_prob"].clone().requires_grad_(True)
-        loss, metrics[name] = _pg(cfg, b, log_prob=lp)
+        loss, metrics[name] = pg_of(cfg, b, log_prob=lp)
         loss.backward()
         row_grad[name] = lp.grad.abs().sum(-1)
         losses[name] = float(loss.detach())

@@ -19,11 +19,11 @@ from ppolab.algos.policy_loss import LOG_RATIO_CLAMP, clip_bounds
 from ppolab.record import Run
 from ppolab.widgets.common import (
     _box,
-    _check_index,
+    check_index,
     _fmt,
     _hline,
-    _n_opt_steps,
-    _opt_step_label,
+    n_opt_steps,
+    opt_step_label,
     _opt_step_slider,
     _vline,
     actor_config,
@@ -53,17 +53,17 @@ def ratio_explorer(
     rec = step_tensors(r, step)
     t = rec.tensors
     n_rows, width = t["responses"].shape
-    row, token = _check_index("row", row, n_rows), _check_index("token", token, width)
-    opt_step = _check_index("opt_step", opt_step, _n_opt_steps(rec))
+    row, token = check_index("row", row, n_rows), check_index("token", token, width)
+    opt_step = check_index("opt_step", opt_step, n_opt_steps(rec))
     cfg = actor_config(r)
     low, high = clip_bounds(cfg)  # ε_low / ε_high with verl's fallback to clip_ratio
-    K = _n_opt_steps(rec)
+    K = n_opt_steps(rec)
     mask = t["response_mask"].float() * real_rows(rec).float().unsqueeze(-1)
     old = t["old_log_probs"].float()
 
     # ratio of every recorded token at every optimizer step (NaN outside the mini-batch)
     if opt_step is None:  # the last optimizer step whose mini-batch holds the row
-        holding = [k for k in range(K) if not torch.isnan(t["actor_log_probs"][k, row]).all()]
+        holding = [k for k in range(K) if row in rec.opt_step(k).rows()]
         opt_step = holding[-1] if holding else K - 1
     ratios = torch.stack(
         [
@@ -109,7 +109,7 @@ def ratio_explorer(
             showlegend=True,
         )
     )
-    labels = [_opt_step_label(rec, k) for k in range(K)]
+    labels = [opt_step_label(rec, k) for k in range(K)]
     for k in range(K):
         sel = (mask > 0) & ~torch.isnan(ratios[k])
         f_drift.add_box(y=as_array(ratios[k][sel]), name=labels[k], boxpoints=False)

@@ -82,11 +82,11 @@ def value_clip_explorer(run=None, step=None, update: int | None = None, cliprang
 
     def batch_of(u):
         vp = t["critic_vpreds"][u]
-        rows = ~torch.isnan(vp).all(-1)
+        rows = torch.tensor(rec.opt_step(u, "critic").rows(), dtype=torch.long)
         m = t["response_mask"][rows]
         # past a micro-batch's own width the recording holds NaN (mask 0): put V_old there, so no masked NaN can leak
         vp = torch.where(m > 0, vp[rows], t["values"][rows])
-        return vp, t["returns"][rows], t["values"][rows], m, rows.nonzero().flatten()
+        return vp, t["returns"][rows], t["values"][rows], m, rows
 
     def num_tokens(row_ids):
         # the engine's batch_num_tokens: Σ loss_mask of the global mini-batch — rejected tokens included (§9)
