@@ -730,8 +730,7 @@ class OptimizerStepRecord:
         ``vpreds`` (= ``critic_vpreds[k]``, 0 at masked positions)."""
         t = self.record.tensors
         rows = torch.tensor(self.rows(), dtype=torch.long)
-        real = ~t["is_pad"].bool() if "is_pad" in t else torch.ones(t["responses"].shape[0], dtype=torch.bool)
-        mask = (t["response_mask"].float() * real.float().unsqueeze(-1))[rows]
+        mask = (t["response_mask"].float() * self.record.real_rows().float().unsqueeze(-1))[rows]
         out: dict[str, torch.Tensor] = {"rows": rows}
         for key in (("old_log_probs", "advantages", "entropy", "ref_log_prob") if self.role == "actor"
                     else ("values", "returns")):
@@ -799,6 +798,11 @@ class StepRecord:
 
     def __getitem__(self, key: str) -> torch.Tensor:
         return self.tensors[key]
+
+    def real_rows(self) -> torch.Tensor:
+        """Boolean (N,) of the real trajectories (the synthetic padding samples of stage 3 excluded)."""
+        t = self.tensors
+        return ~t["is_pad"].bool() if "is_pad" in t else torch.ones(t["responses"].shape[0], dtype=torch.bool)
 
     def batch_tensors(self) -> dict[str, torch.Tensor]:
         """The step's batch after the nine stages: every recorded tensor but the update histories

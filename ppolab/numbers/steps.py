@@ -24,9 +24,8 @@ def step_tensors(run: Run | str | os.PathLike | None = None, step: int | None = 
 
 
 def real_rows(record: StepRecord) -> torch.Tensor:
-    """Boolean (N,) of the real trajectories (synthetic padding samples excluded)."""
-    t = record.tensors
-    return ~t["is_pad"].bool() if "is_pad" in t else torch.ones(t["responses"].shape[0], dtype=torch.bool)
+    """Boolean (N,) of the real trajectories (synthetic padding samples excluded): :meth:`StepRecord.real_rows`."""
+    return record.real_rows()
 
 
 def loss_mask_of_real_rows(record: StepRecord) -> torch.Tensor:
