@@ -52,11 +52,11 @@ def padding_case(run=None) -> dict:
 
 
 def global_batch_size(run=None) -> int:
-    """B_agg of the trainer: actor.ppo_mini_batch_size × rollout.n (verl passes it as global_batch_size)."""
-    from ppolab.record import resolve_run
+    """B_agg of the trainer — actor.ppo_mini_batch_size × rollout.n, which verl passes as global_batch_size — as the
+    first recorded step's update plan holds it (every optimizer step's is the same)."""
+    from ppolab.numbers import step_tensors
 
-    arr = resolve_run(run, RUN).ppo_config().actor_rollout_ref
-    return arr.actor.ppo_mini_batch_size * arr.rollout.n
+    return int(step_tensors(run, None, RUN).plan("actor").steps[0].global_batch_size)
 
 
 def weight_ratio(run=None, mode: str = "token-mean") -> float:

@@ -146,14 +146,14 @@ def entropy_as_the_update_sees_it(run=None, step: int | None = None) -> float:
     r = resolve_run(run, default=ENTROPY_RUN)
     rec = r.step(r.steps[0] if step is None else step)
     t, cfg = rec.tensors, actor_config(r)
-    arr = r.ppo_config().actor_rollout_ref
     values = []
-    for k in range(t["actor_log_probs"].shape[0]):
+    for k in range(len(rec.plan("actor").steps)):
         b = optimizer_step_batch(rec, k)
+        info = rec.opt_step(k).step.info()  # the global counts the update divided by (its plan)
         values.append(float(algos.agg_loss(t["entropy"][b["rows"]], b["response_mask"], cfg.loss_agg_mode,
-                                           batch_num_tokens=float(t["loss_mask"][b["rows"]].sum()),
-                                           global_batch_size=arr.actor.ppo_mini_batch_size * arr.rollout.n,
-                                           loss_scale_factor=cfg.loss_scale_factor)))
+                                           batch_num_tokens=info.batch_num_tokens,
+                                           global_batch_size=info.global_batch_size,
+                                           loss_scale_factor=info.loss_scale_factor)))
     return sum(values) / len(values)
 
 

@@ -224,9 +224,9 @@ def _e5(run=None) -> float:
 
     r = resolve_run(run, default=RUN)
     c = agg_case(r)
-    b = optimizer_step_batch(r.step(c["step"]), c["opt_step"])
+    rec = r.step(c["step"])
+    b = optimizer_step_batch(rec, c["opt_step"])
     x = torch.ones_like(b["response_mask"], requires_grad=True)
-    arr = r.ppo_config().actor_rollout_ref
-    gbs = arr.actor.ppo_mini_batch_size * arr.rollout.n
+    gbs = rec.opt_step(c["opt_step"]).step.global_batch_size  # the trainer's, from the step's plan
     algos.agg_loss(x, b["response_mask"], "seq-mean-token-mean", global_batch_size=gbs).backward()
     return float((x.grad * b["response_mask"]).sum())

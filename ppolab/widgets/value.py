@@ -88,10 +88,6 @@ def value_clip_explorer(run=None, step=None, update: int | None = None, cliprang
         vp = torch.where(m > 0, vp[rows], t["values"][rows])
         return vp, t["returns"][rows], t["values"][rows], m, rows
 
-    def num_tokens(row_ids):
-        # the engine's batch_num_tokens: Σ loss_mask of the global mini-batch — rejected tokens included (§9)
-        return t.get("loss_mask", t["response_mask"])[row_ids].sum()
-
     grid = [round(0.05 * i, 2) for i in range(41)]
 
     @on_move
@@ -101,7 +97,10 @@ def value_clip_explorer(run=None, step=None, update: int | None = None, cliprang
         keep = m.bool()
         unclipped, clipped = per_token_value_losses(vp[keep], g[keep], v[keep], eps)
         labels = [f"{int(row_ids[i])}:{j}" for i, j in keep.nonzero().tolist()]
-        counts = {"batch_num_tokens": num_tokens(row_ids), "global_batch_size": len(row_ids)}
+        # the global counts the critic's update divided by (its plan): batch_num_tokens = Σ loss_mask of the global
+        # mini-batch — rejected tokens included (§9) — and global_batch_size = its rows
+        info = rec.opt_step(u, "critic").step.info()
+        counts = {"batch_num_tokens": info.batch_num_tokens, "global_batch_size": info.global_batch_size}
         vf_loss, vf_clipfrac = compute_value_loss(vp, g, v, m, eps, mode, **counts)
         sweep = [compute_value_loss(vp, g, v, m, e, mode, **counts) for e in grid]
         with figs["tokens"].batch_update():
