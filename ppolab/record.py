@@ -698,6 +698,12 @@ class LazyTensors(Mapping):
         return name in self._entries
 
 
+def real_rows_of(tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Boolean (N,) of a recorded batch's real trajectories: not ``is_pad`` (every row where nothing was padded)."""
+    t = tensors
+    return ~t["is_pad"].bool() if "is_pad" in t else torch.ones(t["responses"].shape[0], dtype=torch.bool)
+
+
 @dataclass(frozen=True)
 class OptimizerStepRecord:
     """Optimizer step ``index`` of ``role``'s update at a recorded step (:meth:`StepRecord.opt_step`): ``step`` is
@@ -801,8 +807,7 @@ class StepRecord:
 
     def real_rows(self) -> torch.Tensor:
         """Boolean (N,) of the real trajectories (the synthetic padding samples of stage 3 excluded)."""
-        t = self.tensors
-        return ~t["is_pad"].bool() if "is_pad" in t else torch.ones(t["responses"].shape[0], dtype=torch.bool)
+        return real_rows_of(self.tensors)
 
     def batch_tensors(self) -> dict[str, torch.Tensor]:
         """The step's batch after the nine stages: every recorded tensor but the update histories

@@ -9,7 +9,7 @@ import torch
 
 from ppolab.config.actor import ActorConfig
 from ppolab.errors import whole_argument
-from ppolab.record import Run, StepRecord, resolve_run
+from ppolab.record import Run, StepRecord, real_rows_of, resolve_run
 
 
 def step_tensors(run: Run | str | os.PathLike | None = None, step: int | None = None,
@@ -24,8 +24,8 @@ def step_tensors(run: Run | str | os.PathLike | None = None, step: int | None = 
 
 
 def real_rows(record: StepRecord) -> torch.Tensor:
-    """Boolean (N,) of the real trajectories (synthetic padding samples excluded): :meth:`StepRecord.real_rows`."""
-    return record.real_rows()
+    """Boolean (N,) of the real trajectories (synthetic padding samples excluded): ``ppolab.record.real_rows_of``."""
+    return real_rows_of(record.tensors)
 
 
 def loss_mask_of_real_rows(record: StepRecord) -> torch.Tensor:
