@@ -733,7 +733,7 @@ class OptimizerStepRecord:
         ``response_mask`` of the real rows (0 on padding rows), and — the actor: ``old_log_probs``, ``advantages``,
         ``entropy``, ``ref_log_prob`` where recorded, and ``log_prob`` (= ``actor_log_probs[k]``, the old log-prob
         at masked positions so no NaN leaks into a seq-mean mode); the critic: ``values``, ``returns`` and
-        ``vpreds`` (= ``critic_vpreds[k]``, 0 at masked positions)."""
+        ``vpreds`` (= ``critic_vpreds[k]``, V_old at masked positions)."""
         t = self.record.tensors
         rows = torch.tensor(self.rows(), dtype=torch.long)
         mask = (t["response_mask"].float() * self.record.real_rows().float().unsqueeze(-1))[rows]
@@ -747,8 +747,10 @@ class OptimizerStepRecord:
             lp = torch.nan_to_num(t["actor_log_probs"][self.index][rows], nan=0.0)
             out["log_prob"] = torch.where(mask > 0, lp, out["old_log_probs"])
         else:
+            # past a micro-batch's own width the recording holds NaN (mask 0): V_old there, as lab 09 and the
+            # value-clip explorer put it, so no masked NaN can leak into the loss
             vp = torch.nan_to_num(t["critic_vpreds"][self.index][rows], nan=0.0)
-            out["vpreds"] = torch.where(mask > 0, vp, torch.zeros(()))
+            out["vpreds"] = torch.where(mask > 0, vp, out["values"])
         return out
 
 
@@ -866,12 +868,12 @@ def _extra_file(folder: Path, expected: str) -> str | None:
     """The name of the one file of ``folder`` whose removal gives the recorded fingerprint ``expected`` (a file a
     user put beside a run's tokenizer files), or None. A folder fingerprint covers every file, so this is the one
     change it can name: the other files are then exactly the recorded ones."""
-    from ppolab.rundir import claim_digest, folder_files
+    from ppolab.rundir import files_digest, folder_files
 
     files = folder_files(folder)
     if len(files) > 64:  # a tokenizer has a handful of files; a folder of many is not worth the digests
         return None
-    return next((f.name for f in files if claim_digest([g for g in files if g != f]) == expected), None)
+    return next((f.name for f in files if files_digest([g for g in files if g != f]) == expected), None)
 
 
 #: The groups every recorded config holds (``to_dict`` writes the whole tree): :meth:`Run.ppo_config` of a config.json

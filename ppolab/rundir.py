@@ -153,10 +153,10 @@ def fingerprint(value: Any) -> str | None:
         elif p.is_dir():
             files += sorted(f for f in p.iterdir() if f.is_file() and (
                 f.suffix in (".safetensors", ".bin", ".json", ".model", ".txt") and not f.name.startswith(".")))
-    return claim_digest(files)
+    return files_digest(files)
 
 
-def claim_digest(files: list[Path]) -> str | None:
+def files_digest(files: list[Path]) -> str | None:
     """16 hex digits of sha256 over the files (name, size, contents); None for no file."""
     if not files:
         return None
@@ -170,7 +170,7 @@ def folder_fingerprint(folder: Path) -> str | None:
     """A short digest of every file of ``folder`` (names and contents, dot-files aside): a run's ``tokenizer/``,
     whose chat template (``chat_template.jinja``) counts as much as its vocabulary. None for a missing or empty
     folder."""
-    return claim_digest(folder_files(folder))
+    return files_digest(folder_files(folder))
 
 
 def folder_files(folder: Path) -> list[Path]:
