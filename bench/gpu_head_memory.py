@@ -5,7 +5,7 @@
 On one CUDA GPU, the same training run twice in this process: ``fused`` is ppolab as it is (log-probs and entropy
 from the hidden states over vocabulary blocks, ``ppolab/algos/fused_head.py``, the path every vocabulary from
 ``CHUNK_VOCAB`` tokens takes); ``plain`` forces the plain formulas on the model's logits, as the tiny models run
-(``ppolab.roles.use_chunked_logits`` replaced by ``False`` for that run: the comparison needs a switch no config
+(``ppolab.models.use_chunked_logits`` replaced by ``False`` for that run: the comparison needs a switch no config
 should have). Each prints per-stage seconds of every step, the policy-gradient loss, gradient norm and
 entropy, and the peak GPU memory the torch allocator held. The two paths' metrics differ by the logits' rounding:
 the plain path takes the bf16 logits the model's head returns (at this model's logits of ~30, steps of 0.125), the
@@ -45,9 +45,9 @@ def run_path(path: str, model: Path, work: Path, steps: int, extra: list[str]) -
     import torch
 
     import ppolab
-    import ppolab.roles as roles
+    import ppolab.models as models
 
-    own = roles.use_chunked_logits
+    own = models.use_chunked_logits
     folder = work / path
     folder.mkdir(parents=True)
     (folder / "reward.py").write_text(REWARD)
@@ -58,19 +58,19 @@ def run_path(path: str, model: Path, work: Path, steps: int, extra: list[str]) -
     torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     if path == "plain":
-        roles.use_chunked_logits = lambda *args, **kwargs: False
+        models.use_chunked_logits = lambda *args, **kwargs: False
     try:
         run = ppolab.train("grpo_qwen_gpu", overrides, progress=False)
     except torch.OutOfMemoryError as exc:
         print(f"{path}: out of memory after {time.perf_counter() - start:.0f} s — {str(exc).splitlines()[0][:240]}")
         return
     finally:
-        roles.use_chunked_logits = own
+        models.use_chunked_logits = own
     wall = time.perf_counter() - start
     print(f"{path}: {steps} steps in {wall:.0f} s (model load included), peak "
           f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB allocated, "
           f"{torch.cuda.max_memory_reserved() / 2**30:.2f} GiB reserved")
-    frame = run.metrics  # one row per step, indexed by step (ppolab.record.Run.metrics)
+    frame = run.metrics  # one row per step, indexed by step (ppolab.run.reader.Run.metrics)
     timing = sorted(k for k in frame.columns if k.startswith("timing_s/"))
     for step, r in frame[frame.get("perf/time_per_step", pd.Series(dtype=float)).notna()].iterrows():
         stages = "  ".join(f"{k.split('/', 1)[1]} {r[k]:.2f}" for k in timing if r[k] >= 0.05)

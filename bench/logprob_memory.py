@@ -65,7 +65,7 @@ def reset_peak() -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from ppolab.roles import forward_response
+    from ppolab.models import forward_response
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--chunked", choices=["on", "off", "fused"], required=True)

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 import ppolab
-from ppolab.record import SHIPPED_RUNS, STEP_FILE
+from ppolab.run.files import STEP_FILE
+from ppolab.run.reader import SHIPPED_RUNS
 
 
 def rss_mib() -> float:

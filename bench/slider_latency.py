@@ -111,7 +111,7 @@ def main(argv: list[str]) -> int:
 
     if args.run:
         import ppolab
-        from ppolab.record import resolve_run
+        from ppolab.run.reader import resolve_run
 
         run = resolve_run(args.run)
         sizes = [f.stat().st_size for f in (run.path / "steps").glob("*.safetensors")]

@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ppolab.numbers.update_effect import _CACHE, n_optimizer_steps, step_effect  # noqa: E402
-from ppolab.record import UPDATE_STATE, resolve_run  # noqa: E402
+from ppolab.run.checkpoints import UPDATE_STATE  # noqa: E402
+from ppolab.run.reader import resolve_run  # noqa: E402
 from ppolab.update_plan import PLANS_KEY  # noqa: E402
 
 

@@ -22,7 +22,7 @@ def __getattr__(name: str) -> Any:
 
         return train_in_background
     if name in ("load_run", "Run"):
-        from ppolab import record
+        from ppolab.run import reader
 
-        return getattr(record, name)
+        return getattr(reader, name)
     raise AttributeError(f"module 'ppolab' has no attribute {name!r}")

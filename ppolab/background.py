@@ -2,7 +2,8 @@
 
 The cell returns at once with a :class:`BackgroundTraining`; the explorers follow the run's newest committed step
 (``ppolab.widgets.follow``) while the trainer writes the next one — readers and writer meet only through the run
-directory and its commit rule (:mod:`ppolab.record`), so what a learner sees while it trains is what they see after.
+directory and its commit rule (:mod:`ppolab.run.recorder`), so what a learner sees while it trains is what they see
+after.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ class BackgroundTraining:
 
     ``run_dir``: where it writes (known before training starts); :meth:`run` opens it once its ``config.json``
     exists; :meth:`stop` ends it after the step in progress (the run dir stays whole, like Ctrl-C); :meth:`join`
-    waits for the end and returns the finished :class:`ppolab.record.Run` — or raises what stopped training.
+    waits for the end and returns the finished :class:`ppolab.run.reader.Run` — or raises what stopped training.
     ``done`` says whether the thread has ended, ``steps`` how many steps have finished, ``error`` what ended it
     (None while it trains or after a clean end) — a reward call past ``custom_reward_function.timeout_s`` included:
     off the main thread it cannot be interrupted, so :mod:`ppolab.rewards` abandons it and the training ends with
@@ -61,9 +62,9 @@ class BackgroundTraining:
         return not self._thread.is_alive()
 
     def run(self, timeout: float = 300.0):
-        """The run being trained, as a :class:`ppolab.record.Run` (read again on each use: it gains steps) — once
+        """The run being trained, as a :class:`ppolab.run.reader.Run` (read again on each use: it gains steps) — once
         the trainer has written its ``config.json`` (after the models load); waits at most ``timeout`` s."""
-        from ppolab.record import Run
+        from ppolab.run.reader import Run
 
         deadline = time.monotonic() + timeout
         while not (self.run_dir / "config.json").exists():
@@ -82,7 +83,7 @@ class BackgroundTraining:
         return self.result
 
     def join(self, timeout: float | None = None):
-        """Wait for the training to end; return its :class:`ppolab.record.Run` or raise what stopped it."""
+        """Wait for the training to end; return its :class:`ppolab.run.reader.Run` or raise what stopped it."""
         self._thread.join(timeout)
         if self.error is not None:
             raise self.error

@@ -387,7 +387,7 @@ def plan_dynamic_micro_batches(seq_lens: IntSeq, max_token_len: int, min_num_mic
     longest prompt and response, so it may hold more token slots than the budget; it does not cut more
     micro-batches for that (the count, the partitions and every per-micro-batch metric stay verl's); the forward
     bounds its memory inside the micro-batch instead, where a large vocabulary makes it matter
-    (``ppolab.roles.forward_response``: log-probs and entropy a slice of positions at a time, inference passes a few
+    (``ppolab.models.forward_response``: log-probs and entropy a slice of positions at a time, inference passes a few
     rows at a time).
     """
     lens = [int(x) for x in _as_list(seq_lens)]

@@ -57,7 +57,7 @@ class MissingFileError(PpolabError, FileNotFoundError):
 
 
 class StepNotCommitted(PpolabError, KeyError):
-    """``Run.step`` of a step that is being written (ppolab.record's commit rule): not damage — it lands in a
+    """``Run.step`` of a step that is being written (the commit rule of ppolab.run.recorder): not damage — it lands in a
     moment."""
 
     def __str__(self) -> str:  # KeyError would quote its message
@@ -66,7 +66,7 @@ class StepNotCommitted(PpolabError, KeyError):
 
 class TrainingInterrupted(KeyboardInterrupt):
     """Ctrl-C (or a KeyboardInterrupt from ``on_step``) during ``ppolab.train``: the run dir was left whole up to
-    the last step whose metrics were logged (``run``, a :class:`ppolab.record.Run`; None on ranks other than 0),
+    the last step whose metrics were logged (``run``, a :class:`ppolab.run.reader.Run`; None on ranks other than 0),
     then the interrupt goes on, so a loop of trainings stops instead of starting the next one."""
 
     def __init__(self, message: str, run=None):

@@ -12,7 +12,7 @@ import torch
 
 from ppolab import algos
 from ppolab.algos import SUM_METRICS
-from ppolab.engine import Batch
+from ppolab.batch import Batch
 
 
 def reduce_metrics(per_step: Iterable[dict[str, float]]) -> dict[str, float]:

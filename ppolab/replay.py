@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
-from ppolab.engine import Batch
+from ppolab.batch import Batch
 from ppolab.errors import whole_argument
-from ppolab.record import Run, cache_slot, resolve_run
+from ppolab.run.reader import Run, cache_slot, resolve_run
 from ppolab.update_plan import RankRows, UpdatePlan, plan_update, train_batching
 from ppolab.worker import ActorWorker, build_models
 
@@ -127,7 +127,7 @@ def replay_actor_update(run: Run | str | os.PathLike | None = None, step: int = 
     Settings default to the run's own (``micro_batch_size=None`` → ``ppo_micro_batch_size_per_gpu``;
     ``max_token_len=None`` → ``ppo_max_token_len_per_gpu``; ``loss_scale_factor`` omitted → the run's value,
     ``None`` → the padded-width fallback; ``loss_mode=None`` → the run's ``policy_loss.loss_mode``, else another
-    registered one, e.g. a learner's loss plugged in by ``ppolab.numbers.capstone_loss.plug_in``). ``strict``: only
+    registered one, e.g. a learner's loss plugged in by ``ppolab.experiments.capstone_grade.plug_in``). ``strict``: only
     step 1, mini-batch 0 replays the run's real state (module docstring); anything else raises ``ValueError`` unless
     ``strict=False``.
 
@@ -182,14 +182,14 @@ def replay_actor_update(run: Run | str | os.PathLike | None = None, step: int = 
 
 def require_policy_loss(r: Run, loss_mode: str | None = None) -> None:
     """Refuse, in one line, a replay whose policy loss is not registered in this process: a run trained with a loss
-    plugged in (``capstone_loss.plug_in``) opens anywhere, but its update replays only where that function is
+    plugged in (``capstone_grade.plug_in``) opens anywhere, but its update replays only where that function is
     plugged in again — a run dir records the loss's name, never its code."""
     from ppolab.algos import POLICY_LOSS_REGISTRY
 
     mode = r.ppo_config().actor_rollout_ref.actor.policy_loss.loss_mode if loss_mode is None else loss_mode
     if mode in POLICY_LOSS_REGISTRY:
         return
-    plug = f"ppolab.numbers.capstone_loss.plug_in(your_loss, {mode!r})"
+    plug = f"ppolab.experiments.capstone_grade.plug_in(your_loss, {mode!r})"
     if loss_mode is None:
         raise ValueError(f"{r.path} was trained with the learner's policy loss {mode!r} "
                          f"(actor_rollout_ref.actor.policy_loss.loss_mode), which is not registered in this process "

@@ -2,7 +2,7 @@
 
 Runs :class:`ppolab.trainer.PPOTrainer` for ``trainer.total_training_steps`` steps (or ``total_epochs`` passes over
 the data, whichever ends first) with validation, recording and checkpoints, and returns the
-:class:`ppolab.record.Run` it wrote::
+:class:`ppolab.run.reader.Run` it wrote::
 
     run = ppolab.train("grpo_tiny", ["trainer.total_training_steps=20"])
     run.metrics["val/accuracy"].dropna()
@@ -28,10 +28,13 @@ from ppolab import distributed  # noqa: E402
 from ppolab.config import PPOConfig, load_config, to_dict  # noqa: E402
 from ppolab.errors import RunDirError  # noqa: E402
 from ppolab.progress import Progress  # noqa: E402
-from ppolab.record import Recorder, Run, StepRecord, read_checkpoint, read_json, resume_checkpoint, \
-    update_state_record  # noqa: E402
-from ppolab.rundir import check_resume, claim_run_dir, describe_leftovers, leftover_temp_files, new_run_dir, \
-    remove_leftovers  # noqa: E402
+from ppolab.run.checkpoints import read_checkpoint, resume_checkpoint, update_state_record  # noqa: E402
+from ppolab.run.claim import claim_run_dir, new_run_dir  # noqa: E402
+from ppolab.run.files import describe_leftovers, leftover_temp_files, read_json, remove_leftovers  # noqa: E402
+from ppolab.run.identity import check_resume  # noqa: E402
+from ppolab.run.reader import Run  # noqa: E402
+from ppolab.run.recorder import Recorder  # noqa: E402
+from ppolab.run.step import StepRecord  # noqa: E402
 from ppolab.update_plan import PLANS_KEY  # noqa: E402
 
 #: Tensors of the final step batch that go into a recorded step (chapter §1: what exists after each stage).

@@ -13,7 +13,7 @@
 
 The trainer orchestrates; it holds no formula and no update loop. Each role is a worker (``ppolab.worker``: the
 actor, critic and reference each own their model context, optimizer and ``infer`` / ``update``); every formula
-comes from ``ppolab.algos``; only ``ppolab.record.Recorder`` writes the run directory.
+comes from ``ppolab.algos``; only ``ppolab.run.recorder.Recorder`` writes the run directory.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from ppolab import algos, distributed
 from ppolab.batching import plan_batches, total_steps
 from ppolab.config import PPOConfig
 from ppolab.distributed import DistInfo
-from ppolab.engine import Batch, concat_padded, pad_and_balance
+from ppolab.batch import Batch, concat_padded, pad_and_balance
 from ppolab.eval import validation_metrics
 from ppolab.metrics import data_metrics, signal_metrics, timer, timing_metrics
 from ppolab.rewards import reward_components, score_responses
@@ -299,7 +299,7 @@ class PPOTrainer:
     def step(self, keep_actor_state: bool = False) -> tuple[dict[str, float], Batch, dict[str, torch.Tensor],
                                                             dict[str, UpdatePlan]]:
         """One training step through the nine stages; returns (metrics, final batch, histories, plans), histories
-        holding ``ppolab.record.HISTORIES`` per optimizer step (``ppolab.worker.UpdateHistory``), plans the update
+        holding ``ppolab.run.step.HISTORIES`` per optimizer step (``ppolab.worker.UpdateHistory``), plans the update
         plan each worker executed, by role (``ppolab.update_plan``). ``keep_actor_state``: leave the actor's state
         from just before its update in ``self.actor_state_before`` (:meth:`actor_state`; None otherwise)."""
         self.global_step += 1
@@ -365,7 +365,8 @@ class PPOTrainer:
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs to continue exactly: trainable weights, each worker's optimizer and
         scheduler, the data cursor, the KL controller and the RNG states (torch per rank: ranks sample
-        differently). Tensors and JSON-able values only; :meth:`ppolab.record.Recorder.save_checkpoint` writes it."""
+        differently). Tensors and JSON-able values only; :meth:`ppolab.run.recorder.Recorder.save_checkpoint` writes
+        it."""
         workers = {"actor": self.actor, **({"critic": self.critic} if self.critic is not None else {})}
         return {
             "weights": self.models.trainable_state(),
@@ -379,7 +380,7 @@ class PPOTrainer:
     def actor_state(self) -> dict[str, Any]:
         """A copy of what the actor's next update starts from: its trainable weights ("actor.<i>", as
         ``PolicyModels.trainable_state`` names them), optimizer and scheduler state — what a replay of the update
-        loads (``trainer.record_update_state``, ``ppolab.record.update_state_record``)."""
+        loads (``trainer.record_update_state``, ``ppolab.run.checkpoints.update_state_record``)."""
         weights = {k: v.clone() for k, v in self.models.trainable_state().items() if k.startswith("actor.")}
         return {"weights": weights, **copy.deepcopy(self.actor.state_dict())}
 

@@ -51,7 +51,7 @@ class RankRows:
 
     @staticmethod
     def of(batch: Any) -> RankRows:
-        """The :class:`RankRows` of a ``ppolab.engine.Batch`` (its ``row_id`` when it has one, else 0 … N−1)."""
+        """The :class:`RankRows` of a ``ppolab.batch.Batch`` (its ``row_id`` when it has one, else 0 … N−1)."""
         n = len(batch)
         ids = batch["row_id"].tolist() if "row_id" in batch else list(range(n))
         prompt, response = batch.lengths()
@@ -141,7 +141,7 @@ class UpdatePlan:
 def micro_batches(batch: Any, micro_batch_size: int | None, max_token_len: int | None, *,
                   dp_lengths: Sequence[tuple[list[int], list[int]]] | None = None, rank: int = 0) -> list[list[int]]:
     """Positions (0 … len(batch)−1) of each micro-batch of ``batch`` (anything with ``__len__`` and
-    ``lengths()``, e.g. a ``ppolab.engine.Batch``): fixed chunks of ``micro_batch_size`` rows (verl
+    ``lengths()``, e.g. a ``ppolab.batch.Batch``): fixed chunks of ``micro_batch_size`` rows (verl
     `forward_backward_batch`), or token-budget partitions when it is None (§11.5, verl `rearrange_micro_batches`).
 
     ``dp_lengths``: every data-parallel rank's ``lengths()`` of its share of the same mini-batch (this rank's at
@@ -300,7 +300,7 @@ def recorded_rank_rows(tensors: Any, dp_size: int) -> list[RankRows]:
 
 def recorded_plan(record: Any, cfg: Any, role: str = "actor", *, batching: InferBatching | None = None,
                   config: Any = None) -> UpdatePlan:
-    """The plan the worker executed at a recorded step (``record``: a ``ppolab.record.StepRecord``; ``cfg``: the
+    """The plan the worker executed at a recorded step (``record``: a ``ppolab.run.step.StepRecord``; ``cfg``: the
     run's config), read from ``record.info["update_plans"][role]`` — or, for a run recorded before plans were kept,
     computed once from the recorded batch by :func:`plan_update` (``recorded=False``; :meth:`UpdatePlan.note`).
 

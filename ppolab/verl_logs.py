@@ -56,7 +56,7 @@ EXPECTED = ("verl's file logger JSONL (trainer.logger=[console,file]: one {\"ste
 def _file_logger_rows(path: Path) -> dict[int, dict[str, Any]]:
     """step → metrics of a FileLogger JSONL, read line by line; a step logged twice (verl logs the validation
     before training at step 0 and may log a step's parts separately) merges, the later value winning."""
-    from ppolab.rundir import json_lines
+    from ppolab.run.files import json_lines
 
     rows: dict[int, dict[str, Any]] = {}
     for number, obj in json_lines(path, f"expected {EXPECTED}"):
@@ -110,7 +110,7 @@ def _damage(path: Path) -> tuple[int, int] | None:
     vanish — so each file's framing is walked first: every record is ``length (8 bytes) · its checksum (4) · data ·
     the data's checksum (4)``. The length's checksum is checked (cheap: 8 bytes a record), the data's is left to
     TensorBoard's reader (pure Python there, and here it would read every byte twice)."""
-    from ppolab.rundir import regular_file
+    from ppolab.run.files import regular_file
 
     size = regular_file(path).stat().st_size
     records = offset = 0

@@ -22,10 +22,11 @@ import torch
 from ppolab import algos, distributed
 from ppolab.algos import GlobalBatchInfo
 from ppolab.distributed import DistInfo
-from ppolab.engine import Batch, pad_right, to_device, trimmed_inputs
+from ppolab.batch import Batch, pad_right, to_device, trimmed_inputs
 from ppolab.metrics import accumulate_micro_metrics, reduce_metrics
 from ppolab.models import MODEL_LOCK
-from ppolab.roles import PolicyModels, forward_response
+from ppolab.roles import PolicyModels
+from ppolab.models import forward_response
 from ppolab.update_plan import (InferBatching, OptimizerStep, RankRows, UpdatePlan, micro_batches, plan_update,
                                 train_batching)
 
@@ -113,7 +114,7 @@ class Worker:
 
     def loss(self, mb: Batch, info: GlobalBatchInfo) -> tuple[torch.Tensor, dict[str, float], dict[str, torch.Tensor]]:
         """One micro-batch (on the device, padding cut to its own longest row): (loss, metrics, per-token outputs
-        for the histories, keyed by their recorded names: ``ppolab.record.HISTORIES``)."""
+        for the histories, keyed by their recorded names: ``ppolab.run.step.HISTORIES``)."""
         raise NotImplementedError
 
     def train_batching(self) -> InferBatching:

@@ -1,13 +1,14 @@
-"""Predict the curve (lab 15, ppolab.numbers.ablations): each short run differs from its base in its knob alone,
+"""Predict the curve (lab 15, ppolab.experiments.ablations): each short run differs from its base in its knob alone,
 the shipped set is complete, and a fresh run's ablations are trained into the cache and checked the same way."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from ppolab import exercises
-from ppolab.numbers import ablations
+from ppolab.experiments import ablations
 
 IGNORED = {"trainer.run_dir", "trainer.experiment_name"}
 
@@ -61,3 +62,36 @@ def test_a_fresh_run_gets_its_own_ablations_in_the_cache(trained_run, tmp_path, 
     assert "clip_ratio (clip ε 0.2 → 0.05: actor/pg_clipfrac)" in exercises.prompt("15.6", run=run)
     with pytest.raises(ablations.RunLacks):
         ablations.ablation_runs(run, ("ppo_epochs",), train=False)
+
+
+@pytest.mark.slow
+def test_the_retraining_script_trains_the_shipped_set_and_ships_no_machine_path(monkeypatch):
+    """tools/train_ablations.py, cut to one knob and two steps: it trains into its folder and keeps only files whose
+    paths are the checkout's own, relative to it."""
+    import importlib.util
+    import os
+    import shutil
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("train_ablations", root / "tools" / "train_ablations.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    out = root / ".test-runs" / f"ablations-{os.getpid()}" / "grpo_tiny"
+    monkeypatch.setattr(ablations, "SHIPPED", out)
+    monkeypatch.setattr(ablations, "STEPS", 2)
+    monkeypatch.setattr(ablations, "KNOBS", {"clip_ratio": ablations.KNOBS["clip_ratio"]})
+    try:
+        assert tool.main() == 0
+        assert sorted(p.name for p in out.iterdir()) == ["base", "clip_ratio"]
+        for f in out.rglob("*"):
+            assert f.name in tool.KEEP or f.is_dir(), f
+            if f.suffix == ".json":
+                assert str(root) not in f.read_text(), f
+    finally:
+        shutil.rmtree(out.parent, ignore_errors=True)
+
+
+def test_the_shipped_ablations_hold_no_machine_path():
+    for f in ablations.SHIPPED.rglob("*.json"):
+        text = f.read_text()
+        assert '"/' not in text and ":\\\\" not in text, f

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ppolab.models import REPO_ROOT, load_tokenizer_and_model
-from ppolab.roles import forward_response
+from ppolab.models import forward_response
 from ppolab.rollout import SamplingParams
 from ppolab.rollout.agent import StandaloneModels, ToolAgentRollout, evaluate_tool_agent
 from ppolab.tokenizer import TOOL_CALL, TOOL_CALL_END, TOOL_RESPONSE, TOOL_RESPONSE_END

@@ -296,7 +296,7 @@ def test_the_worker_plans_dynamic_micro_batches_from_every_ranks_lengths(monkeyp
     from types import SimpleNamespace
 
     from ppolab import distributed
-    from ppolab.engine import Batch
+    from ppolab.batch import Batch
     from ppolab.worker import InferBatching, Worker
 
     def share(lengths):

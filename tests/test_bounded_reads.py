@@ -17,7 +17,7 @@ import torch
 import ppolab
 from ppolab.errors import FileFormatError, MissingFileError, RunDirError
 from ppolab.exercises import check
-from ppolab.record import SHIPPED_RUNS, Run
+from ppolab.run.reader import SHIPPED_RUNS, Run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,21 +66,21 @@ def test_a_step_that_is_not_a_number_names_the_file_and_line(copy_of_run):
 def test_the_streamed_metrics_equal_the_rows_pandas_reads():
     import pandas as pd
 
-    from ppolab.record import _metrics_frame, _read_jsonl
+    from ppolab.run.metrics_log import metrics_frame, read_metrics
 
     for name, path in SHIPPED_RUNS.items():
-        rows = pd.DataFrame(_read_jsonl(path / "metrics.jsonl")).set_index("step").sort_index()
-        frame = _metrics_frame(path / "metrics.jsonl")
+        rows = pd.DataFrame(read_metrics(path / "metrics.jsonl")).set_index("step").sort_index()
+        frame = metrics_frame(path / "metrics.jsonl")
         assert list(frame.columns) == list(rows.columns), name
         pd.testing.assert_frame_equal(frame, rows, check_dtype=True)
 
 
 def test_a_metric_of_strings_keeps_its_values(tmp_path):
-    from ppolab.record import _metrics_frame
+    from ppolab.run.metrics_log import metrics_frame
 
     f = tmp_path / "metrics.jsonl"
     f.write_text('{"step": 1, "a": 1.5, "b": 2}\n{"step": 2, "a": "n/a", "c": true}\n')
-    frame = _metrics_frame(f)
+    frame = metrics_frame(f)
     assert frame["a"].tolist() == [1.5, "n/a"] and frame["b"].isna().tolist() == [False, True]
     assert frame.index.tolist() == [1, 2]
 
@@ -168,8 +168,8 @@ def test_a_full_disk_names_the_path(tmp_path, monkeypatch, what):
     Either way: one OSError(ENOSPC) naming the file, and the file keeps its last whole version."""
     import errno
 
-    import ppolab.record as record
-    from ppolab.record import Recorder
+    import ppolab.run.files as record
+    from ppolab.run.recorder import Recorder
 
     rec = Recorder(tmp_path / "run", {"trainer": {}}, {})
     rec.record_step(1, {"a": torch.ones(3)}, {"texts": {}})
@@ -185,7 +185,9 @@ def test_a_full_disk_names_the_path(tmp_path, monkeypatch, what):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     if what == "tensors":
-        monkeypatch.setattr(record, "save_file", full_rust)
+        import safetensors.torch
+
+        monkeypatch.setattr(safetensors.torch, "save_file", full_rust)
         target, act = "step_000001.safetensors", lambda: rec.record_step(1, {"a": torch.zeros(3)}, {})
     elif what == "json":
         monkeypatch.setattr(record.json, "dump", full_python)
@@ -251,7 +253,7 @@ def test_a_byte_order_mark_and_windows_line_ends_read_as_written(copy_of_run):
 def test_an_overlong_line_is_refused_before_it_is_read_whole(copy_of_run):
     import resource
 
-    from ppolab.rundir import MAX_LINE_CHARS
+    from ppolab.run.files import MAX_LINE_CHARS
 
     run = copy_of_run()
     with open(run / "metrics.jsonl", "a") as f:

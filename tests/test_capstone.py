@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ppolab.numbers import capstone
-from ppolab.record import SHIPPED_RUNS
+from ppolab.run.reader import SHIPPED_RUNS
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTION = ROOT / "labs" / "solutions" / "17.py"
@@ -51,7 +51,7 @@ def test_the_algos_rebuild_of_every_optimizer_step_reduces_to_the_logged_metrics
     # the plan (ranks, mini-batches, micro-batches) is the one the worker ran: a wrong split would move the
     # plain means of the fractions, a wrong rank split the global token counts
     s = capstone.capstone_step(name)
-    steps = [capstone.rebuild_actor_step(name, s, k) for k in range(len(capstone.update_plan(name, s)))]
+    steps = [capstone.rebuild_actor_step(name, s, k) for k in range(len(capstone.micro_batch_rows(name, s)))]
     log = capstone.logged(name, s)
     for key in steps[0]:
         assert math.isclose(np.mean([m[key] for m in steps]), log[key], rel_tol=1e-5, abs_tol=1e-8), key

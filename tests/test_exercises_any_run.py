@@ -20,7 +20,7 @@ import ppolab
 from ppolab import exercises
 from ppolab.exercises import check, registry
 from ppolab.numbers import RunLacks
-from ppolab.record import SHIPPED_RUNS, resolve_run
+from ppolab.run.reader import SHIPPED_RUNS, resolve_run
 
 from helpers import FRESH
 from test_prompts_name_the_run import setting_problems, step_problems

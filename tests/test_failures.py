@@ -14,8 +14,9 @@ from ppolab.data import make_row
 from ppolab.errors import DataError, FileFormatError, MissingFileError, RewardError, RewardWarning, RunDirError, \
     RunWarning
 from ppolab.models import SHIPPED_MODEL, load_tokenizer_and_model
-from ppolab.record import holds_run, resume_checkpoint
-from ppolab.rundir import new_run_dir
+from ppolab.run.checkpoints import resume_checkpoint
+from ppolab.run.claim import holds_run
+from ppolab.run.claim import new_run_dir
 from ppolab.rewards import compute_score, get_reward_fn, reward_warning_signs
 from ppolab.train import main, resolve_config
 from ppolab.trainer import PPOTrainer
@@ -101,7 +102,7 @@ def _interrupt_at_step_2(monkeypatch, where: str) -> None:
 
         monkeypatch.setattr(PPOTrainer, "update_actor", update_actor)
     else:  # Ctrl-C while step 2's tensors are written, before its metrics are logged
-        import ppolab.record as record
+        import ppolab.run.recorder as record
 
         original = record.write_json
 

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from ppolab.errors import FileFormatError, MissingFileError
-from ppolab.record import Recorder, Run, write_json
+from ppolab.run.files import write_json
+from ppolab.run.reader import Run
+from ppolab.run.recorder import Recorder
 from ppolab.replay import models_config
-from ppolab.rundir import fingerprint, folder_fingerprint
+from ppolab.run.identity import fingerprint, folder_fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "data" / "runs"

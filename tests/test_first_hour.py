@@ -104,8 +104,8 @@ def learner_run(out: Path) -> Path:
     import json
     import shutil
 
-    from ppolab.numbers.capstone_loss import LEARNER
-    from ppolab.record import SHIPPED_RUNS
+    from ppolab.experiments.capstone_grade import LEARNER
+    from ppolab.run.reader import SHIPPED_RUNS
 
     shutil.copytree(SHIPPED_RUNS["grpo_tiny"], out)
     for f in [out / "config.json", *sorted((out / "steps").glob("step_*.json"))]:
@@ -142,13 +142,13 @@ except ValueError as e:
     assert replay == [f"replay: {run} was trained with the learner's policy loss 'learner' "
                       "(actor_rollout_ref.actor.policy_loss.loss_mode), which is not registered in this process (a "
                       "plugged-in loss lives only in the process that plugged it in): plug it in again first — "
-                      "ppolab.numbers.capstone_loss.plug_in(your_loss, 'learner') — then replay"], out.stdout
+                      "ppolab.experiments.capstone_grade.plug_in(your_loss, 'learner') — then replay"], out.stdout
 
 
 def test_a_replay_with_the_loss_plugged_in_again_runs(tmp_path):
     from ppolab.algos import POLICY_LOSS_REGISTRY
-    from ppolab.numbers.capstone_loss import LEARNER, plug_in
-    from ppolab.record import load_run
+    from ppolab.experiments.capstone_grade import LEARNER, plug_in
+    from ppolab.run.reader import load_run
     from ppolab.replay import require_policy_loss
 
     run = load_run(learner_run(tmp_path / "learner-run"))

@@ -144,7 +144,7 @@ def test_forward_response_through_the_fused_head_equals_the_logits_path(lora):
     trainable) embedding and in LoRA adapters — with a left-padded prompt and a temperature per row."""
     from torch import nn
 
-    from ppolab.roles import _fusable_head, forward_response
+    from ppolab.models import _fusable_head, forward_response
 
     model = small_qwen(tie=not lora)
     if lora:
@@ -176,7 +176,7 @@ def test_forward_response_through_the_fused_head_equals_the_logits_path(lora):
 def test_a_head_that_cannot_be_fused_takes_the_logits_path():
     from peft import LoraConfig, get_peft_model
 
-    from ppolab.roles import _fusable_head
+    from ppolab.models import _fusable_head
 
     model = get_peft_model(small_qwen(tie=False), LoraConfig(r=4, target_modules=["lm_head"]))
     assert _fusable_head(model) is None  # a LoRA-wrapped head: its logits are base + adapter
@@ -189,17 +189,17 @@ def test_a_real_vocabulary_takes_the_fused_head_at_one_row(monkeypatch):
     """From CHUNK_VOCAB tokens forward_response fuses the head whatever the batch: one row of 257 positions at
     151,936 tokens is under the logits threshold, and the plain formulas there cost ~5× the time (lab 13 replays
     micro-batches of one row); under it — the shipped models' 29 tokens — the plain path stays."""
-    import ppolab.roles as roles
+    import ppolab.models as models
     from ppolab.algos.logprob import CHUNK_LOGITS_THRESHOLD, CHUNK_VOCAB, use_chunked_logits
 
     assert 257 * 151_936 < CHUNK_LOGITS_THRESHOLD and use_chunked_logits(1, 257, 151_936)
     assert not use_chunked_logits(64, 257, 29) and not use_chunked_logits(1, 10, CHUNK_VOCAB - 1)
     calls = []
-    real = roles.fused_head_logprobs_entropy
-    monkeypatch.setattr(roles, "fused_head_logprobs_entropy", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = models.fused_head_logprobs_entropy
+    monkeypatch.setattr(models, "fused_head_logprobs_entropy", lambda *a, **k: calls.append(1) or real(*a, **k))
     for vocab, fused in ((CHUNK_VOCAB, True), (CHUNK_VOCAB - 1, False)):
         calls.clear()
         model = small_qwen(vocab=vocab)
         ids = torch.randint(0, 3000, (1, 8), generator=torch.Generator().manual_seed(0))
-        out = roles.forward_response(model, ids, torch.ones_like(ids), 4, 1.0)
+        out = models.forward_response(model, ids, torch.ones_like(ids), 4, 1.0)
         assert out.log_probs.shape == (1, 4) and bool(calls) == fused, vocab

@@ -89,7 +89,7 @@ def test_chunked_log_probs_entropy_and_gradients_equal_the_plain_formulas():
     """A random Qwen2 with the real 151,936-token vocabulary: forward_response's chunked path gives the plain path's
     log-probs, entropy and Σπ² and the same gradients (in the model's weights and in the logits themselves), with a
     temperature per row and chunks that split rows (17 positions of 151,936 logits per chunk here)."""
-    from ppolab.roles import forward_response
+    from ppolab.models import forward_response
 
     model = tiny_qwen()
     ids = torch.randint(0, QWEN_VOCAB, (3, 40), generator=torch.Generator().manual_seed(0))
@@ -165,7 +165,8 @@ def test_the_shipped_runs_never_reach_the_chunked_path(monkeypatch):
     whole step batch at the longest response, on the 29-token model — stays far below it, so shipped runs keep the
     plain formulas bit for bit; forward_response on the shipped model indeed never calls the chunked function."""
     from ppolab.models import load_tokenizer
-    from ppolab.roles import PolicyModels, forward_response
+    from ppolab.roles import PolicyModels
+    from ppolab.models import forward_response
     from ppolab.train import resolve_config
 
     for preset in ("grpo_tiny", "grpo_tool_tiny", "ppo_fire_tiny", "ppo_gae_tiny"):
@@ -174,12 +175,12 @@ def test_the_shipped_runs_never_reach_the_chunked_path(monkeypatch):
         rows = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
         assert rows * (cfg.data.max_response_length + 1) * vocab < CHUNK_LOGITS_THRESHOLD / 10, preset
 
-    import ppolab.roles as roles
+    import ppolab.models as model_module
 
     def refuse(*args, **kwargs):
         raise AssertionError("the chunked path ran on the tiny model")
 
-    monkeypatch.setattr(roles, "chunked_logprobs_entropy", refuse)
+    monkeypatch.setattr(model_module, "chunked_logprobs_entropy", refuse)
     models = PolicyModels(str(TINY), 0, 16, ["q_proj"], use_reference=False)
     ids = torch.randint(4, 20, (8, 30))
     out = forward_response(models.model, ids, torch.ones_like(ids), 16, 1.0, True, True)
@@ -191,7 +192,8 @@ def test_gradient_checkpointing_recomputes_layers_and_keeps_the_gradients(lora_r
     """actor_rollout_ref.model.enable_gradient_checkpointing: each decoder layer runs again in backward
     (forward calls double) and the gradients of the trainable weights (the LoRA adapter, or every weight) are
     the same as without it."""
-    from ppolab.roles import PolicyModels, forward_response
+    from ppolab.roles import PolicyModels
+    from ppolab.models import forward_response
 
     ids = torch.randint(4, 20, (4, 24), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
@@ -282,7 +284,7 @@ def opinionated_model(tmp_path_factory):
 
 
 def teacher_forced_logits(model, out):
-    from ppolab.roles import position_ids_from_mask
+    from ppolab.models import position_ids_from_mask
 
     ids = torch.cat([out.prompts, out.responses], 1)
     mask = torch.cat([out.prompt_mask, out.response_mask.long()], 1)
@@ -337,7 +339,8 @@ def test_with_top_p_and_top_k_rollout_log_probs_are_the_filtered_ones_and_the_tr
     (vLLM's processed_logprobs); the trainer recomputes on the full distribution, as verl does. On every token
     rollout − trainer = −log(kept probability mass) ≥ 0 — zero where the filter kept (almost) everything, large
     where it cut a flat distribution. rollout_is sees this gap; it is a sampling choice, not an engine bug."""
-    from ppolab.roles import PolicyModels, forward_response
+    from ppolab.roles import PolicyModels
+    from ppolab.models import forward_response
     from ppolab.rollout import HFRollout, SamplingParams
 
     models = PolicyModels(str(TINY), 0, 16, ["q_proj"], use_reference=False)

@@ -17,8 +17,8 @@ import torch
 import ppolab.algos
 from ppolab.algos.policy_loss import POLICY_LOSS_REGISTRY
 from ppolab.exercises import check, matches
-from ppolab.numbers import capstone_loss as cl
-from ppolab.numbers import grader_guard
+from ppolab.experiments import capstone_grade as cl
+from ppolab.experiments import grader_guard
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("solutions_17_loss_iso", ROOT / "labs" / "solutions" / "17_loss.py")

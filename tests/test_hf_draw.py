@@ -43,7 +43,7 @@ def test_recorded_log_probs_at_a_large_vocabulary_are_the_trainers(sampling):
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from ppolab.algos.logprob import top_k_top_p_filter
-    from ppolab.roles import response_logits
+    from ppolab.models import shifted_logits
 
     torch.manual_seed(0)
     vocab = DRAW_VOCAB + 7
@@ -59,7 +59,7 @@ def test_recorded_log_probs_at_a_large_vocabulary_are_the_trainers(sampling):
     ids, attn = left_pad([c + t.tolist() for c, t in zip(contexts, tokens)], Tok.pad_token_id)
     ids = torch.as_tensor(ids)
     attn = torch.as_tensor(attn)
-    z = response_logits(model, ids, attn, 6).float() / sampling.temperature
+    z = shifted_logits(model, ids, attn, 6).float() / sampling.temperature
     if sampling.top_k > 0 or sampling.top_p < 1.0:
         z = top_k_top_p_filter(z, sampling.top_k, sampling.top_p)
     want = torch.log_softmax(z, -1).gather(-1, tokens[..., None]).squeeze(-1)

@@ -156,10 +156,10 @@ def test_k3_is_non_negative_for_unclipped_inputs(d, ref):
 def test_a_reading_without_gradients_goes_through_the_model_a_few_rows_at_a_time(monkeypatch):
     """forward_response without gradients cuts the rows into passes of bounded logits (a 151,936-token vocabulary
     would hold 10 GB for a 64 × 256 step at once); the outputs are those of one pass over every row."""
-    import ppolab.roles as roles
+    import ppolab.models as models
     from ppolab.algos.logprob import logit_rows_per_pass
     from ppolab.models import load_tokenizer_and_model
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     t = resolve_run("grpo_tiny").step(1).tensors
     ids = torch.cat([t["prompts"], t["responses"]], dim=1)[:7]
@@ -167,17 +167,17 @@ def test_a_reading_without_gradients_goes_through_the_model_a_few_rows_at_a_time
     model = load_tokenizer_and_model(resolve_run("grpo_tiny").model_path())[1]
     R = t["responses"].shape[1]
     with torch.no_grad():
-        whole = roles.forward_response(model, ids, mask, R, 0.7, want_entropy=True)
+        whole = models.forward_response(model, ids, mask, R, 0.7, want_entropy=True)
         passes = []
-        real = roles._forward
+        real = models._forward
 
         def counting(*args, **kwargs):
             passes.append(args[1].shape[0])
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(roles, "_forward", counting)
-        monkeypatch.setattr(roles, "logit_rows_per_pass", lambda positions, vocab: 3)
-        cut = roles.forward_response(model, ids, mask, R, 0.7, want_entropy=True)
+        monkeypatch.setattr(models, "_forward", counting)
+        monkeypatch.setattr(models, "logit_rows_per_pass", lambda positions, vocab: 3)
+        cut = models.forward_response(model, ids, mask, R, 0.7, want_entropy=True)
     assert passes == [3, 3, 1]
     # the same numbers to float32 rounding: a pass of other rows sums its matrix products in another order
     torch.testing.assert_close(cut.log_probs, whole.log_probs, rtol=1e-6, atol=1e-5)
@@ -189,7 +189,7 @@ def test_a_large_run_replays_a_bounded_number_of_rows(monkeypatch):
     """replay_rows: the whole mini-batch on a shipped run; on a large one (here: a tiny logit budget) the first rows,
     a multiple of rollout.n, and replay_actor_update says how many the mini-batch has."""
     from ppolab import replay
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     run = resolve_run("grpo_tiny")
     rows = replay.mini_batch_rows(run)

@@ -16,7 +16,9 @@ import pytest
 import torch
 
 from ppolab.errors import StepNotCommitted
-from ppolab.record import STEP_FILE, Recorder, Run
+from ppolab.run.files import STEP_FILE
+from ppolab.run.reader import Run
+from ppolab.run.recorder import Recorder
 
 SOURCE = Path(__file__).resolve().parents[1] / "data" / "runs" / "ppo_fire_tiny"
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from ppolab.exercises import _kind, case, matches, registry, truth
-from ppolab.record import resolve_run
+from ppolab.run.reader import resolve_run
 
 pytestmark = pytest.mark.slow  # every exercise's truth on its own run: ~30 s, in .ci/run's slow phase
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ppolab.record import Run
+from ppolab.run.reader import Run
 from ppolab.replay import max_abs_diff, mini_batch_rows, replay_actor_update, run_models
 from ppolab.widgets.common import SHIPPED_RUNS
 

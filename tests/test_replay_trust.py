@@ -4,6 +4,7 @@ step; a killed ablation run is never read as a result; every odd argument and da
 the argument, the file or the key. Every test edits a copy of a shipped run; none trains or replays a model."""
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 from pathlib import Path
@@ -15,9 +16,12 @@ from safetensors.torch import load_file
 import ppolab
 from ppolab.course import DATA
 from ppolab.errors import FileFormatError, MissingFileError
-from ppolab.numbers import ablations, invariance, update_effect
+from ppolab.experiments import ablations
+from ppolab.numbers import invariance, update_effect
 from ppolab.numbers.needs import RunLacks
-from ppolab.record import Run, update_state_record, write_tensors
+from ppolab.run.checkpoints import update_state_record
+from ppolab.run.files import write_tensors
+from ppolab.run.reader import Run
 
 from helpers import tree_hash
 
@@ -207,13 +211,13 @@ def test_a_killed_ablation_run_leaves_nothing_that_reads_as_a_result(tmp_path, m
     run = copy_run("grpo_tiny", tmp_path / "mine")
     root = ablations._cache_dir(Run(run))
     calls = []
-    monkeypatch.setattr(ppolab, "train", _fake_train(calls, fail=True))
+    monkeypatch.setattr(importlib.import_module("ppolab.train"), "train", _fake_train(calls, fail=True))
     with pytest.raises(KeyboardInterrupt):
         ablations.ablation_runs(run, ("clip_ratio",))
     assert not (root / "base").exists() and list(root.iterdir()) == []  # no folder, no temporary left
     with pytest.raises(RunLacks, match="'base'"):
         ablations.ablation_runs(run, ("clip_ratio",), train=False)
-    monkeypatch.setattr(ppolab, "train", _fake_train(calls))
+    monkeypatch.setattr(importlib.import_module("ppolab.train"), "train", _fake_train(calls))
     runs = ablations.ablation_runs(run, ("clip_ratio",))
     assert set(runs) == {"base", "clip_ratio"} and (root / "base" / ablations.DONE).is_file()
     assert ablations.effect(runs, "clip_ratio") == pytest.approx(1.0)  # the same curves: a factor, not NaN
@@ -234,7 +238,7 @@ def test_a_folder_a_killed_run_left_at_the_final_name_is_trained_again(tmp_path,
     with pytest.raises(RunLacks, match="'base'"):
         ablations.ablation_runs(run, ("clip_ratio",), train=False)
     calls = []
-    monkeypatch.setattr(ppolab, "train", _fake_train(calls))
+    monkeypatch.setattr(importlib.import_module("ppolab.train"), "train", _fake_train(calls))
     runs = ablations.ablation_runs(run, ("clip_ratio",))
     assert len(calls) == 2 and len(runs["base"].metrics) == len(Run(ablations.SHIPPED / "base").metrics)
 
@@ -335,7 +339,8 @@ def test_a_truncated_tensors_file_is_named(tmp_path):
 def test_the_recorder_writes_what_the_checks_read(tmp_path):
     """A step recorded by the Recorder carries its number in the tensors file's header and a digest of its update
     state, so the checks above hold for every run trained from now on."""
-    from ppolab.record import LazyTensors, Recorder
+    from ppolab.run.recorder import Recorder
+    from ppolab.run.step import LazyTensors
 
     rec = Recorder(tmp_path / "run", {"trainer": {}}, {})
     _, meta = update_state_record({"weights": {"actor.0": torch.ones(2)}, "optimizer": {"state": {},

@@ -14,7 +14,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from ppolab.algos import logprobs_from_logits, scale_logits
 from ppolab.algos.logprob import top_k_top_p_filter
-from ppolab.engine import pad_right
+from ppolab.batch import pad_right
 from ppolab.models import SHIPPED_MODEL, load_tokenizer_and_model
 from ppolab.rollout.base import SamplingParams, eos_token_ids, left_pad, response_mask_from_ids
 from ppolab.rollout.hf import generate_tokens, neutral_generation_config

@@ -21,8 +21,8 @@ from ppolab.config import ConfigError, PPOConfig, to_dict
 from ppolab.data import load_rl_dataset, make_row
 from ppolab.errors import DataError, RewardError, RewardWarning, RunDirError, RunWarning
 from ppolab.models import SHIPPED_MODEL, load_tokenizer
-from ppolab.rundir import CLAIM_FILE, IDENTITY_FIELDS, RESUMABLE_FIELDS, claim_run_dir, flatten, new_run_dir, \
-    resume_changes
+from ppolab.run.claim import CLAIM_FILE, claim_run_dir, new_run_dir
+from ppolab.run.identity import IDENTITY_FIELDS, RESUMABLE_FIELDS, flatten, resume_changes
 from ppolab.train import main, resolve_config
 from helpers import NO_VAL, TINY, tree_hash, write_parquet
 
@@ -526,7 +526,7 @@ def test_a_resume_removes_what_a_killed_writer_left(tmp_path):
 def test_a_start_again_after_a_start_killed_while_saving_its_tokenizer_cleans_it(tmp_path):
     """A kill before step 1 (while tokenizer/ was saved) leaves no run, so the same command starts afresh — and
     used to leave the half-saved .tokenizer.*.tmp/ folder there for good."""
-    from ppolab.rundir import leftover_temp_files, remove_leftovers
+    from ppolab.run.files import leftover_temp_files, remove_leftovers
 
     root = tmp_path / "run"
     half = root / ".tokenizer.k1ll3d.tmp"

@@ -10,7 +10,8 @@ import pytest
 import ppolab
 from ppolab.errors import MissingFileError
 from ppolab.models import SHIPPED_MODEL, load_tokenizer
-from ppolab.record import SHIPPED_RUNS, TOKENIZER_DIR
+from ppolab.run.files import TOKENIZER_DIR
+from ppolab.run.reader import SHIPPED_RUNS
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED_RUNS))

@@ -9,7 +9,7 @@ import torch
 import ppolab
 from ppolab.config import ConfigError
 from ppolab.models import load_tokenizer_and_model
-from ppolab.roles import forward_response
+from ppolab.models import forward_response
 from ppolab.train import resolve_config
 from ppolab.trainer import PPOTrainer
 from ppolab.worker import ActorWorker

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ppolab.numbers.update_effect import CLIP_STATES, replayable_steps, step_effect
-from ppolab.record import Run
+from ppolab.run.reader import Run
 
 from helpers import NO_VAL, TINY
 
@@ -142,7 +142,7 @@ def test_the_first_step_of_a_lora_run_gives_A_no_gradient():
     assert a and b and len(a) == len(b)
     assert all(p["grad_norm"] == 0.0 for p in a) and all(p["grad_norm"] > 0 for p in b)
     assert all(p["before_norm"] == 0.0 for p in b)
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     wd = resolve_run("grpo_tiny").ppo_config().actor_rollout_ref.actor.optim.weight_decay
     for p in a:  # (a change of ~1e-6 of each weight: fp32 rounds it by a few per cent)

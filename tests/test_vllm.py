@@ -158,7 +158,7 @@ def sequences(out):
 
 def trainer_log_probs(models, out):
     """log π of the sampled tokens as the trainer recomputes them (``forward_response`` with the actor adapter)."""
-    from ppolab.roles import forward_response
+    from ppolab.models import forward_response
 
     ids, mask = sequences(out)
     with torch.no_grad(), models.actor() as actor:
@@ -195,7 +195,7 @@ def test_vllm_greedy_is_the_argmax_of_the_training_model(engine):
     models, rollout = engine
     prompts = prompt_ids(models, 2)
     out = rollout.generate(prompts, 1, SamplingParams(do_sample=False), 16)
-    from ppolab.roles import position_ids_from_mask
+    from ppolab.models import position_ids_from_mask
 
     ids, mask = sequences(out)
     with torch.no_grad(), models.actor() as actor:

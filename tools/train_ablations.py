@@ -1,5 +1,5 @@
 """Train the short ablation runs of the shipped grpo_tiny into data/ablations/grpo_tiny/ (lab 15, "predict the
-curve"): the base and one run per knob of ppolab.numbers.ablations.KNOBS, each STEPS steps, then keep only what the
+curve"): the base and one run per knob of ppolab.experiments.ablations.KNOBS, each STEPS steps, then keep only what the
 labs read (config.json, metrics.jsonl, summary.json) and print the bytes and seconds.
 
     python tools/train_ablations.py            # refuses when data/ablations/grpo_tiny/ exists
@@ -10,8 +10,9 @@ import shutil
 import sys
 import time
 
-from ppolab.numbers import ablations
-from ppolab.record import load_run
+from ppolab.experiments import ablations
+from ppolab.course import COURSE_ROOT
+from ppolab.run.reader import SHIPPED_RUNS, load_run
 
 KEEP = {"config.json", "metrics.jsonl", "summary.json"}
 
@@ -21,7 +22,7 @@ def main() -> int:
     if out.exists():
         print(f"{out} exists; remove it first to train the ablations again", file=sys.stderr)
         return 1
-    base = load_run(ablations.ROOT / "data" / "runs" / "grpo_tiny")
+    base = load_run(SHIPPED_RUNS["grpo_tiny"])
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     for name in ("base", *ablations.KNOBS):
@@ -30,6 +31,9 @@ def main() -> int:
         for p in path.iterdir():
             if p.name not in KEEP:
                 shutil.rmtree(p) if p.is_dir() else p.unlink()
+            else:  # no path of this machine in a shipped file: the checkout's own paths, relative to it
+                p.write_text(p.read_text().replace(str(tmp), str(out.relative_to(COURSE_ROOT)))
+                             .replace(str(COURSE_ROOT) + "/", ""))
         print(f"{name}: {time.time() - start:.1f} s, {sum(p.stat().st_size for p in path.iterdir()):,} bytes")
     tmp.rename(out)
     print(f"{out}: {sum(p.stat().st_size for p in out.rglob('*') if p.is_file()):,} bytes")

@@ -35,7 +35,7 @@ def verl_tracking():
 def log_run(logger, run_dir: Path = RUN, extra: dict | None = None):
     """Every logged step of ``run_dir`` through ``logger.log(data, step)`` — as verl's trainer calls it, with the
     metrics the step computed (a NaN of ppolab's frame is a metric that step did not log) — then ``finish()``."""
-    from ppolab.record import Run
+    from ppolab.run.reader import Run
 
     run = Run(run_dir)
     for step, row in run.metrics.iterrows():

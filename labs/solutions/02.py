@@ -3,7 +3,7 @@ would write; it is called with the exercise's context (e.g. ``run``)."""
 import torch
 
 from ppolab import algos
-from ppolab.record import resolve_run
+from ppolab.run.reader import resolve_run
 
 
 def largest_ratio(run=None, opt_step=-1, step=None):

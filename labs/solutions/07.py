@@ -9,8 +9,8 @@ from ppolab.exercises.lab07 import _run_model, step1_entropy
 from ppolab.models import load_tokenizer_and_model
 from ppolab.numbers.steps import optimizer_step_batch
 from ppolab.numbers.temperature import first_step_loss, run_temperature
-from ppolab.record import resolve_run
-from ppolab.roles import forward_response
+from ppolab.run.reader import resolve_run
+from ppolab.models import forward_response
 
 TEMP_RUN = "grpo_temp_tiny"
 

@@ -4,7 +4,7 @@ import torch
 
 from ppolab.algos import AdaptiveKLController, kl_penalty, masked_mean
 from ppolab.exercises.lab08 import e1_case, e2_case, e3_case, next_beta, reward_kl_statistic
-from ppolab.record import resolve_run
+from ppolab.run.reader import resolve_run
 from ppolab.numbers.kl import full_log_probs, response_logits
 
 RUN = "ppo_fire_tiny"

@@ -7,7 +7,7 @@ from ppolab.exercises.lab09 import (critic_batch, critic_engine_case, far_token_
                                     logged_clipfrac, update_case, window_case, window_counts)
 from ppolab.numbers.critic_engine import critic_micro_batches
 from ppolab.widgets import value_clip_explorer
-from ppolab.record import resolve_run
+from ppolab.run.reader import resolve_run
 
 RUN = "ppo_fire_tiny"
 

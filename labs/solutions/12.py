@@ -5,8 +5,7 @@ import math
 from ppolab.batching import mini_batch_indices, plan_dynamic_micro_batches
 from ppolab.update_plan import micro_batches
 from ppolab.exercises.lab12 import critic_budget_case, critic_mini_batch
-from ppolab.numbers.aggregation import recorded_seq_lens
-from ppolab.record import resolve_run
+from ppolab.run.reader import resolve_run
 
 
 def recorded_steps_and_rows(run=None, forget_n=False):
@@ -20,7 +19,7 @@ def recorded_steps_and_rows(run=None, forget_n=False):
 
 def dynamic_count(run=None, budget=128, fit_loop=True):
     rec = resolve_run(run).step(1)
-    lens = recorded_seq_lens(rec, rec.info["batch_plan"]["local_mini_batch"])
+    lens = rec.opt_step(0).seq_lens()
     if not fit_loop:  # the HEAD count: ceil(total / budget), no retries
         return min(len(lens), math.ceil(sum(lens) / budget))
     return len(plan_dynamic_micro_batches(lens, budget))

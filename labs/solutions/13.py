@@ -1,7 +1,7 @@
 """Solutions to lab 13's exercises (kept out of the notebook). A callable solution is the code a learner
 would write; it is called with the exercise's context (e.g. ``run``)."""
 from ppolab.replay import replay_rows
-from ppolab.record import resolve_run
+from ppolab.run.reader import resolve_run
 
 
 def _batch(run=None):

@@ -3,7 +3,7 @@ would write; it is called with the exercise's context (e.g. ``run``)."""
 import math
 
 from ppolab.train import resolve_config
-from ppolab.record import resolve_run
+from ppolab.run.reader import resolve_run
 
 
 def counts(forget_n=False, one_epoch=False):

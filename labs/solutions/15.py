@@ -5,7 +5,7 @@ import statistics
 import torch
 
 from ppolab.exercises.lab15 import POLICY_KNOBS, REGULARISER_KNOBS
-from ppolab.record import resolve_run
+from ppolab.run.reader import resolve_run
 
 
 def zero_advantage_share(run=None, per_token=False):
@@ -28,7 +28,7 @@ def lone_correct(unbiased=True, normalise=True, n=5):
 
 def _factors(base=None, knobs=()):
     """The learner's reading of the curves: each knob's mean over steps 2… over the base's."""
-    from ppolab.numbers import ablations
+    from ppolab.experiments import ablations
 
     r = base if base is not None else "grpo_tiny"
     runs = ablations.ablation_runs(r, knobs)  # leaves out the knobs the run cannot take

@@ -13,7 +13,7 @@ import torch
 
 from ppolab.numbers import capstone
 from ppolab.numbers.capstone_what_if import what_if
-from ppolab.record import resolve_run
+from ppolab.run.reader import resolve_run
 
 RUN = "ppo_fire_tiny"
 EPS = 1e-8  # verl's masked denominators and whitening
@@ -263,12 +263,12 @@ def _with(config, **setting):
 
 def actor_step(run=None, k=0, mistake=None, eps_low=None, eps_high=None, clip_ratio_c=None, plan=None):
     """Optimizer step k's actor metrics: per rank Σ/mean over micro-batches, then the mean over ranks. ``plan``:
-    which rows each micro-batch holds (``capstone.update_plan``'s form; None: the recorded one)."""
+    which rows each micro-batch holds (``capstone.micro_batch_rows``'s form; None: the recorded one)."""
     r, s, t, real = _setup(run)
     cfg = r.ppo_config()
     a = _with(cfg.actor_rollout_ref.actor, clip_ratio_low=eps_low, clip_ratio_high=eps_high,
               clip_ratio_c=clip_ratio_c)
-    plan = (plan or capstone.update_plan(r, s, "actor"))[k]
+    plan = (plan or capstone.micro_batch_rows(r, s, "actor"))[k]
     dp = len(plan)
     rows = [i for rank in plan for mb in rank for i in mb]
     n_tokens = _pre_mask(t)[rows].sum()  # the global Σ loss_mask of this mini-batch, all ranks
@@ -293,7 +293,7 @@ def part_17_4(run=None, mistake=None, **setting):
 
 def part_17_5(run=None, mistake=None, **setting):
     r, s, t, real = _setup(run)
-    n = len(setting.get("plan") or capstone.update_plan(r, s, "actor"))
+    n = len(setting.get("plan") or capstone.micro_batch_rows(r, s, "actor"))
     steps = [actor_step(r, k, mistake, **setting) for k in range(n)]
     if mistake == "last_step_only":
         return steps[-1]
@@ -306,7 +306,7 @@ def part_17_5(run=None, mistake=None, **setting):
 def critic_step(r, s, t, k, mistake=None, cliprange_value=None):
     cfg = r.ppo_config()
     c = _with(cfg.critic, cliprange_value=cliprange_value)
-    plan = capstone.update_plan(r, s, "critic")[k]
+    plan = capstone.micro_batch_rows(r, s, "critic")[k]
     dp = len(plan)
     rows = [i for rank in plan for mb in rank for i in mb]
     n_tokens = _pre_mask(t)[rows].sum()
@@ -334,7 +334,7 @@ def critic_step(r, s, t, k, mistake=None, cliprange_value=None):
 
 def part_17_6(run=None, mistake=None, **setting):
     r, s, t, real = _setup(run)
-    n = len(capstone.update_plan(r, s, "critic"))
+    n = len(capstone.micro_batch_rows(r, s, "critic"))
     steps = [critic_step(r, s, t, k, mistake, **setting) for k in range(n)]
     return {key: sum(m[key] for m in steps) / n for key in steps[0]}
 
@@ -360,10 +360,10 @@ def part_17_7(run=None, mistake=None, actor_setting=None, critic_setting=None):
 # ------------------------------------------------------------------ 17.8 one step further: backpropagate the loss
 def part_17_8(run=None, mistake=None):
     """The gradient of one LoRA tensor from the 17.4 policy loss, with log π from a forward that keeps the graph."""
-    from ppolab.engine import Batch, trimmed_inputs
+    from ppolab.batch import Batch, trimmed_inputs
     from ppolab.exercises.lab17 import backprop_case
     from ppolab.replay import REPLAY_LOCK, run_models
-    from ppolab.roles import forward_response
+    from ppolab.models import forward_response
     from ppolab.update_plan import recorded_plan
 
     r = resolve_run(run, RUN)

@@ -1,9 +1,9 @@
-"""Lab 17, part II: a learner's three losses in plain torch — no ``ppolab.algos`` — and ten plausible wrong versions.
+"""Lab 17, part II: a learner's three losses in plain torch — no ``ppolab.algos`` — and twelve plausible wrong versions.
 
 ``policy_loss`` has verl's registry signature and is plugged into the trainer as a ``loss_mode``; ``actor_loss``
 assembles a micro-batch's loss from it, the entropy bonus and the loss-side KL; ``value_loss`` is the critic's clipped
 loss. ``loss_set(mistake)`` returns the three with one mistake built in; ``FIRST_STAGE`` names the stage of
-``ppolab.numbers.capstone_loss.grade_hidden`` that must catch it (the first that can see it).
+``ppolab.experiments.capstone_grade.grade_hidden`` that must catch it (the first that can see it).
 """
 import importlib.util
 from pathlib import Path
@@ -62,7 +62,8 @@ def make_policy_loss(mistake=None):
             high = low
         c = config.clip_ratio_c
         A = advantages
-        log_ratio = torch.clamp(log_prob - old_log_prob, -20.0, 20.0)
+        log_ratio = log_prob - old_log_prob if mistake == "ratio_clamp" else torch.clamp(log_prob - old_log_prob,
+                                                                                          -20.0, 20.0)
         ratio = torch.exp(log_ratio)
         sign = -1.0 if mistake != "sign" else 1.0
         l1 = sign * A * ratio
@@ -91,8 +92,11 @@ def make_actor_loss(mistake=None):
             loss = loss + bonus if mistake == "entropy_sign" else loss - bonus
         if config.use_kl_loss:
             lp = log_prob.detach() if mistake == "kl_placement" else log_prob  # the KL moves π_θ, not a constant
-            loss = loss + config.kl_loss_coef * aggregate(kl_estimate(lp, ref_log_prob, config.kl_loss_type),
-                                                          response_mask, mode, info)
+            kld = kl_estimate(lp, ref_log_prob, config.kl_loss_type)
+            if mistake == "k3_clamp" and config.kl_loss_type.rstrip("+") in ("low_var_kl", "k3"):
+                x = torch.clamp(ref_log_prob - lp, -20, 20)
+                kld = torch.exp(x) - x - 1  # k3 without its clamp to [−10, 10]
+            loss = loss + config.kl_loss_coef * aggregate(kld, response_mask, mode, info)
         return loss
     return actor_loss
 
@@ -116,16 +120,18 @@ def loss_set(mistake=None):
     return make_policy_loss(mistake), make_actor_loss(mistake), make_value_loss(mistake)
 
 
-#: The ten plausible wrong losses and the stage of grade (a) that must catch each first.
+#: The twelve plausible wrong losses and the stage of grade (a) that must catch each first.
 FIRST_STAGE = {
     "sign": "surrogate",              # −A·r written A·r: the update climbs the loss
     "clip_bounds": "clip",            # one ε for both sides: clip_ratio_high ignored
     "dual_clip": "dual clip",         # no −A·c bound for negative advantages
+    "ratio_clamp": "ratio clamp",     # r = exp(log_prob − old_log_prob) without the ±20 clamp
     "mask": "mask",                   # padded positions counted
     "aggregation": "aggregation",     # token-mean whatever loss_agg_mode says
     "local_counts": "global counts",  # each micro-batch averaged by itself, then summed: a mean of micro-batches
     "dp_factor": "dp factor",         # no × dp_size: every rank's gradient shrinks by the rank count
     "entropy_sign": "entropy",        # the bonus added: entropy is pushed down
     "kl_placement": "kl loss",        # the KL of a detached π_θ: the term is there, its gradient is not
+    "k3_clamp": "kl clamp",           # low_var_kl without its clamp to [−10, 10]
     "value_clip": "value clip",       # V clipped around the return instead of V_old
 }

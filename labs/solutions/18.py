@@ -4,7 +4,7 @@ import torch
 
 from ppolab.exercises.lab18 import adam_case, coefficient_case, two_tokens_case
 from ppolab.numbers.update_effect import step_effect
-from ppolab.record import resolve_run
+from ppolab.run.reader import resolve_run
 from ppolab.update_plan import recorded_plan
 
 

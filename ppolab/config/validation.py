@@ -162,7 +162,8 @@ def _check_names(c: _Checks) -> None:
     c.choice(f"{_A}.policy_loss.loss_mode", names["loss_mode"])
     if len(c.errors) > before:  # a learner's loss is registered only in the process that plugged it in
         c.errors[-1] += ("; a loss of your own is plugged in first, in this process: "
-                         "ppolab.numbers.capstone_loss.plug_in(your_loss, name) (or ppolab.algos.register_policy_loss)")
+                         "ppolab.experiments.capstone_grade.plug_in(your_loss, name) "
+                         "(or ppolab.algos.register_policy_loss)")
     c.kl_name(f"{_A}.kl_loss_type", names["kl"])
     c.kl_name("algorithm.kl_penalty", names["kl"])
     c.choice("algorithm.adv_estimator", names["adv_estimator"])

@@ -562,9 +562,13 @@ def check(id: str, answer: Any, **context: Any) -> Verdict:
     except KeyError:  # a typo in the id: say which ids exist
         return Verdict(str(id), False, False, tr("no exercise {id}; the labs' exercises are {ids}").format(
             id=repr(id), ids=", ".join(registry())))
-    if answer is UNANSWERED:
-        return Verdict(id, False, False,
-                       tr("{id}: not answered yet — replace `...` with your answer and run again.").format(id=id))
+    if answer is UNANSWERED:  # the cell that asks states the task, built from the run the lab is open on
+        line = tr("{id}: not answered yet — replace `...` with your answer and run again.").format(id=id)
+        try:
+            task = prompt(id, context.get("run"))
+        except Exception:  # noqa: BLE001 — the task line is a courtesy: the verdict stands without it
+            task = ""
+        return Verdict(id, False, False, line + ("\n\n" + tr("The task: {prompt}").format(prompt=task) if task else ""))
     try:
         if "run" in ex.context and not isinstance(context.get("run"), (tuple, list)):
             require(context.get("run"), *ex.needs, default=ex.default_run)

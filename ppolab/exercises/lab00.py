@@ -43,7 +43,7 @@ def _e2(run=None) -> int:
                  "acc = run.metrics['val/accuracy'].dropna(); answer = acc.iloc[-1] - acc.loc[0]."),
           context=("run",), needs=("validation",))
 def _e3(run=None) -> float:
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     s = resolve_run(run).summary  # written by the trainer at the end of the run
     return s["val_after"]["val/accuracy"] - s["val_before"]["val/accuracy"]
@@ -56,7 +56,7 @@ def reading_order_case(run=None) -> dict:
     full-length sequence: ``budget``; a run without a critic answers 0 for it) — settings under which the nesting's
     counts differ from one optimizer step each, from each other and from the counts the run recorded."""
     from ppolab.numbers.critic_engine import smallest_budget
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     r = resolve_run(run)
     step = r.steps[0]
@@ -92,7 +92,7 @@ def reading_order_case(run=None) -> dict:
           context=("run",), case=reading_order_case)
 def _e4(run=None) -> tuple[int, int]:
     from ppolab.numbers.critic_engine import critic_micro_batches
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     r = resolve_run(run)
     c = reading_order_case(r)

@@ -14,9 +14,9 @@ def bypass_stages(run=None):
     from dataclasses import replace
     from types import SimpleNamespace
 
-    from ppolab.engine import Batch
+    from ppolab.batch import Batch
     from ppolab.trainer import PPOTrainer
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     r = resolve_run(run, default="grpo_tiny_vllm_bf16")
     rec = r.step(r.steps[0])
@@ -49,7 +49,7 @@ def _reward_kl_controller(r, step: int):
 
 def first_step_case(run=None, default: str = "grpo_tiny_vllm_bf16") -> dict:
     """The first recorded step of ``run`` (the step bypass_stages replays)."""
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     return {"step": resolve_run(run, default=default).steps[0]}
 
@@ -97,7 +97,7 @@ def _tokens_in_loss(tensors, response_mask) -> int:
           context=("run",), needs=("rejection",), case=lambda run=None: first_step_case(run, "ppo_fire_tiny"),
           default_run="ppo_fire_tiny")
 def _e2(run=None) -> int:
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     r = resolve_run(run, default="ppo_fire_tiny")
     recorded, batch, _ = bypass_stages(r)          # stage 7 in bypass mode: response_mask as generated
@@ -107,7 +107,7 @@ def _e2(run=None) -> int:
 def bypass_first_ratio(run=None, step: int | None = None) -> torch.Tensor:
     """exp(clamp(actor_log_probs[0] − rollout_log_probs, ±20)) on the valid tokens of optimizer step 0's rows:
     the ratio bypass mode's vanilla loss would have seen at the first optimizer step."""
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     r = resolve_run(run, default="grpo_tiny_vllm_bf16")
     rec = r.step(r.steps[0] if step is None else step)
@@ -140,7 +140,7 @@ def _e3(run=None) -> float:
                  "['ratio'], masked by response_mask[rows], then .max()."),
           rel=0.0, abs=5.1e-5, context=("run",))
 def _e4(run=None) -> float:
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     r = resolve_run(run)
     t = r.step(r.steps[-1]).tensors

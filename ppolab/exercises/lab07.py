@@ -37,9 +37,9 @@ def _run_model(run):
 
 def step1_entropy(run=None, temperature: float = 1.0) -> float:
     """Masked mean entropy of recorded step 1's response tokens under the base model at ``temperature``,
-    through the trainer's own forward pass (``ppolab.roles.forward_response``)."""
-    from ppolab.roles import forward_response
-    from ppolab.record import resolve_run
+    through the trainer's own forward pass (``ppolab.models.forward_response``)."""
+    from ppolab.models import forward_response
+    from ppolab.run.reader import resolve_run
 
     r = resolve_run(run)
     t = r.step(1).tensors
@@ -71,7 +71,7 @@ def _real_response_mask(t) -> torch.Tensor:
 def seq_mean_entropy(run=None, step: int | None = None) -> float:
     """The recorded stage-4 entropy of ``step`` averaged per real response first, then over the responses with at
     least one token (seq-mean-token-mean; the logged actor/entropy is a token mean over the whole batch)."""
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     r = resolve_run(run)
     t = r.step(r.steps[0] if step is None else step).tensors
@@ -81,7 +81,7 @@ def seq_mean_entropy(run=None, step: int | None = None) -> float:
 
 
 def _first_last_case(run=None) -> dict:
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     r = resolve_run(run)
     return {"step": r.steps[0], "last": r.steps[-1]}
@@ -121,7 +121,7 @@ def _ceiling_case(run=None) -> dict:
                  "T → ∞); answer t['entropy'][mask > 0].max() / log V."),
           rel=0.0, abs=5e-4, context=("run",), needs=("steps",), case=_ceiling_case)
 def _e3(run=None) -> float:
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     r = resolve_run(run)
     t = r.step(_ceiling_case(r)["step"]).tensors

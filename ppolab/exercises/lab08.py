@@ -16,7 +16,7 @@ RUN = "ppo_fire_tiny"
 
 
 def _run(run=None):
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     return resolve_run(run, RUN)
 

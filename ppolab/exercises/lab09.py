@@ -24,11 +24,8 @@ def critic_batch(run=None, update: int = 0, step: int | None = None):
     ``value_clip_explorer(...).batch`` gives them. vpreds past a micro-batch's own width (NaN in the recording, mask 0)
     hold V_old, so a masked position contributes nothing whatever the arithmetic."""
     _, rec = _record(run, step)
-    t = rec.tensors
-    vp = t["critic_vpreds"][update]
-    rows = rec.opt_step(update, "critic").rows()
-    m = t["response_mask"][rows]
-    return torch.where(m > 0, vp[rows], t["values"][rows]), t["returns"][rows], t["values"][rows], m
+    b = rec.opt_step(update, "critic").batch()
+    return b["vpreds"], b["returns"], b["values"], b["response_mask"]
 
 
 def clipfrac(run=None, update: int = 0, cliprange_value: float | None = None, step: int | None = None) -> float:

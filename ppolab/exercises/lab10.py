@@ -59,7 +59,7 @@ def short_row_case(run=None) -> dict:
           context=("run",), needs=("steps",), case=short_row_case, default_run=RUN)
 def _e6(run=None) -> tuple[int, int]:
     from ppolab.numbers.masks import run_tokenizer, shift_table
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     rec = _record(run)
     row = short_row_case(run)["row"]
@@ -84,7 +84,7 @@ def _e1() -> set[str]:
 
 def padding_case(run=None) -> dict:
     """Exercise 10.2's batch arithmetic, read off the run's config: prompts, n, ranks, mini-batch sizes."""
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     r = resolve_run(run, RUN)
     c = r.ppo_config()
@@ -155,8 +155,8 @@ def masks_row_case(run=None) -> dict:
 def attended(run=None) -> torch.Tensor:
     """(N, R): the response positions every forward pass attends to — ``response_attention_mask`` where the run
     recorded it (it differs from ``response_mask``), else ``response_mask``
-    (``ppolab.engine.Batch.response_attention``)."""
-    from ppolab.engine import Batch
+    (``ppolab.batch.Batch.response_attention``)."""
+    from ppolab.batch import Batch
 
     t = _record(run).tensors
     keys = ("response_mask",) + (("response_attention_mask",) if "response_attention_mask" in t else ())

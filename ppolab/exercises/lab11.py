@@ -36,7 +36,7 @@ def padded_mini_batch_step(run=None) -> int:
     """The first actor optimizer step of the first recorded step whose global mini-batch holds a padding row."""
     from ppolab.numbers import step_tensors
 
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     rec = step_tensors(run, None, RUN)
     pad = rec.tensors["is_pad"].bool()
@@ -72,10 +72,17 @@ def weight_ratio(run=None, mode: str = "token-mean") -> float:
 
 
 def ones_token_mean(run=None, opt_step: int = 0, denominator: str = "loss_mask") -> float:
-    """token-mean of ℓ = 1 on a global mini-batch, with batch_num_tokens = Σ ``denominator`` (the engine: loss_mask)."""
+    """token-mean of ℓ = 1 on a global mini-batch, with batch_num_tokens = Σ ``denominator``: the engine's count
+    (Σ loss_mask, read from the step's plan) or, for another ``denominator``, what that count would give."""
+    from ppolab.numbers import step_tensors
+
     b = mini_batch(run, opt_step)
     m = b["response_mask"]
-    return algos.agg_loss(torch.ones_like(m), m, "token-mean", batch_num_tokens=b[denominator].sum()).item()
+    if denominator == "loss_mask":  # the count the worker divided by, as the step's plan holds it
+        tokens = step_tensors(run, None, RUN).opt_step(opt_step).step.info().batch_num_tokens
+    else:
+        tokens = b[denominator].sum()  # what-if: another denominator than the worker's
+    return algos.agg_loss(torch.ones_like(m), m, "token-mean", batch_num_tokens=tokens).item()
 
 
 def ones_seq_mean(run=None, opt_step: int | None = None, fixed: bool = True) -> float:
@@ -158,7 +165,7 @@ def step_lengths(run=None, mask: str = "response_mask") -> torch.Tensor:
 def longest_case(run=None) -> dict:
     """Exercise 11.4: ``k`` — a quarter of the first recorded step's non-empty real rows, at least 1 — and ``n``, that
     row count."""
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     n = int((step_lengths(run) > 0).sum())
     if n < 2:

@@ -64,16 +64,15 @@ def _e3() -> tuple[int, int]:
           kind="predict",
           hints=("Start from ceil(total tokens / budget), tokens = prompt + response per row. Then remember what "
                  "0.9.1 does when a Karmarkar–Karp partition overshoots the budget.",
-                 "len(plan_dynamic_micro_batches(recorded_seq_lens(rec, local_mini_batch), 128)): ceil(ΣL / 128), "
+                 "len(plan_dynamic_micro_batches(rec.opt_step(0).seq_lens(), 128)): ceil(ΣL / 128), "
                  "plus one micro-batch per retry of the fit loop until every micro-batch holds ≤ 128 tokens."),
           context=("run",), needs=("step1",))
 def _e4(run=None) -> int:
     from ppolab.batching import plan_dynamic_micro_batches
-    from ppolab.numbers.aggregation import recorded_seq_lens
     from ppolab.numbers import step_tensors
 
-    rec = step_tensors(run, 1)
-    return len(plan_dynamic_micro_batches(recorded_seq_lens(rec, rec.plan("actor").local_mini_batch), 128))
+    # rank 0's share of optimizer step 0, in the order its loader gave the rows: what the worker cut
+    return len(plan_dynamic_micro_batches(step_tensors(run, 1).opt_step(0).seq_lens(), 128))
 
 
 #: Exercise 12.5's overrides: a fixed critic micro-batch of 2 rows (3, 4, … where 2 rows would cut as many
@@ -85,9 +84,9 @@ CRITIC_MICRO, CRITIC_BUDGET = 2, 48
 def critic_mini_batch(run=None):
     """(rank 0's rows of the first critic mini-batch of recorded step 1, as a Batch; the critic config): the rows
     ``TrainingWorker`` gives rank 0 first, read from the critic's update plan (``ppolab.update_plan``)."""
-    from ppolab.engine import Batch
+    from ppolab.batch import Batch
     from ppolab.numbers.critic_engine import critic_plan
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     r = resolve_run(run, default="ppo_fire_tiny")
     rows = critic_plan(r, 1).steps[0].shares[0]

@@ -24,7 +24,7 @@ def _replays(run, mode: str, factor):
 
 
 def _factor(run) -> int:
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     return resolve_run(run).ppo_config().data.max_response_length
 

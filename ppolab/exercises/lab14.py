@@ -18,7 +18,7 @@ TOOL_RUN = "grpo_tool_tiny"
                  "runs hold it as info['batch_plan'] and as actor_log_probs.shape[0]."),
           context=("run",))
 def _e1(run=None) -> tuple[tuple[int, int], tuple[int, int]]:
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     out = []
     # the question compares the two configurations: a single run (the lab's RUN) does not change it
@@ -93,7 +93,7 @@ def skipped_stages(on, off) -> list[tuple[str, str]]:
 
 
 def _tool_record(run=None, step: int = 1):
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     return resolve_run(run, default=TOOL_RUN).step(step)
 
@@ -123,22 +123,5 @@ def _e3(run=None) -> int:
                  "ppo_max_token_len_per_gpu)); Batch.seq_lens() = prompt_mask + response_attention_mask sums."),
           context=("run",), needs=("step1", "tool_obs"), default_run=TOOL_RUN)
 def _e4(run=None) -> int:
-    return len(tool_micro_batches(run)[0])
-
-
-def tool_micro_batches(run=None, step: int = 1, mini_batch: int = 0):
-    """(micro-batches as position lists, the mini-batch's Batch, its seq_lens, the budget) of one mini-batch of the
-    tool run, cut by the planner's ``micro_batches`` (the worker's own) with the run's ``ppo_max_token_len_per_gpu``."""
-    from ppolab.engine import Batch
-    from ppolab.record import resolve_run
-    from ppolab.replay import mini_batch_rows
-    from ppolab.update_plan import micro_batches
-
-    r = resolve_run(run, default=TOOL_RUN)
-    a = r.ppo_config().actor_rollout_ref.actor
-    rec = r.step(step)
-    batch = Batch(rec.batch_tensors())
-    mb = batch.select(mini_batch_rows(r, step, mini_batch))
-    budget = a.ppo_max_token_len_per_gpu
-    return micro_batches(mb, None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu, budget), mb, \
-        mb.seq_lens(), budget
+    # the micro-batches rank 0's worker cut optimizer step 0 (epoch 0, mini-batch 0) into, as the step recorded them
+    return len(_tool_record(run).opt_step(0, "actor").step.micro_batches[0])

@@ -79,7 +79,7 @@ def _e3(frame=None) -> str:
 
 def kl_case(run=None) -> dict:
     """Exercise 15.4's recorded steps: the second half of them, from ``step`` to ``last``."""
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     from ppolab.numbers import RunLacks
 
@@ -172,7 +172,7 @@ def _e5(run=None) -> float:
     return entropy_as_the_update_sees_it(run)
 
 
-#: Exercises 15.6–15.7's knobs (ppolab.numbers.ablations.KNOBS): the policy's and the regularisers'.
+#: Exercises 15.6–15.7's knobs (ppolab.experiments.ablations.KNOBS): the policy's and the regularisers'.
 POLICY_KNOBS = ("clip_ratio", "ppo_epochs", "loss_agg_mode", "bypass_mode")
 REGULARISER_KNOBS = ("kl_loss_coef", "kl_path", "entropy_coeff", "temperature")
 
@@ -180,7 +180,7 @@ REGULARISER_KNOBS = ("kl_loss_coef", "kl_path", "entropy_coeff", "temperature")
 def _knobs_case(knobs: tuple[str, ...]):
     def case(run=None) -> dict:
         """The knobs ``run`` (the base the lab passes as ``base``; default the shipped grpo_tiny) can take."""
-        from ppolab.numbers import ablations
+        from ppolab.experiments import ablations
 
         r = run if run is not None else "grpo_tiny"
         return {"knobs": ", ".join(f"{k} ({ablations.KNOBS[k].label}: {ablations.KNOBS[k].metric})"
@@ -191,7 +191,7 @@ def _knobs_case(knobs: tuple[str, ...]):
 def _effects(base, knobs):
     """The factors of ``knobs`` on ``base``'s short runs (default the shipped grpo_tiny's): a check on another run
     trains its short runs only when the lab passes that run as ``base``, never as the lab's ``run``."""
-    from ppolab.numbers import ablations
+    from ppolab.experiments import ablations
 
     return ablations.effects(base if base is not None else "grpo_tiny", knobs)  # it leaves out what the run lacks
 
@@ -207,8 +207,9 @@ _PREDICT = ("Predict the curve: short runs of {steps} steps, each the base run w
           hints=("Read each mechanism, not the log: a narrower clip binds on more tokens; more epochs move π_θ further "
                  "from π_old before the next rollout; seq-mean-token-sum sums each response's tokens instead of "
                  "averaging them; and bypass replaces π_old by π_rollout — which this engine computes how?",
-                 "factor = mean(curve(knob run)[1:]) / mean(curve(base)[1:]) — ppolab.numbers.ablations.effects(run) "
-                 "trains (or reads) the short runs; the figure after the exercise shows the curves."),
+                 "factor = mean(curve(knob run)[1:]) / mean(curve(base)[1:]) — "
+                 "ppolab.experiments.ablations.effects(run) trains (or reads) the short runs; the figure after the "
+                 "exercise shows the curves."),
           rel=1 / 3, abs=0.05, context=("base",), case=_knobs_case(POLICY_KNOBS))
 def _e6(base=None) -> dict[str, float]:
     return _effects(base, POLICY_KNOBS)
@@ -218,8 +219,8 @@ def _e6(base=None) -> dict[str, float]:
           kind="predict",
           hints=("How large is the KL term next to the policy-gradient term at this scale (15.4)? And which entropy "
                  "does actor/entropy log — the update's π_θ, or π_old at the rollout temperature?",
-                 "factor = mean(curve(knob run)[1:]) / mean(curve(base)[1:]) — ppolab.numbers.ablations.effects(run); "
-                 "the figure after the exercise shows the curves."),
+                 "factor = mean(curve(knob run)[1:]) / mean(curve(base)[1:]) — "
+                 "ppolab.experiments.ablations.effects(run); the figure after the exercise shows the curves."),
           rel=1 / 3, abs=0.05, context=("base",), case=_knobs_case(REGULARISER_KNOBS))
 def _e7(base=None) -> dict[str, float]:
     return _effects(base, REGULARISER_KNOBS)

@@ -18,7 +18,7 @@ AGG_STEP, AGG_OPT = 12, 15
 
 def grad_case(run=None) -> dict:
     """Exercise 16.7's step: :data:`STEP` if the run recorded it, else its last recorded step."""
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     steps = resolve_run(run, default=RUN).steps
     return {"step": STEP if STEP in steps else steps[-1]}
@@ -123,7 +123,7 @@ def _e7(run=None) -> float:
     import math
 
     from ppolab.numbers import RunLacks
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     ratio = float(kl_term_vs_policy_gradient(run, step=grad_case(run)["step"], coefs=(1.0,)).loc[1.0, "grad_ratio"])
     if not math.isfinite(ratio) or ratio == 0:  # all advantages 0, or π_θ = π_ref: no crossing to find
@@ -153,7 +153,7 @@ def beta_next(run=None, mask: str = "loss_mask", drop_padding: bool = False) -> 
     mistaken model does: the KL averaged over another mask, or with the synthetic padding rows left out (of the
     batch mean and of n). One call of ``algos.apply_kl_penalty`` on the recorded tensors, then the controller's
     value."""
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     r = resolve_run(run, default=RUN)
     step = beta_case(r)["step"]

@@ -94,8 +94,8 @@ def _e3(run=None) -> dict:
 
 @exercise("17.4", "Recorded step {step}, optimizer step {opt_step}: the actor's loss on {dp} rank(s), as a function "
                   "of the clip window and the dual-clip bound. For each rank's micro-batches "
-                  "(capstone.update_plan) compute ratio, clip, dual clip and the KL loss, aggregated over the global "
-                  "counts × dp_size; check it against that optimizer step's rebuild at the run's settings, then "
+                  "(capstone.micro_batch_rows) compute ratio, clip, dual clip and the KL loss, aggregated over the "
+                  "global counts × dp_size; check it against that optimizer step's rebuild at the run's settings, then "
                   "answer at {what_if} the dict of actor/pg_loss, actor/pg_clipfrac, actor/pg_clipfrac_lower, "
                   "actor/ppo_kl (and actor/kl_loss when the run has a KL loss, actor/entropy_loss when it recorded "
                   "π_θ's entropy, actor_entropy).",
@@ -135,7 +135,8 @@ def _e5(run=None) -> dict:
                   "clipped value loss; check it against the log at the run's settings, then answer at {what_if} the "
                   "dict {'critic/vf_loss': …, 'critic/vf_clipfrac': …, 'critic/vpred_mean': …}.",
           hints=("The critic has its own mini-batches (critic.ppo_mini_batch_size, critic.ppo_epochs) and "
-                 "micro-batches (capstone.update_plan(run, step, 'critic')); its loss is normalised like the actor's.",
+                 "micro-batches (capstone.micro_batch_rows(run, step, 'critic')); its loss is normalised like the "
+                 "actor's.",
                  "V_clip = clip(V_new, V_old ± ε_v); vf_loss = ½·Σ max((V_new − G)², (V_clip − G)²)·m / global Σ "
                  "loss_mask × dp_size, summed over micro-batches; vf_clipfrac = mean[(V_clip − G)² > (V_new − G)²]; "
                  "vpred_mean = masked mean of V_new; then means over ranks and optimizer steps; seq-mean-token-mean "
@@ -165,7 +166,7 @@ def backprop_case(run=None) -> dict:
     """17.8's tensor: the last LoRA B (else the last trainable tensor) of the actor, at optimizer step 0 of recorded
     step 1 — where the weights are the seeded adapter a fresh trainer holds, so the replay is the run's own step."""
     from ppolab.numbers.update_effect import step_effect
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     names = step_effect(resolve_run(run, RUN), 1, 0)["names"]
     i = max((i for i, n in enumerate(names) if n.endswith("lora_B")), default=len(names) - 1)
@@ -189,7 +190,7 @@ def backprop_case(run=None) -> dict:
           kind="compute")
 def _e8(run=None):
     from ppolab.numbers.update_effect import step_effect
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     r = resolve_run(run, RUN)
     # the pg term's gradient of the worker's own backward (ppolab.numbers.update_effect: a pass of its own)

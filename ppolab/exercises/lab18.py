@@ -21,7 +21,7 @@ def _n(run) -> int:
 
 
 def _decoded(run, i: int, j: int) -> str:
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     r = resolve_run(run)
     return r.tokenizer().decode([int(r.step(1).tensors["responses"][i, j])])
@@ -93,7 +93,7 @@ def coefficient_case(run=None) -> dict:
     tok = _pick(e, _trained(e) & (e["clip_state"] == 0) & (e["advantages"] != 0))
     if tok is None:
         raise RunLacks("a trained token inside the clip with a non-zero advantage", run)
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     a = resolve_run(run).ppo_config().actor_rollout_ref.actor
     return {"opt_step": k, "row": tok[0], "pos": tok[1], "mode": a.loss_agg_mode, "loss_mode": a.policy_loss.loss_mode}
@@ -143,7 +143,7 @@ def _e3(run=None) -> float:
 
 def zero_loss_case(run=None) -> dict:
     """Exercise 18.4's optimizer step: the first, on-policy one (ratio 1)."""
-    from ppolab.record import resolve_run
+    from ppolab.run.reader import resolve_run
 
     a = resolve_run(run).ppo_config().actor_rollout_ref.actor
     return {"opt_step": 0, "mode": a.loss_agg_mode}

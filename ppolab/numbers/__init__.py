@@ -16,7 +16,7 @@ import os
 
 from ppolab.numbers.needs import NEEDS, RunLacks, find, has, lacks_line, require, run_label
 from ppolab.numbers.steps import actor_config, optimizer_step_batch, real_rows, step_tensors
-from ppolab.record import SHIPPED_RUNS, Run, resolve_run
+from ppolab.run.reader import SHIPPED_RUNS, Run, resolve_run
 
 __all__ = ["NEEDS", "SHIPPED_RUNS", "Run", "RunLacks", "actor_config", "find", "has", "lab_pair", "lab_run",
            "lacks_line", "optimizer_step_batch", "real_rows", "require", "resolve_run", "run_label", "step_tensors"]

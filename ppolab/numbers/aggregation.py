@@ -16,12 +16,11 @@ def trajectory_weights(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str,
     return total.detach(), (x.grad * mask.double()).sum(-1)
 
 
-def recorded_seq_lens(record, rows: int | None = None) -> list[int]:
-    """Effective prompt + response token counts of the first ``rows`` rows, as the engine's dynamic batching
+def recorded_seq_lens(record) -> list[int]:
+    """Effective prompt + response token counts of every row of a recorded step, as the engine's dynamic batching
     counts them (``Batch.seq_lens``): prompt_mask sums plus the *attended* response tokens —
     ``response_attention_mask`` when the rollout spliced in tool observations (attended, response_mask 0),
-    else response_mask."""
-    from ppolab.engine import Batch
+    else response_mask. An optimizer step's own rows, in its loader's order: ``record.opt_step(k).seq_lens(rank)``."""
+    from ppolab.batch import Batch
 
-    lens = Batch(record.tensors).seq_lens()
-    return lens[:rows] if rows else lens
+    return Batch(dict(record.tensors)).seq_lens()

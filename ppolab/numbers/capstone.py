@@ -20,7 +20,8 @@ from ppolab.metrics import accumulate_micro_metrics
 from ppolab.numbers.cases import cached_case
 from ppolab.numbers.needs import RunLacks, require
 from ppolab.numbers.steps import actor_config
-from ppolab.record import Run, StepRecord, resolve_run
+from ppolab.run.reader import Run, resolve_run
+from ppolab.run.step import StepRecord
 from ppolab.update_plan import UpdatePlan
 
 SHIPPED = "ppo_fire_tiny"
@@ -194,7 +195,7 @@ def capstone_plan(run: Run | str | None = None, step: int | None = None, role: s
     return r.step(capstone_step(r) if step is None else step).plan(role)
 
 
-def update_plan(run: Run | str | None = None, step: int | None = None, role: str = "actor") -> Plan:
+def micro_batch_rows(run: Run | str | None = None, step: int | None = None, role: str = "actor") -> Plan:
     """Which rows every micro-batch held: ``plan[k][rank]`` is the list of micro-batches (each a list of row
     indices of the recorded batch) of optimizer step ``k`` on DP rank ``rank``, in execution order — the worker's
     update plan (:func:`capstone_plan`; verl `TrainingWorker.train_mini_batch`): rank r holds the r-th contiguous chunk
@@ -274,11 +275,11 @@ def actor_case(run: Run | str | None = None) -> dict[str, int]:
 def _actor_case(r: Run) -> dict[str, int]:
     require(r, default=SHIPPED)
     s = capstone_step(r)
-    n = len(update_plan(r, s, "actor"))
+    n = len(micro_batch_rows(r, s, "actor"))
     metrics = [rebuild_actor_step(r, s, k) for k in range(n)]
     k = max(range(n), key=lambda i: (metrics[i].get("actor/pg_clipfrac_lower", 0.0),
                                      metrics[i].get("actor/pg_clipfrac", 0.0), i))
-    return {"step": s, "opt_step": k, "n_opt": n, "dp": len(update_plan(r, s, "actor")[0])}
+    return {"step": s, "opt_step": k, "n_opt": n, "dp": len(micro_batch_rows(r, s, "actor")[0])}
 
 
 # ------------------------------------------------------------------ the comparison

@@ -38,7 +38,7 @@ from ppolab.metrics import accumulate_micro_metrics
 from ppolab.numbers.capstone import SHIPPED, _actor_metrics, capstone_step, logged, capstone_plan
 from ppolab.numbers.needs import RunLacks
 from ppolab.numbers.steps import actor_config
-from ppolab.record import Run, resolve_run
+from ppolab.run.reader import Run, resolve_run
 from ppolab.update_plan import InferBatching, UpdatePlan, recorded_plan
 
 def _other_estimator(name: str) -> str:
@@ -54,7 +54,7 @@ def what_if(part: str, run: Run | str | None = None) -> dict[str, Any]:
     """The settings ``part``'s graded answer is computed at — keyword arguments of the function the lab has the
     learner write for that part (17.1: ``kl_penalty``, ``kl_ctrl``; 17.2: ``rollout_rs``, ``rollout_rs_threshold``;
     17.3: ``gamma``, ``lam``; 17.4 / 17.5: ``eps_low``, ``eps_high``, ``clip_ratio_c`` and ``plan`` (the update plan in
-    ``capstone.update_plan``'s form, cut by :func:`micro_what_if`); 17.6:
+    ``capstone.micro_batch_rows``'s form, cut by :func:`micro_what_if`); 17.6:
     ``cliprange_value``). 17.7 has none of its own: it combines 17.5's and 17.6's."""
     r = resolve_run(run, SHIPPED)
     cfg = r.ppo_config()

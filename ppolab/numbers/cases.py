@@ -16,7 +16,7 @@ import torch
 from ppolab import algos
 from ppolab.numbers.needs import RunLacks, require
 from ppolab.numbers.steps import n_opt_steps, actor_config, optimizer_step_batch, real_rows
-from ppolab.record import Run, resolve_run
+from ppolab.run.reader import Run, resolve_run
 
 Case = dict[str, int | float]
 

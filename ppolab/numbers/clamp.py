@@ -10,7 +10,7 @@ import torch
 
 from ppolab.algos.policy_loss import LOG_RATIO_CLAMP
 from ppolab.numbers.steps import n_opt_steps, optimizer_step_batch
-from ppolab.record import Run, resolve_run
+from ppolab.run.reader import Run, resolve_run
 
 
 def largest_log_ratio(run: Run | str | None = None, steps: list[int] | None = None) -> dict[str, float | int | bool]:
@@ -61,7 +61,7 @@ def large_step_replay(run: Run | str | None = None, scales: tuple[float, ...] = 
     clamp, and autograd's ∂ρ/∂log π_θ at them through ``ppo_clip_terms`` (0 where clamped). The weights are
     restored afterwards."""
     from ppolab import algos
-    from ppolab.engine import Batch
+    from ppolab.batch import Batch
     from ppolab.replay import REPLAY_LOCK, replay_actor_update, restore, run_models
     from ppolab.worker import ActorWorker, InferBatching
 

@@ -15,7 +15,7 @@ from typing import Any, Iterable
 import torch
 
 from ppolab.numbers.needs import RunLacks, require
-from ppolab.record import Run, resolve_run
+from ppolab.run.reader import Run, resolve_run
 from ppolab.update_plan import InferBatching, UpdatePlan, recorded_plan, train_batching
 
 #: The default shipped run of these helpers: PPO + GAE with rejection sampling and padding rows.

@@ -11,7 +11,7 @@ from typing import Any
 
 from ppolab.algos import SCALED_MODES
 from ppolab.config import LOSS_AGG_MODES
-from ppolab.record import cache_slot, resolve_run
+from ppolab.run.reader import cache_slot, resolve_run
 from ppolab.replay import REPLAY_LOCK, replay_actor_update, replay_partition, replay_rows  # noqa: F401
 
 #: Replays shared by every explorer of this process: :func:`replay_key` → replay.

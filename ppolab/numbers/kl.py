@@ -11,7 +11,7 @@ import torch
 from ppolab.algos import AdaptiveKLController, estimator_moments, exact_kl, expected_estimator_gradient, \
     full_log_probs, kl_gradient
 from ppolab.numbers.steps import loss_mask_of_real_rows, step_tensors
-from ppolab.record import Run, resolve_run
+from ppolab.run.reader import Run, resolve_run
 
 
 #: The canonical estimators drawn together (aliases kl=k1, mse=k2, low_var_kl=k3 give the same curves).
@@ -91,7 +91,7 @@ def sample_positions(mask: torch.Tensor, vocab: int, budget: int = MAX_LOGIT_ELE
 @functools.lru_cache(maxsize=4)
 def _response_logits(path: str, step: int | None, _identity: tuple = ()) -> dict[str, Any]:
     from ppolab.models import load_tokenizer_and_model
-    from ppolab.roles import response_logits as shifted_logits
+    from ppolab.models import shifted_logits
 
     r = resolve_run(path)
     rec = step_tensors(r, step)
@@ -121,7 +121,7 @@ def _response_logits(path: str, step: int | None, _identity: tuple = ()) -> dict
 
 
 def run_base_model(run: Run) -> Path:
-    """The base model ``run`` was trained with, found by fingerprint (:meth:`ppolab.record.Run.model_path`); one
+    """The base model ``run`` was trained with, found by fingerprint (:meth:`ppolab.run.reader.Run.model_path`); one
     that is not on this machine is a :class:`~ppolab.numbers.needs.RunLacks` — never another model."""
     from ppolab.errors import MissingFileError
     from ppolab.numbers.needs import RunLacks
@@ -137,7 +137,7 @@ def response_logits(run: Run | str | None = None, step: int | None = None) -> di
 
     The base model is the run's own (:func:`run_base_model`: found by fingerprint, never another) — for a LoRA
     run that is exactly the reference policy (the actor with its adapters off); the logits come from the trainer's
-    own forward and one-token shift (:func:`ppolab.roles.response_logits`), a few rows a pass. Returns ``logits``
+    own forward and one-token shift (:func:`ppolab.models.shifted_logits`), a few rows a pass. Returns ``logits``
     (M, V) float64 before any temperature at M positions (:func:`sample_positions`: every valid one on a small
     vocabulary, an evenly spaced sample within :data:`MAX_LOGIT_ELEMENTS` on a large one), ``positions`` (M, 2)
     their (row, position), ``responses`` (M,) the sampled token there, ``mask`` (M,) all true (index ``logits``

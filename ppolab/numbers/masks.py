@@ -14,8 +14,8 @@ CATEGORIES = {0: "padding", 1: "prompt", 2: "response", 3: "synthetic padding ro
 
 
 def run_tokenizer(run):
-    """The tokenizer ``run`` was trained with: its ``tokenizer/`` folder (:meth:`ppolab.record.Run.tokenizer`), else
-    (a run recorded before runs carried it) the tokenizer files of its base model where :meth:`ppolab.record.Run.
+    """The tokenizer ``run`` was trained with: its ``tokenizer/`` folder (:meth:`ppolab.run.reader.Run.tokenizer`), else
+    (a run recorded before runs carried it) the tokenizer files of its base model where :meth:`ppolab.run.reader.Run.
     model_path` finds that model by its recorded fingerprint. A run with neither is a
     :class:`~ppolab.numbers.needs.RunLacks` — never decoded with another model's vocabulary."""
     from ppolab.errors import MissingFileError

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from ppolab.i18n import Sign, sign_text, tr  # noqa: F401 (sign_text re-exported)
-from ppolab.record import resolve_run
+from ppolab.run.reader import resolve_run
 
 
 #: One line per verl metric name (exact names; ``prefix/*`` entries cover a family, see :func:`meaning`).

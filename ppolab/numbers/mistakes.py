@@ -8,7 +8,8 @@ from ppolab.algos import kl_penalty, masked_mean
 from ppolab.i18n import tr
 from ppolab.numbers.steps import check_index, n_opt_steps, actor_config, loss_mask_of_real_rows, \
     optimizer_step_batch, real_rows
-from ppolab.record import Run, StepRecord, resolve_run
+from ppolab.run.reader import Run, resolve_run
+from ppolab.run.step import StepRecord
 
 
 def mistake_setup(run, step, opt_step) -> tuple[Run, StepRecord, int, dict[str, torch.Tensor]]:

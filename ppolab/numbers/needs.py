@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ppolab.record import SHIPPED_RUNS, Run, resolve_run
+from ppolab.run.reader import SHIPPED_RUNS, Run, resolve_run
 
 
 class RunLacks(LookupError):

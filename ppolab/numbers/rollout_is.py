@@ -10,7 +10,7 @@ from __future__ import annotations
 from ppolab import algos
 from ppolab.numbers.needs import RunLacks
 from ppolab.numbers.steps import n_opt_steps, actor_config, global_batch_info, optimizer_step_batch
-from ppolab.record import Run, resolve_run
+from ppolab.run.reader import Run, resolve_run
 
 
 def is_weighted_step(run: Run | str | None = None) -> int:

@@ -9,7 +9,8 @@ import torch
 
 from ppolab.config.actor import ActorConfig
 from ppolab.errors import whole_argument
-from ppolab.record import Run, StepRecord, real_rows_of, resolve_run
+from ppolab.run.reader import Run, resolve_run
+from ppolab.run.step import StepRecord, real_rows_of
 
 
 def step_tensors(run: Run | str | os.PathLike | None = None, step: int | None = None,
@@ -24,7 +25,7 @@ def step_tensors(run: Run | str | os.PathLike | None = None, step: int | None = 
 
 
 def real_rows(record: StepRecord) -> torch.Tensor:
-    """Boolean (N,) of the real trajectories (synthetic padding samples excluded): ``ppolab.record.real_rows_of``."""
+    """Boolean (N,) of the real trajectories (synthetic padding samples excluded): ``ppolab.run.step.real_rows_of``."""
     return real_rows_of(record.tensors)
 
 

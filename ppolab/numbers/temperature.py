@@ -1,7 +1,7 @@
 """Chapter §6 on a run: the temperature in π_θ's forward and the entropy bonus in the actor loss.
 
 At recorded step 1 the LoRA adapters are still zero, so the base model *is* π_θ at the first optimizer step. Its
-forward through :func:`ppolab.roles.forward_response` (the trainer's own forward, one-token shift and
+forward through :func:`ppolab.models.forward_response` (the trainer's own forward, one-token shift and
 temperature) on that optimizer step's rows gives the log-probs and entropy the update saw there — or, at another
 temperature, what it would have seen had π_θ skipped the rollout temperature.
 """
@@ -16,7 +16,7 @@ import torch
 from ppolab import algos
 from ppolab.numbers.needs import RunLacks, require
 from ppolab.numbers.steps import actor_config, optimizer_step_batch
-from ppolab.record import Run, resolve_run
+from ppolab.run.reader import Run, resolve_run
 
 #: The section's own run: sampled at T = 0.7 with entropy_coeff 0.01 (data/runs/README.md).
 TEMP_RUN = "grpo_temp_tiny"
@@ -52,7 +52,7 @@ def entropy_bonus_case(run: Run | str | None = None) -> dict[str, Any]:
 def _first_forward(path: str, temperature: float, _identity: tuple = ()) -> dict[str, torch.Tensor]:
     from ppolab.models import load_tokenizer_and_model
     from ppolab.numbers.kl import run_base_model
-    from ppolab.roles import forward_response
+    from ppolab.models import forward_response
 
     r = resolve_run(path)
     rec = r.step(1)

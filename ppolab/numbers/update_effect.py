@@ -30,10 +30,10 @@ import torch
 
 from ppolab import algos
 from ppolab.algos.policy_loss import clip_bounds
-from ppolab.engine import Batch
+from ppolab.batch import Batch
 from ppolab.numbers.needs import RunLacks
 from ppolab.errors import whole_argument
-from ppolab.record import Run, cache_slot, resolve_run
+from ppolab.run.reader import Run, cache_slot, resolve_run
 from ppolab.update_plan import InferBatching, OptimizerStep
 
 #: Clip states of :func:`step_effect` (``clip_state``), by code.

@@ -9,7 +9,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from ppolab.algos import scale_logits
 from ppolab.algos.logprob import top_k_top_p_filter
-from ppolab.engine import pad_right
+from ppolab.batch import pad_right
 from ppolab.rollout.base import RolloutOutput, SamplingParams, eos_token_ids, left_pad, response_mask_from_ids
 
 

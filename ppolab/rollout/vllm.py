@@ -38,7 +38,7 @@ from typing import Sequence
 
 import torch
 
-from ppolab.engine import pad_right
+from ppolab.batch import pad_right
 from ppolab.rollout.base import RolloutOutput, SamplingParams, eos_token_ids, left_pad, response_mask_from_ids
 
 #: LoRA ranks vLLM can serve; the engine reserves the next one up from the adapter's rank.

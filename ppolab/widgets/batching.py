@@ -16,7 +16,6 @@ import torch
 from ppolab.i18n import tr
 from ppolab.batching import padding_multiple, plan_batches, plan_dynamic_micro_batches
 from ppolab.widgets.common import resolve_run, step_tensors, on_move
-from ppolab.numbers.aggregation import recorded_seq_lens  # noqa: F401 (re-exported)
 
 #: Slider ranges (min, max) of the plan's inputs.
 RANGES = {"train_batch_size": (1, 256), "rollout_n": (1, 16), "ppo_mini_batch_size": (1, 256), "dp_size": (1, 16),
@@ -33,13 +32,13 @@ def synthetic_padding(train_batch_size: int, rollout_n: int, ppo_mini_batch_size
     ``add_padding_samples`` (chapter §9, §11).
 
     ``plan`` is ``plan_batches(..., pad_to=padding_multiple(dp, actor mini×n[, critic mini×n]))``, the planner
-    the trainer builds; ``batch`` is the trainer's own stage-3 function (``ppolab.engine.pad_and_balance``) run on
+    the trainer builds; ``batch`` is the trainer's own stage-3 function (``ppolab.batch.pad_and_balance``) run on
     a recorded step batch resized to ``train_batch_size × rollout_n`` rows (rows repeated
     as needed; no model is loaded). Returns ``rows`` (before), ``multiple``, ``synthetic_rows`` (rows flagged
     ``is_pad`` after the stage; equal to ``plan.padding_rows``), ``padded_rows``, ``optimizer_steps_per_epoch``,
     ``plan`` and ``batch``.
     """
-    from ppolab.engine import Batch, pad_and_balance
+    from ppolab.batch import Batch, pad_and_balance
     from ppolab.widgets.masks import run_tokenizer
 
     minis = [ppo_mini_batch_size * rollout_n]
@@ -83,8 +82,7 @@ def batch_calculator(run=None, step=None, max_token_len: int | None = None, **si
         lo, hi = RANGES[k]
         if not isinstance(v, int) or not lo <= v <= hi:
             raise ValueError(f"{k} must be an int in {lo}..{hi}, got {v!r}")
-    mini_rows = rec.plan("actor").local_mini_batch
-    lens = recorded_seq_lens(rec, mini_rows)
+    lens = rec.opt_step(0, "actor").seq_lens()  # rank 0's share of the first mini-batch, as the worker cut it
     lo_tok, hi_tok = max(lens), sum(lens)
     mtl = max_token_len if max_token_len is not None else max(lo_tok, hi_tok // 4)
     if not isinstance(mtl, int) or not lo_tok <= mtl <= hi_tok:

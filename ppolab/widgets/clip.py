@@ -19,7 +19,7 @@ from ppolab.algos import (
 )
 from ppolab.algos.policy_loss import clip_bounds
 from ppolab.config.actor import ActorConfig
-from ppolab.record import Run
+from ppolab.run.reader import Run
 from ppolab.widgets.common import (
     _box,
     drawn,

@@ -10,7 +10,8 @@ import ipywidgets as W
 import torch
 
 from ppolab.i18n import tr
-from ppolab.record import SHIPPED_RUNS, Run, StepRecord, resolve_run  # noqa: F401 (re-exported)
+from ppolab.run.reader import SHIPPED_RUNS, Run, resolve_run  # noqa: F401 (re-exported)
+from ppolab.run.step import StepRecord
 from ppolab.numbers.steps import (  # noqa: F401 (re-exported: the explorers' shared helpers)
     check_index,
     n_opt_steps,

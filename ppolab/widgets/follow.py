@@ -1,7 +1,7 @@
 """``follow``: any explorer, or the metrics dashboard, kept on the newest committed step of a run that is training.
 
 The run may be trained by another process or by ``ppolab.train_in_background`` in this kernel. A step dropdown
-offers "latest" and every committed step (the commit rule of :mod:`ppolab.record`: a step being written is not
+offers "latest" and every committed step (the commit rule of :mod:`ppolab.run.recorder`: a step being written is not
 offered); with "latest" chosen, each step that lands rebuilds the explorer on it, carrying over the controls the
 learner moved (a control named like one of the explorer's parameters). Nothing here computes: the explorer
 shown for a step is the one ``explorer(run, step=k)`` builds after training.

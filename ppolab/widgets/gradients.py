@@ -33,7 +33,8 @@ from ppolab.i18n import tr
 from ppolab.algos import POLICY_LOSS_REGISTRY
 from ppolab.algos.masked import MASKED_EPS
 from ppolab.config.actor import ActorConfig
-from ppolab.record import Run, StepRecord
+from ppolab.run.reader import Run
+from ppolab.run.step import StepRecord
 from ppolab.widgets.common import (
     _box,
     check_index,

@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 from ppolab.i18n import tr
 from ppolab.config import LOSS_AGG_MODES
 from ppolab.replay import max_abs_diff, mini_batch_rows, replay_rows
-from ppolab.widgets.batching import recorded_seq_lens
+from ppolab.numbers.aggregation import recorded_seq_lens
 from ppolab.widgets.common import resolve_run
 from ppolab.numbers.invariance import DYNAMIC, cached_replay, distinct_budgets, divisors, every_setting
 

@@ -23,7 +23,7 @@ import torch
 
 from ppolab.i18n import tr
 from ppolab.algos import KL_PENALTY_TYPES, agg_loss, kl_penalty, masked_mean
-from ppolab.record import Run
+from ppolab.run.reader import Run
 from ppolab.widgets.common import resolve_run, step_tensors
 from ppolab.widgets.common import (
     _box,

@@ -21,7 +21,7 @@ def live_training(config=None, overrides=None, metrics: tuple[str, ...] = LIVE_M
     overrides); the config is resolved up front, so a bad override raises here. ``metrics``: logged names to
     plot, one panel each — from step 0, the validation before training, when the config runs it.
     ``on_step(step, metrics, record)`` is called after the plot updates. ``start()`` runs training synchronously
-    in the calling cell and returns the :class:`ppolab.record.Run`, also kept as ``.run``; ``.history`` holds every
+    in the calling cell and returns the :class:`ppolab.run.reader.Run`, also kept as ``.run``; ``.history`` holds every
     step's metrics. One widget trains one run: after it, the button stays disabled ("trained") and a further
     ``start()`` or click only says so. Controls: ``start`` (Button). Figures: ``live``.
     """

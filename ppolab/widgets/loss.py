@@ -17,7 +17,7 @@ from ppolab.algos import (
     ppo_loss,
 )
 from ppolab.config.actor import LOSS_AGG_MODES, ActorConfig
-from ppolab.record import Run
+from ppolab.run.reader import Run
 from ppolab.widgets.common import (
     _box,
     check_index,

@@ -33,7 +33,8 @@ from ppolab.algos import (
 )
 from ppolab.batching import padding_multiple, plan_batches
 from ppolab.config import validate
-from ppolab.record import Run, StepRecord
+from ppolab.run.reader import Run
+from ppolab.run.step import StepRecord
 from ppolab.update_plan import micro_batches
 from ppolab.widgets.common import (
     _box,

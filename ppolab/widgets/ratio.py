@@ -16,7 +16,7 @@ from ppolab.algos import (
     ppo_clip_terms,
 )
 from ppolab.algos.policy_loss import LOG_RATIO_CLAMP, clip_bounds
-from ppolab.record import Run
+from ppolab.run.reader import Run
 from ppolab.widgets.common import (
     _box,
     check_index,

@@ -16,7 +16,7 @@ from ppolab.errors import whole_argument
 from ppolab.i18n import tr
 from ppolab.numbers.update_effect import (CLIP_STATES, clip_state_name, layer_of, n_optimizer_steps, replayable_steps,
                                           step_effect)
-from ppolab.record import Run
+from ppolab.run.reader import Run
 from ppolab.widgets.common import _box, _fmt, as_array, on_move, resolve_run
 
 #: Colour of each clip state (inside, clipped above, clipped below, dual-clipped).

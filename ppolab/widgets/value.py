@@ -81,12 +81,9 @@ def value_clip_explorer(run=None, step=None, update: int | None = None, cliprang
     figs["sweep"].add_scatter(name=tr("current ε_v"), mode="markers", marker={"size": 10})
 
     def batch_of(u):
-        vp = t["critic_vpreds"][u]
-        rows = torch.tensor(rec.opt_step(u, "critic").rows(), dtype=torch.long)
-        m = t["response_mask"][rows]
-        # past a micro-batch's own width the recording holds NaN (mask 0): put V_old there, so no masked NaN can leak
-        vp = torch.where(m > 0, vp[rows], t["values"][rows])
-        return vp, t["returns"][rows], t["values"][rows], m, rows
+        # the critic optimizer step's own rows and tensors (V_old where the recording holds NaN: no NaN can leak)
+        b = rec.opt_step(u, "critic").batch()
+        return b["vpreds"], b["returns"], b["values"], b["response_mask"], b["rows"]
 
     grid = [round(0.05 * i, 2) for i in range(41)]
 

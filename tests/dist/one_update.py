@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import save_file
 
 from ppolab import distributed
-from ppolab.engine import Batch
-from ppolab.record import Run
+from ppolab.batch import Batch
+from ppolab.run.reader import Run
 from ppolab.train import resolve_config
 from ppolab.trainer import PPOTrainer
 from ppolab.widgets.common import SHIPPED_RUNS

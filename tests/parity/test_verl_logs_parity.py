@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from ppolab.numbers.metrics import warning_signs
-from ppolab.record import Run
+from ppolab.run.reader import Run
 from ppolab.verl_logs import read_verl_metrics, report
 
 _SPEC = importlib.util.find_spec("verl")

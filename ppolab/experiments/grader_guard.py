@@ -1,4 +1,4 @@
-"""The capstone grader's isolation from the code it grades (lab 17 part II, :mod:`ppolab.numbers.capstone_loss`).
+"""The capstone grader's isolation from the code it grades (lab 17 part II, :mod:`ppolab.experiments.capstone_grade`).
 
 * :data:`REF` — the reference functions the grader's truth runs, captured at import as function objects from the
   modules that define them: a learner who later rebinds ``ppolab.algos.compute_value_loss`` or the registry's
@@ -9,13 +9,18 @@
   the learner's code changed comes back as lines.
 * :class:`LearnerError` — the learner's failure (any exception but KeyboardInterrupt, ``sys.exit()`` included, a
   changed setting, a result of the wrong kind) as one line, an ``Exception`` the trainer lets through.
+* :func:`call` — one call into the learner's code under :func:`guarded`, which also watches for a call into
+  ppolab's own losses, truths or replays (:data:`REFERENCE_PLACES`): a function that hands the work to the reference
+  is named as such, never graded as the learner's.
 """
 from __future__ import annotations
 
 import contextlib
 import inspect
+import sys
 import types
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
@@ -32,7 +37,7 @@ def _own(fn: Callable, module: types.ModuleType) -> Callable:
     """``fn`` if ``module`` defines it (an import after a learner's rebinding would capture the learner's)."""
     if getattr(fn, "__module__", None) != module.__name__:
         raise ImportError(f"{module.__name__}.{getattr(fn, '__name__', fn)} is not ppolab's own function any more; "
-                          "restart the Python process (the kernel) and import ppolab.numbers.capstone_loss again")
+                          "restart the Python process (the kernel) and import ppolab.experiments.capstone_grade again")
     return fn
 
 
@@ -175,22 +180,66 @@ def guarded() -> Iterator[list[str]]:
         changed.extend(_put_back(saved))
 
 
+#: Where ppolab's own losses, the lab's truths and the replays live: a learner's function that enters any of them
+#: while it is graded hands its work to the reference. What it is given stays usable: ``config.get`` (ppolab.config)
+#: and the :class:`~ppolab.algos.GlobalBatchInfo` it receives (:data:`INPUT_CLASSES`).
+PACKAGE = Path(__file__).resolve().parents[1]
+REFERENCE_PLACES = tuple(str(PACKAGE / part) for part in ("algos", "numbers", "experiments", "exercises", "replay.py",
+                                                          "worker.py", "trainer.py", "roles.py", "models.py"))
+INPUT_CLASSES = ("GlobalBatchInfo.",)
+
+
+def _watch_reference(entered: list[str]) -> Callable:
+    """A profile function that notes (once) the first of ppolab's functions in :data:`REFERENCE_PLACES` entered."""
+    def profile(frame: types.FrameType, event: str, arg: Any) -> None:
+        if event == "call" and not entered:
+            code = frame.f_code
+            if not code.co_filename.startswith(REFERENCE_PLACES):
+                return
+            qualname = getattr(code, "co_qualname", code.co_name)  # Python 3.10 has no co_qualname
+            owner = type(frame.f_locals.get("self")).__name__ + "."
+            if not (qualname.startswith(INPUT_CLASSES) or owner in INPUT_CLASSES):
+                where = Path(code.co_filename).relative_to(PACKAGE.parent).as_posix()
+                entered.append(f"{qualname} ({where})")
+    return profile
+
+
 def call(fn: Callable, name: str, *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` for the learner's function ``name``: any exception but KeyboardInterrupt
-    (``SystemExit`` included), or a changed torch setting (put back), becomes a :class:`LearnerError`."""
+    (``SystemExit`` included), or a changed torch setting (put back), becomes a :class:`LearnerError`; so does a
+    call into ppolab's own losses, truths or replays (:data:`REFERENCE_PLACES`) — through ``ppolab.algos``, the
+    registry, a truth function or :data:`REF` alike: the work graded must be the learner's."""
+    entered: list[str] = []
+    earlier = sys.getprofile()
     with guarded() as changed:
+        sys.setprofile(_watch_reference(entered))
         try:
             out = fn(*args, **kwargs)
         except KeyboardInterrupt:
             raise
         except BaseException as e:  # noqa: BLE001 — sys.exit() in the learner's code is the learner's failure
+            if entered:
+                raise _calls_reference(name, entered[0]) from None
             text = (str(e).splitlines() or [""])[0][:120]
             error = f"{type(e).__name__}: {text}" if text else type(e).__name__
             raise LearnerError(tr("your {name} raised {error}").format(name=name, error=error)) from None
+        finally:
+            sys.setprofile(earlier)
+    if entered:
+        raise _calls_reference(name, entered[0])
     if changed:
         raise LearnerError(tr("your {name} changed torch's global state — {what}; it is put back, and a loss must "
                               "leave it as it found it").format(name=name, what="; ".join(changed)))
     return out
+
+
+class CallsReference(LearnerError):
+    """The learner's function called ppolab's own loss, truth or replay: the line says which; no part to look at."""
+
+
+def _calls_reference(name: str, what: str) -> LearnerError:
+    return CallsReference(tr("your {name} calls ppolab's own {what}: a loss that hands its work to the reference is "
+                           "the reference, not yours — write it in plain torch").format(name=name, what=what))
 
 
 # ------------------------------------------------------------------------------------------ what the functions return

@@ -23,7 +23,7 @@ from typing import Any
 
 from ppolab.course import DATA
 from ppolab.numbers.needs import RunLacks
-from ppolab.record import Run, load_run, resolve_run
+from ppolab.run.reader import Run, load_run, resolve_run
 from ppolab.vocab import clip_bounds
 
 #: Steps of every short run (the base's too).
@@ -89,16 +89,16 @@ def _train(r: Run, name: str, overrides: tuple[str, ...], out: Path) -> Path:
     import shutil
     import tempfile
 
-    import ppolab
-    from ppolab.record import honour_umask, write_json
+    from ppolab.run.files import honour_umask, write_json
+    from ppolab.train import train
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
     try:
         honour_umask(tmp, folder=True)
-        ppolab.train(r.ppo_config(), [*overrides, *SHORT, f"trainer.total_training_steps={STEPS}",
-                                      "trainer.n_gpus_per_node=null", f"trainer.run_dir={tmp}",
-                                      f"trainer.experiment_name={name}"], progress=False)
+        train(r.ppo_config(), [*overrides, *SHORT, f"trainer.total_training_steps={STEPS}",
+                               "trainer.n_gpus_per_node=null", f"trainer.run_dir={tmp}",
+                               f"trainer.experiment_name={name}"], progress=False)
         write_json(tmp / DONE, {"knob": name, "overrides": list(overrides), "steps": STEPS})
         if out.exists() and not _complete(out, False):  # what a killed run of an older ppolab left at that name
             shutil.rmtree(out)
@@ -127,8 +127,8 @@ def ablation_runs(run: Run | str | os.PathLike | None = None, knobs: tuple[str, 
         path = root / name
         if not _complete(path, root == SHIPPED):  # a folder a killed run left is no result: trained again
             if not train or root == SHIPPED:
-                raise RunLacks(f"the short ablation run {name!r} (ppolab.numbers.ablations.ablation_runs trains it)",
-                               r)
+                raise RunLacks(f"the short ablation run {name!r} (ppolab.experiments.ablations.ablation_runs "
+                               "trains it)", r)
             _train(r, name, () if name == "base" else KNOBS[name].overrides, path)
         out[name] = load_run(path)
     return out

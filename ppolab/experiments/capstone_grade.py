@@ -39,8 +39,8 @@ from ppolab.algos.aggregation import GlobalBatchInfo
 from ppolab.algos.policy_loss import POLICY_LOSS_REGISTRY, register_policy_loss
 from ppolab.config import ActorConfig
 from ppolab.i18n import tr
-from ppolab.numbers.grader_guard import (OWN_LOSSES, REF, LearnerError, call, check_returned, signature_line,
-                                         tampered)
+from ppolab.experiments.grader_guard import (OWN_LOSSES, REF, CallsReference, LearnerError, call, check_returned,
+                                             signature_line, tampered)
 
 #: The ``policy_loss.loss_mode`` name the learner's policy loss is plugged in under.
 LEARNER = "learner"
@@ -89,6 +89,8 @@ STAGES = {
     "surrogate": "the surrogate −A·r with r = exp(log_prob − old_log_prob), token-mean, nothing clipped (§3)",
     "clip": "the clip: max(−A·r, −A·clip(r, 1 − ε_low, 1 + ε_high)), ε_low and ε_high apart (§4.1–§4.4)",
     "dual clip": "the dual clip: where A < 0, min(that, −A·clip_ratio_c) (§4.5)",
+    "ratio clamp": "the ratio's clamp: r = exp(clamp(log_prob − old_log_prob, −20, 20)), and actor/ppo_kl the masked "
+                   "mean of the clamped −(log_prob − old_log_prob) (§3)",
     "mask": "the mask: padding rows and positions outside response_mask hold junk and must not count (§9)",
     "aggregation": "loss_agg_mode: token-mean, token-sum, seq-mean-token-sum, seq-mean-token-mean, "
                    "seq-mean-token-sum-norm (§10)",
@@ -101,11 +103,17 @@ STAGES = {
     "entropy": "the entropy bonus: loss = pg − entropy_coeff·agg(H) — a bonus lowers the loss (§5, §6)",
     "kl loss": "the loss-side KL: + kl_loss_coef·agg(kl_penalty(log_prob, ref_log_prob, kl_loss_type)) — π_θ "
                "against π_ref, not π_old (§5, §7.2)",
+    "kl clamp": "k3's clamps (low_var_kl): the log-ratio clamped to ±20, then the estimate to [−10, 10] — a token "
+                "beyond the clamp adds a constant and no gradient (§7.3)",
     "value clip": "the value clip: ½·max((V − G)², (clip(V, V_old ± ε_v) − G)²), vf_clipfrac where the clipped "
                   "error is strictly larger (§8)",
     "value aggregation": "the value loss aggregated like the policy loss: loss_agg_mode, global counts, dp factor "
                          "(§8, §10, §13)",
 }
+
+
+#: The stages that grade the actor loss (entropy bonus and loss-side KL) beside the policy loss.
+ACTOR_STAGES = ("entropy", "kl loss", "kl clamp")
 
 
 def _batch(g: torch.Generator, bs: int, T: int, drift: float, pad_rows: int = 0, junk: bool = False) -> dict:
@@ -132,10 +140,16 @@ def hidden_cases(seed: int = 20261202) -> list[Case]:
     cases = []
 
     def add(stage, what, n, *, drift=0.05, pad=0, junk=False, modes=("token-mean",), counts=False, dp=1, c=3.0,
-            low=0.2, high=0.2, is_w=False, scale=None, **cfg):
+            low=0.2, high=0.2, is_w=False, scale=None, far=None, **cfg):
         for i in range(n):
             bs, T = int(torch.randint(3, 7, (1,), generator=g)), int(torch.randint(4, 10, (1,), generator=g))
             t = _batch(g, bs, T, drift, pad, junk)
+            if far is not None:  # a few valid tokens far past a clamp: (tensor moved, tensor it is measured from)
+                moved, base = far
+                valid = t["response_mask"].flatten().nonzero().flatten()
+                picked = valid[torch.randperm(len(valid), generator=g)[:3]]
+                for k, shift in zip(picked.tolist(), (25.0, 23.0, -26.0)):
+                    t[moved].view(-1)[k] = t[base].view(-1)[k] + shift
             mode = modes[i % len(modes)]
             tokens, rows = float(t["response_mask"].sum()), bs
             info = GlobalBatchInfo(dp_size=dp, batch_num_tokens=tokens * 3 + 5 if counts else None,
@@ -153,6 +167,8 @@ def hidden_cases(seed: int = 20261202) -> list[Case]:
     add("surrogate", "small moves, every token valid", 3)
     add("clip", "large moves, ε_low 0.2, ε_high 0.28", 3, drift=0.6, high=0.28, c=100.0)
     add("dual clip", "large moves, clip_ratio_c 1.5", 3, drift=1.2, high=0.28, c=1.5)
+    add("ratio clamp", "log-ratios of +25, +23 and −26 on three tokens", 3, drift=0.6, high=0.28, c=1.5,
+        far=("log_prob", "old_log_prob"))
     add("mask", "padding rows, junk outside the mask", 3, drift=0.6, pad=2, junk=True, c=1.5)
     add("aggregation", "every loss_agg_mode, local counts", 10, drift=0.6, pad=1, junk=True, c=1.5,
         modes=LOSS_AGG_MODES, scale=None)
@@ -170,6 +186,9 @@ def hidden_cases(seed: int = 20261202) -> list[Case]:
         kl_loss_type="low_var_kl")
     add("kl loss", "use_kl_loss, kl_loss_coef 0.1, kl (k1)", 2, drift=0.6, pad=1, junk=True, c=1.5,
         modes=("token-mean",), counts=True, dp=2, use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="kl")
+    add("kl clamp", "use_kl_loss, low_var_kl, π_ref far from π_θ on three tokens", 3, drift=0.6, pad=1, junk=True,
+        c=1.5, modes=LOSS_AGG_MODES[:3], counts=True, dp=2, use_kl_loss=True, kl_loss_coef=0.1,
+        kl_loss_type="low_var_kl", far=("ref_log_prob", "log_prob"))
     add("value clip", "ε_v 0.2", 3, drift=0.6, pad=1, junk=True)
     add("value aggregation", "every loss_agg_mode, global counts, 2 DP ranks", 5, pad=1, junk=True,
         modes=LOSS_AGG_MODES, counts=True, dp=2)
@@ -214,7 +233,7 @@ def _run_case(case: Case, policy_loss: Callable, actor_loss: Callable | None, va
     else:
         pg, metrics = _answer(policy_loss, "policy_loss", lp, *args, global_batch_info=info)
     loss = pg
-    if case.stage in ("entropy", "kl loss"):
+    if case.stage in ACTOR_STAGES:
         ent, ref = t["entropy"], t["ref_log_prob"]
         if reference:
             terms, _ = REF.ppo_loss_terms(cfg, old_log_prob=t["old_log_prob"], log_prob=lp,
@@ -229,6 +248,10 @@ def _run_case(case: Case, policy_loss: Callable, actor_loss: Callable | None, va
             "metrics": {k: float(metrics[k]) for k in keys if k in (metrics or {})}}
 
 
+def _shown(x: Any) -> str:
+    return f"{x:.6g}" if isinstance(x, float) else str(x)
+
+
 def _close(a: float, b: float, rel: float = REL, abs_: float = ABS) -> bool:
     return math.isfinite(a) and abs(a - b) <= abs_ + rel * abs(b)
 
@@ -241,10 +264,11 @@ def grade_hidden(policy_loss: Callable, actor_loss: Callable | None = None,
     refused = tampered()
     if refused:
         return {"ok": False, "stage": None, "case": None, "cases": 0, "line": "(a) " + refused}
-    done = 0
+    done, skipped = 0, 0
     for i, case in enumerate(hidden_cases()):
-        if (case.stage in ("entropy", "kl loss") and actor_loss is None) or \
+        if (case.stage in ACTOR_STAGES and actor_loss is None) or \
                 (case.stage.startswith("value") and value_loss is None):
+            skipped += 1
             continue
         want = _run_case(case, policy_loss, actor_loss, value_loss, reference=True)
         try:
@@ -253,32 +277,110 @@ def grade_hidden(policy_loss: Callable, actor_loss: Callable | None = None,
             return {"ok": False, "stage": None, "case": None, "cases": done, "answered": False,
                     "line": tr("not answered yet: {name} returns None — write its body").format(name=e)}
         except LearnerError as e:  # raised, exited, changed torch's settings, returned the wrong kind: one line
-            return _fail(case, i, done, str(e))
+            return _fail(case, i, done, str(e), part=not isinstance(e, CallsReference))
         except Exception as e:  # noqa: BLE001 — the learner's code (a metrics dict it built …): one line
             return _fail(case, i, done, tr("your function raised {error}").format(
                 error=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]}"))
+        g, w = got["grad"], want["grad"]
+        where, look = gradient_differs(case, g, w)
         if not _close(got["loss"], want["loss"]):
             ratio = f" (×{got['loss'] / want['loss']:.4g})" if want["loss"] else ""
             return _fail(case, i, done, tr("loss {got}, ppolab.algos {want}").format(
-                got=f"{got['loss']:.6g}", want=f"{want['loss']:.6g}") + ratio)
-        g, w = got["grad"], want["grad"]
+                got=f"{got['loss']:.6g}", want=f"{want['loss']:.6g}") + ratio + ("; " + where if where else ""),
+                         look=look)
         if g.shape != w.shape or not torch.allclose(g, w, rtol=1e-5, atol=1e-9):
             return _fail(case, i, done, tr("the loss agrees but its gradient does not (a .detach() or a masked "
-                                           "position that still carries gradient?)"))
+                                           "position that still carries gradient?)") + ("; " + where if where else ""),
+                         look=look)
         for k, v in want["metrics"].items():
             if k not in got["metrics"] or not _close(got["metrics"][k], v):
-                return _fail(dataclasses.replace(case, stage="metrics"), i, done,
+                # a metric is the stage's own mechanism where the stage says so (ppo_kl of the clamped log-ratio)
+                return _fail(case if case.stage == "ratio clamp" else dataclasses.replace(case, stage="metrics"), i,
+                             done,
                              tr("{key}: yours {got}, ppolab.algos {want}").format(
-                                 key=k, got=got["metrics"].get(k, "—"), want=f"{v:.6g}"))
+                                 key=k, got=_shown(got["metrics"].get(k, "—")), want=f"{v:.6g}"))
         done += 1
-    return {"ok": True, "stage": None, "case": None, "cases": done,
-            "line": tr("(a) right: {n} hidden cases agree with ppolab.algos (loss, gradient, metrics)").format(n=done)}
+    line = tr("(a) right: {n} hidden cases agree with ppolab.algos (loss, gradient, metrics)").format(n=done)
+    if skipped:
+        line += tr("; {k} not graded: no {names} was given").format(
+            k=skipped, names=tr(" and ").join(n for fn, n in ((actor_loss, "actor_loss"), (value_loss, "value_loss"))
+                                              if fn is None))
+    return {"ok": True, "stage": None, "case": None, "cases": done, "skipped": skipped, "line": line}
 
 
-def _fail(case: Case, i: int, done: int, what: str) -> dict[str, Any]:
-    return {"ok": False, "stage": case.stage, "case": i, "cases": done,
-            "line": tr("(a) not yet — hidden case {i} ({stage}: {what}): {detail}. Look at {part}").format(
-                i=i, stage=case.stage, what=case.what, detail=what, part=tr(STAGES[case.stage]))}
+def _fail(case: Case, i: int, done: int, what: str, part: bool = True, look: str | None = None) -> dict[str, Any]:
+    """The failing verdict of hidden case ``i``; ``look``: the stage whose part the tokens point at, when the
+    gradient names another mechanism than the case's stage."""
+    line = tr("(a) not yet — hidden case {i} ({stage}: {what}): {detail}").format(i=i, stage=case.stage,
+                                                                                  what=case.what, detail=what)
+    if part:  # a function that called the reference has nothing of its own to look at
+        line += tr(". Look at {part}").format(part=tr(STAGES[look or case.stage]))
+    return {"ok": False, "stage": case.stage, "case": i, "cases": done, "line": line}
+
+
+def token_regions(case: Case) -> tuple[list[str], torch.Tensor]:
+    """The region of the loss each token of ``case`` lies in — ``(names, region index per token)`` — by what the
+    reference does there: outside the mask; past the ratio's ±20 clamp; A < 0 in the dual clip's region; clipped
+    (no gradient); inside the clip window — with the advantage's sign. The value stages: clipped or not."""
+    t, cfg = case.t, case.config
+    mask = t["response_mask"] > 0
+    if case.stage.startswith("value"):
+        vp, v, ret = t["vpreds"], t["values"], t["returns"]
+        clipped = (torch.clamp(vp, v - 0.2, v + 0.2) - ret).square() > (vp - ret).square()
+        names = [tr("outside response_mask"), tr("where the value clip binds (the clipped error is larger)"),
+                 tr("where the value clip does not bind")]
+        return names, torch.where(~mask, 0, torch.where(clipped, 1, 2))
+    d = t["log_prob"] - t["old_log_prob"]
+    a = t["advantages"]
+    r = torch.exp(torch.clamp(d, -20, 20))
+    l1, l2 = -a * r, -a * torch.clamp(r, 1 - cfg.clip_ratio_low, 1 + cfg.clip_ratio_high)
+    dual = (a < 0) & (torch.maximum(l1, l2) > -a * cfg.clip_ratio_c)
+    names = [tr("outside response_mask"), tr("whose log-ratio is past ±20"),
+             tr("with A < 0 in the dual clip's region (ratio above clip_ratio_c)"),
+             tr("with A > 0 outside the clip window"), tr("with A < 0 outside the clip window"),
+             tr("with A > 0 inside the clip window"), tr("with A < 0 inside the clip window")]
+    region = torch.where(~mask, 0, torch.where(d.abs() > 20, 1, torch.where(dual, 2, torch.where(
+        l2 > l1, torch.where(a > 0, 3, 4), torch.where(a > 0, 5, 6)))))
+    return names, region
+
+
+def gradient_differs(case: Case, got: torch.Tensor, want: torch.Tensor) -> tuple[str, str | None]:
+    """Where the learner's per-token gradient differs from the reference's, by :func:`token_regions` — the tokens
+    name the mechanism even when the loss alone cannot (a wrong aggregation scales every token; a dual clip applied
+    where A > 0 flattens exactly those tokens), and the stage whose mechanism they point at when it is another
+    than the case's (None otherwise). Empty when the gradients agree."""
+    if got.shape != want.shape:
+        return "", None
+    off = (got - want).abs() > 1e-9 + 1e-5 * want.abs()
+    if not off.any():
+        return "", None
+    names, region = token_regions(case)
+    found = sorted(set(region[off].tolist()))
+    where = (tr(" and ").join(names[k] for k in found) if len([k for k in found if k]) < 3 or
+             case.stage.startswith("value") else tr("of every kind — a term each token carries, not one region of "
+                                                    "the clip"))
+    if bool((got[off] == 0).all()):
+        how = tr("yours is 0 there")
+    elif bool((want[off] == 0).all()):
+        how = tr("yours is not 0 there, the reference's is")
+    else:
+        ratio = (got[off] / want[off]).tolist()
+        how = (tr("yours is ×{k} the reference's there").format(k=f"{ratio[0]:.4g}")
+               if max(ratio) - min(ratio) < 1e-6 * max(1.0, abs(ratio[0])) else tr("yours differs there"))
+    line = tr("the gradient differs on {n} of {total} tokens, those {where} ({how})").format(
+        n=int(off.sum()), total=off.numel(), where=where, how=how)
+    look = None
+    if found == [5] and how == tr("yours is 0 there") and not case.stage.startswith("value"):
+        cfg = case.config
+        r = torch.exp(torch.clamp(case.t["log_prob"] - case.t["old_log_prob"], -20, 20))[off]
+        if bool((r > 1 + cfg.clip_ratio_low).all()) and cfg.clip_ratio_high > cfg.clip_ratio_low:
+            line += tr(" — as if the window ended at 1 + clip_ratio_low; clip_ratio_high sets its upper end")
+            look = "clip"
+        elif bool(off[region == 5].all()) and int(off.sum()) > 1:  # every A > 0 token flat: −A·c reached them
+            line += tr(" — as if the dual clip's min(·, −A·clip_ratio_c) applied where A > 0; it belongs only "
+                       "where A < 0")
+            look = "dual clip"
+    return line, look
 
 
 # ---------------------------------------------------------------------------------------------- (b) one replayed step
@@ -350,12 +452,12 @@ _REFERENCE: dict[tuple, Path] = {}
 def short_run(loss_mode: str, out: Path, steps: int = TRAIN_STEPS):
     """``grpo_tiny`` for ``steps`` steps with ``actor.policy_loss.loss_mode = loss_mode``, no validation, no
     recording, into ``out``; the same seed, data order and first rollouts whatever the loss."""
-    import ppolab
+    from ppolab.train import train
 
-    return ppolab.train("grpo_tiny", [f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}",
-                                      f"trainer.total_training_steps={steps}", "trainer.test_freq=-1",
-                                      "trainer.val_before_train=false", "trainer.record_freq=-1",
-                                      f"trainer.run_dir={out}"], progress=False)
+    return train("grpo_tiny", [f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}",
+                               f"trainer.total_training_steps={steps}", "trainer.test_freq=-1",
+                               "trainer.val_before_train=false", "trainer.record_freq=-1",
+                               f"trainer.run_dir={out}"], progress=False)
 
 
 def grade_training(policy_loss: Callable, name: str = LEARNER, steps: int = TRAIN_STEPS,
@@ -373,7 +475,7 @@ def grade_training(policy_loss: Callable, name: str = LEARNER, steps: int = TRAI
     key = (steps,)
     if key not in _REFERENCE or not _REFERENCE[key].exists():
         _REFERENCE[key] = Path(short_run("vanilla", root / "vanilla", steps).path)
-    from ppolab.record import load_run
+    from ppolab.run.reader import load_run
 
     ref = load_run(_REFERENCE[key]).metrics
     try:
@@ -429,7 +531,8 @@ def grade(policy_loss: Callable, actor_loss: Callable | None = None, value_loss:
     """Grade the learner's losses: (a) on the hidden cases; if right, (b) one replayed optimizer step of ``run``
     (its recorded step 1; skipped, with a line, on a run without one); if right and ``train``, (c) a short run. A
     later grade runs only when the earlier ones are right, so the first line that says "not yet" names the part to
-    fix. Never raises for the learner's code."""
+    fix. Each of the three functions is required: one left out (None) is named, and the verdict is not right. Never
+    raises for the learner's code."""
     for fn, what in ((policy_loss, "policy_loss"), (actor_loss, "actor_loss"), (value_loss, "value_loss")):
         line = _unanswered(fn, what)
         if line:
@@ -437,7 +540,7 @@ def grade(policy_loss: Callable, actor_loss: Callable | None = None, value_loss:
     a = grade_hidden(policy_loss, actor_loss, value_loss)
     lines, results = [a["line"]], {"a": a}
     if a["ok"]:
-        from ppolab.record import resolve_run
+        from ppolab.run.reader import resolve_run
 
         r = resolve_run(run)
         if 1 not in r.steps:
@@ -448,5 +551,9 @@ def grade(policy_loss: Callable, actor_loss: Callable | None = None, value_loss:
             if b["ok"] and train:
                 results["c"] = c = grade_training(policy_loss)
                 lines.append(c["line"])
-    return Grade(all(x["ok"] for x in results.values()), lines, results)
+    missing = [name for fn, name in ((actor_loss, "actor_loss"), (value_loss, "value_loss")) if fn is None]
+    if missing:  # lab 17 asks for all three: a verdict of right needs every one graded
+        lines.append(tr("not right yet: {names} not given — lab 17 asks for all three functions; pass {them} to "
+                        "grade(...)").format(names=tr(" and ").join(missing), them=tr(" and ").join(missing)))
+    return Grade(not missing and all(x["ok"] for x in results.values()), lines, results)
 
