@@ -102,13 +102,13 @@ def test_the_terms_gradients_are_each_terms_own_and_add_up_to_the_total(several)
     """The KL term's gradient is a backward pass of its own; pg's is the step's gradient before the clip minus it.
     Here pg's is checked against a backward pass of pg alone at the weights before the step (what the replay saves):
     the separate passes add up to the step's gradient."""
-    from ppolab.numbers.update_effect import _batch, one_process
+    from ppolab.numbers.update_effect import one_process, step_batch
     from ppolab.replay import REPLAY_LOCK, gradients, restore, run_models
     from ppolab.update_plan import recorded_plan
     from ppolab.worker import ActorWorker
 
     cfg = several.ppo_config()
-    plan, batch = recorded_plan(several.step(1), cfg, "actor"), _batch(several, 1)
+    plan, batch = recorded_plan(several.step(1), cfg, "actor"), step_batch(several, 1)
     for k in range(2):
         e = step_effect(several, 1, k)
         assert list(e["terms"]) == ["pg", "kl"]  # grpo_tiny: the policy gradient and the k3 KL loss

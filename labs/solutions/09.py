@@ -157,3 +157,19 @@ SOLUTIONS["09.6"] = window_pair
 # untouched token as clipped; the pair swapped
 WRONG["09.6"] = [lambda run=None: (window_pair(run)[0], window_pair(run)[0]), (0, 0),
                  lambda run=None: window_counts(run, strict=False), lambda run=None: window_pair(run)[::-1]]
+
+
+def clipped_move(run=None, over="clipped"):
+    """The largest move of a value-clipped token at 09.8's critic optimizer step (``over``: which tokens)."""
+    from ppolab.exercises.lab09 import RUN, clipped_move_case
+    from ppolab.numbers.critic_effect import critic_step_effect
+
+    e = critic_step_effect(run if run is not None else RUN, 1, clipped_move_case(run)["update"])
+    moved = (e["values_after"] - e["values_before"]).abs()
+    keep = {"clipped": e["clipped"], "all": e["mask"] > 0, "free": (e["mask"] > 0) & ~e["clipped"]}[over]
+    return float(torch.nan_to_num(moved)[keep].max())
+
+
+SOLUTIONS["09.8"] = clipped_move
+# a clipped token "does not move"; the largest move of any token; of the tokens the clip left free
+WRONG["09.8"] = [0.0, lambda run=None: clipped_move(run, "all"), lambda run=None: clipped_move(run, "free")]

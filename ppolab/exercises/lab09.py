@@ -253,3 +253,39 @@ def _e1(run=None) -> float:
     vp = t["critic_vpreds"][c["update"]][one]
     return algos.compute_value_loss(vp, t["returns"][one], t["values"][one], torch.ones_like(vp),
                                     cliprange_value=c["eps_v"])[0].item()
+
+
+# ------------------------------------------------------------------ the critic's update, replayed (§1, §8)
+def clipped_move_case(run=None) -> dict:
+    """Exercise 09.8's critic optimizer step: of recorded step 1's critic update, replayed
+    (:func:`ppolab.numbers.critic_effect.critic_step_effect`), the optimizer step where the value clip binds on the
+    most tokens; a run whose clip binds on none there lacks it."""
+    from ppolab.numbers import resolve_run
+    from ppolab.numbers.critic_effect import critic_step_effect, critic_steps
+    from ppolab.numbers.needs import RunLacks
+
+    r = resolve_run(run, RUN)
+    counts = [int(critic_step_effect(r, 1, k)["clipped"].sum()) for k in range(critic_steps(r, 1))]
+    if not max(counts):
+        raise RunLacks("a critic optimizer step of step 1 where the value clip binds (the clipped error the larger on "
+                       "some token)", r)
+    k = counts.index(max(counts))
+    return {"update": k, "n_clipped": counts[k], "eps_v": r.ppo_config().critic.cliprange_value}
+
+
+@exercise("09.8", "The critic's update of recorded step 1, replayed: at critic optimizer step {update} the value clip "
+          "binds on {n_clipped} tokens — their clipped error (V_clip − G)² is the larger, a constant in V_new, so "
+          "their own gradient is 0. By how much did the largest of them move anyway? max |V_after − V_before| over "
+          "those tokens.",
+          kind="compute",
+          hints=("No gradient flows from a clipped token's loss — but its V comes from the same adapter and value head "
+                 "every other token of the mini-batch pushed. Compare each clipped token's value after the step with "
+                 "its value before it.",
+                 "e = critic_step_effect(RUN, 1, {update}); (e['values_after'] − e['values_before'])[e['clipped']]"
+                 ".abs().max() (chapter §1, §8)."),
+          rel=1e-3, abs=1e-6, context=("run",), needs=("critic",), case=clipped_move_case, default_run=RUN)
+def _e8(run=None) -> float:
+    from ppolab.numbers.critic_effect import critic_step_effect
+
+    e = critic_step_effect(run if run is not None else RUN, 1, clipped_move_case(run)["update"])
+    return float((e["values_after"] - e["values_before"])[e["clipped"]].abs().max())

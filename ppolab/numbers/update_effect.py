@@ -57,6 +57,10 @@ def one_process(opt: OptimizerStep) -> OptimizerStep:
 def tensor_names(models: Any, params: list[torch.nn.Parameter]) -> list[str]:
     """Readable names of ``params`` ("layers.0.self_attn.q_proj.lora_A", "value_head", …)."""
     by_id = {id(p): n for n, p in models.model.named_parameters()}
+    for model, prefix in ((getattr(models, "critic_model", None), ""), (getattr(models, "value_head", None),
+                                                                        "value_head.")):
+        if model is not None:  # a full-fine-tuned critic is a model of its own; the value head a layer beside it
+            by_id.update({id(p): prefix + n for n, p in model.named_parameters() if id(p) not in by_id})
     out = []
     for i, p in enumerate(params):
         name = by_id.get(id(p), f"param.{i}")
@@ -71,7 +75,8 @@ def layer_of(name: str) -> str:
     return f"layer {m.group(1)}" if m else name
 
 
-def _batch(r: Run, step: int) -> Batch:
+def step_batch(r: Run, step: int) -> Batch:
+    """The recorded batch of ``step`` as the worker takes it (padding flags as bools, a row id per row)."""
     tensors = r.step(step).batch_tensors()
     tensors["is_pad"] = tensors["is_pad"].bool()
     if "row_id" not in tensors:
@@ -145,7 +150,7 @@ def _replay_update(r: Run, step: int, opt_step: int, entry: dict[str, Any]) -> N
         raise ValueError(f"opt_step={opt_step!r} is out of range; step {step} has optimizer steps 0 … "
                          f"{len(plan.steps) - 1}")
     steps = [one_process(o) for o in plan.steps]
-    batch = _batch(r, step)
+    batch = step_batch(r, step)
     a = cfg.actor_rollout_ref.actor
     reading = InferBatching(len(batch))  # one forward over the step's rows (large vocabularies go a few rows a pass)
     with REPLAY_LOCK:

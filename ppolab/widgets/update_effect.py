@@ -83,13 +83,16 @@ def update_effect_explorer(run: Run | str | None = None, opt_step: int = 0, term
         raise ValueError(f"term={term!r}; this run's loss has the terms {', '.join(terms)}")
     opt_step = whole_argument("opt_step", opt_step, range(n), "an optimizer step of the shown step")
     tok = r.tokenizer()
+    # labels and values whole: the description at its own width, the menu as wide as its longest option
+    style, wide = {"description_width": "initial"}, W.Layout(width="auto", min_width="24em")
     controls = {
         "opt_step": W.Dropdown(options=[(label, k) for k, label in enumerate(shown["labels"])], value=opt_step,
-                               description=tr("optimizer step")),
-        "term": W.Dropdown(options=[(tr(t), t) for t in terms], value=term, description=tr("loss term")),
+                               description=tr("optimizer step"), style=style, layout=wide),
+        "term": W.Dropdown(options=[(tr(t), t) for t in terms], value=term, description=tr("loss term"),
+                           style=style, layout=W.Layout(width="auto", min_width="14em")),
     }
     if len(steps) > 1:  # a run recorded with its update states: every such step can be replayed
-        controls = {"step": W.Dropdown(options=steps, value=step, description=tr("step")), **controls}
+        controls = {"step": W.Dropdown(options=steps, value=step, description=tr("step"), style=style), **controls}
     f_tokens = go.FigureWidget(layout=dict(
         title=tr("Δ log π of each token after the optimizer step, against its advantage"), height=380,
         xaxis_title=tr("advantage A"), yaxis_title=tr("Δ log π (after − before)")))
@@ -98,10 +101,16 @@ def update_effect_explorer(run: Run | str | None = None, opt_step: int = 0, term
     for name, colour in zip(CLIP_STATES, COLOURS):
         f_tokens.add_scatter(x=[], y=[], mode="markers", name=tr(name), marker=dict(color=colour, size=6))
     layer_names = list(_per_layer(shown["effects"][0]["names"], shown["effects"][0]["grads"]))
-    f_layers = go.FigureWidget(layout=dict(title=tr("per layer: ‖Δθ‖ and the gradient of the chosen term"),
-                                           height=340, barmode="group", yaxis_title=tr("norm")))
-    f_layers.add_bar(x=layer_names, y=[0.0] * len(layer_names), name=tr("‖Δθ‖ (the optimizer step)"))
-    f_layers.add_bar(x=layer_names, y=[0.0] * len(layer_names), name=tr("‖gradient‖ of the chosen term"))
+    # two quantities of different units (a step in weight space, a gradient): an axis each, the bars side by side
+    f_layers = go.FigureWidget(layout=dict(
+        title=tr("per layer: ‖Δθ‖ and the gradient of the chosen term"), height=340, barmode="group",
+        yaxis=dict(title=tr("‖Δθ‖ (the optimizer step)")),
+        yaxis2=dict(title=tr("‖gradient‖ of the chosen term"), overlaying="y", side="right", showgrid=False),
+        legend=dict(orientation="h", y=-0.25)))
+    f_layers.add_bar(x=layer_names, y=[0.0] * len(layer_names), name=tr("‖Δθ‖ (the optimizer step)"),
+                     offsetgroup="step", yaxis="y")
+    f_layers.add_bar(x=layer_names, y=[0.0] * len(layer_names), name=tr("‖gradient‖ of the chosen term"),
+                     offsetgroup="gradient", yaxis="y2")
     readout, top = W.HTML(), W.HTML()
     state: dict[str, Any] = {}
 
