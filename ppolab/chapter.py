@@ -11,6 +11,15 @@ from ppolab.algos import agg_loss, compute_value_loss, ppo_clip_terms
 from ppolab.batching import plan_batches
 
 
+#: The chapter's sections, as its table of contents numbers them (§1–§17 and their subsections): the only §
+#: pointers a learner may read (``tests/test_chapter_pointers.py``). §16's nine mistakes are numbered inside one
+#: section, so they are cited as "§16, mistake N", never as §16.N.
+SECTIONS = ("1", "2", "2.1", "2.2", "3", "3.1", "4", "4.1", "4.2", "4.3", "4.4", "5", "5.1", "5.2", "6", "7", "7.1",
+            "7.2", "7.3", "7.4", "7.5", "8", "8.1", "9", "10", "10.1", "10.2", "10.3", "10.4", "10.5", "10.6", "11",
+            "11.1", "11.2", "11.3", "11.4", "11.5", "11.6", "12", "12.1", "12.2", "12.3", "13", "14", "14.1", "14.2",
+            "15", "16", "17")
+
+
 def _t(*xs: float) -> torch.Tensor:
     return torch.tensor([list(xs)], dtype=torch.float64)
 

@@ -166,51 +166,59 @@ def mistakes(cfg, world: int, frame=None) -> list[Sign]:
     out = []
     if alg.adv_estimator in ("grpo", "grpo_passk", "grpo_vectorized", "rloo", "rloo_vectorized") \
             and a.policy_loss.loss_mode == "vanilla":
-        out.append(Sign("§16.1 adv_estimator={estimator} with policy_loss.loss_mode=vanilla: the advantages are "
+        out.append(Sign("§16 mistake 1: "
+                        "adv_estimator={estimator} with policy_loss.loss_mode=vanilla: the advantages are "
                         "GRPO's, the loss is still vanilla PPO's clipped loss — the estimator does not change the loss",
                         estimator=alg.adv_estimator))
     if frame is not None and "actor/ppo_kl" in frame.columns and any(
             k in frame.columns for k in ("actor/kl_loss", "actor/reward_kl_penalty")):
-        out.append(Sign("§16.2 actor/ppo_kl is logged beside the reference KL: ppo_kl compares π_θ with π_old (PPO's "
+        out.append(Sign("§16 mistake 2: "
+                        "actor/ppo_kl is logged beside the reference KL: ppo_kl compares π_θ with π_old (PPO's "
                         "old policy), the reference KL is actor/kl_loss or actor/reward_kl_penalty — another path"))
     if alg.use_kl_in_reward and a.use_kl_loss:
-        out.append(Sign("§16.3 both KL paths are on (reward side β={beta}, loss side kl_loss_coef={coef}): they act "
+        out.append(Sign("§16 mistake 3: "
+                        "both KL paths are on (reward side β={beta}, loss side kl_loss_coef={coef}): they act "
                         "in different stages and add up — two constraints", beta=alg.kl_ctrl.kl_coef,
                         coef=a.kl_loss_coef))
     if not a.use_dynamic_bsz and a.ppo_micro_batch_size_per_gpu and \
             a.ppo_micro_batch_size_per_gpu * world < a.ppo_mini_batch_size * ro.n:
-        out.append(Sign("§16.4 micro-batch {micro}/GPU is only a gradient-accumulation slice: the optimizer steps "
+        out.append(Sign("§16 mistake 4: "
+                        "micro-batch {micro}/GPU is only a gradient-accumulation slice: the optimizer steps "
                         "once per mini-batch of {mini} trajectories", micro=a.ppo_micro_batch_size_per_gpu,
                         mini=a.ppo_mini_batch_size * ro.n))
     if ro.n > 1:
-        out.append(Sign("§16.5 ppo_mini_batch_size={mini} counts prompts: the trainer multiplies it by "
+        out.append(Sign("§16 mistake 5: ppo_mini_batch_size={mini} counts prompts: the trainer multiplies it by "
                         "rollout.n={n}, so a mini-batch is {rows} trajectories (memory and optimizer steps follow "
                         "that number)", mini=a.ppo_mini_batch_size, n=ro.n, rows=a.ppo_mini_batch_size * ro.n))
     if a.ppo_epochs > 1:
         n_mini = -(-cfg.data.train_batch_size // a.ppo_mini_batch_size)
-        out.append(Sign("§16.6 ppo_epochs={epochs}: not a repeated forward — {epochs} epochs × {n_mini} mini-batches "
+        out.append(Sign("§16 mistake 6: "
+                        "ppo_epochs={epochs}: not a repeated forward — {epochs} epochs × {n_mini} mini-batches "
                         "= {steps} optimizer steps each training step, the same data re-scored by the updated "
                         "policy", epochs=a.ppo_epochs, n_mini=n_mini, steps=a.ppo_epochs * n_mini))
     weighting = {"token-mean": "every token weighs the same, so long responses weigh more",
                  "seq-mean-token-mean": "every response weighs the same, so a long response's tokens weigh less",
                  "seq-mean-token-sum": "every response's summed tokens: long responses weigh more",
                  "seq-mean-token-sum-norm": "summed tokens over a constant: long responses weigh more"}
-    out.append(Sign("§16.7 loss_agg_mode={mode}: {weighting} — token-mean and seq-mean-token-mean optimise "
+    out.append(Sign("§16 mistake 7: loss_agg_mode={mode}: {weighting} — token-mean and seq-mean-token-mean optimise "
                     "differently weighted objectives", mode=a.loss_agg_mode,
                     weighting=tr(weighting.get(a.loss_agg_mode, "its own weighting"))))
     multi = getattr(getattr(ro, "multi_turn", None), "enable", False)
     if multi:
-        out.append(Sign("§16.8 multi-turn rollout with tools: tool observations join the context (attention) with "
+        out.append(Sign("§16 mistake 8: "
+                        "multi-turn rollout with tools: tool observations join the context (attention) with "
                         "response_mask=0, so they are not the model's actions and stay out of the actor loss"))
     if frame is not None:
         adv_max, adv_min = _metric(frame, "critic/advantages/max"), _metric(frame, "critic/advantages/min")
         kl, beta = _metric(frame, "actor/reward_kl_penalty"), _metric(frame, "actor/reward_kl_penalty_coeff")
         score = _metric(frame, "critic/score/mean")
         if adv_max is not None and adv_min is not None and abs(adv_max) < 1e-6 and abs(adv_min) < 1e-6:
-            out.append(Sign("§16.9 the advantages are zero (critic/advantages max = min = 0 over the later steps): "
+            out.append(Sign("§16 mistake 9: "
+                            "the advantages are zero (critic/advantages max = min = 0 over the later steps): "
                             "groups with uniform rewards — no learnable signal, whatever the clip ratio"))
         elif kl is not None and beta is not None and score is not None and beta * kl > abs(score):
-            out.append(Sign("§16.9 the reward is drowned by the KL: β·KL ≈ {penalty:.3g} per token against a mean "
+            out.append(Sign("§16 mistake 9: "
+                            "the reward is drowned by the KL: β·KL ≈ {penalty:.3g} per token against a mean "
                             "score {score:.3g} — the clip has no task signal to keep in check",
                             penalty=beta * kl, score=score))
     return out

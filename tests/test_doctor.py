@@ -31,7 +31,7 @@ def verl_yaml(tmp_path, overrides=(), gpus=2, name="config.yaml"):
 
 
 def points(lines):
-    return sorted({m.group(1) for ln in lines for m in [re.search(r"§16\.(\d)", ln)] if m})
+    return sorted({m.group(1) for ln in lines for m in [re.search(r"§16 (?:mistake|错误) (\d)[:：]", ln)] if m})
 
 
 def test_a_neutral_job_trips_only_the_aggregation_point(tmp_path):
@@ -44,7 +44,7 @@ def test_a_neutral_job_trips_only_the_aggregation_point(tmp_path):
 
 @pytest.mark.parametrize("overrides,point", [
     (["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-      "critic.ppo_mini_batch_size=2"], {"1", "5"}),  # GRPO needs n > 1: §16.5 comes with it
+      "critic.ppo_mini_batch_size=2"], {"1", "5"}),  # GRPO needs n > 1: mistake 5 comes with it
     (["algorithm.use_kl_in_reward=true", "actor_rollout_ref.actor.use_kl_loss=true"], {"3"}),
     (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"], {"4"}),
     (["actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
@@ -73,7 +73,7 @@ def test_verls_divisibility_checks_stop_before_a_gpu_hour(tmp_path):
 def test_a_hydra_output_folder_is_found_and_a_config_from_elsewhere_is_named(tmp_path, capsys):
     verl_yaml(tmp_path / "outputs" / "2026-12-03" / "10-00-00" / ".hydra", name="config.yaml")
     assert main(["verl", str(tmp_path / "outputs")]) == 0
-    assert "§16.7" in capsys.readouterr().out
+    assert "§16 mistake 7:" in capsys.readouterr().out
     verl_yaml(tmp_path / "outputs" / "2026-12-03" / "11-00-00" / ".hydra", name="config.yaml")
     other = tmp_path / "sft.yaml"
     other.write_text("model: {name: x}\noptim: {lr: 1e-5}\n")

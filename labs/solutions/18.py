@@ -35,56 +35,45 @@ def coefficient(run=None, ratio_one=False, plain_count=False):
 
 
 def adam_norm(run=None, rule="adam"):
+    """‖Δθ‖ of optimizer step 1 on 18.3's tensor: Adam with the moments step 0 left (``rule``: "first" applies the
+    first-step rule to g₁ alone, "sgd" plain SGD, "no_bias" the moments without their corrections)."""
     r = resolve_run(run)
     c = adam_case(r)
-    e = step_effect(r, 1, 0)
+    e0, e1 = step_effect(r, 1, 0), step_effect(r, 1, 1)
     optim = r.ppo_config().actor_rollout_ref.actor.optim
-    g, theta = e["grads"][c["index"]], e["before"][c["index"]]  # a LoRA B starts at 0
-    lr = e["lr"]
+    b1, b2 = optim.betas
+    g0, g1, theta, lr = e0["grads"][c["index"]], e1["grads"][c["index"]], e1["before"][c["index"]], e1["lr"]
     if rule == "sgd":
-        return lr * float(g.norm())
-    step = lr * g / (g.abs() + 1e-8)  # Adam's first step: m̂ = g, v̂ = g²
-    decay = lr * optim.weight_decay * theta if rule == "adam" else torch.zeros_like(theta)
-    return float((step + decay).norm())
+        return lr * float(g1.norm())
+    m = b1 * (1 - b1) * g0 + (1 - b1) * g1
+    v = b2 * (1 - b2) * g0 ** 2 + (1 - b2) * g1 ** 2
+    if rule == "first":
+        m, v = g1 * (1 - b1 ** 2), g1 ** 2 * (1 - b2 ** 2)
+    corr1, corr2 = (1.0, 1.0) if rule == "no_bias" else (1 - b1 ** 2, 1 - b2 ** 2)
+    step = lr * (m / corr1) / ((v / corr2).sqrt() + 1e-8)
+    return float((step + lr * optim.weight_decay * theta).norm())
 
 
-def _vanilla(lp, old, adv, eps_low, eps_high, c):
-    ratio = torch.exp(torch.clamp(lp - old, -20, 20))
-    clipped = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - eps_low, 1 + eps_high))
-    return torch.where(adv < 0, torch.minimum(clipped, -adv * c), clipped)
+def counterfactual_loss(run=None, mode=None):
+    """(loss, gradient norm) of optimizer step 0 replayed under 18.4's other aggregation mode (or ``mode``)."""
+    from ppolab.exercises.lab18 import zero_loss_case
+    from ppolab.replay import replay_actor_update
+
+    x = replay_actor_update(run, loss_agg_mode=mode or zero_loss_case(run)["other"])
+    return float(x["metrics"]["actor/loss"]), float(torch.cat([g.flatten() for g in x["grads"]]).norm())
 
 
-def zero_loss(run=None, grad="terms"):
-    r = resolve_run(run)
-    rec = r.step(1)
-    e = step_effect(r, 1, 0)
-    opt = recorded_plan(rec, r.ppo_config()).steps[0]
-    rows = opt.rows()
-    a = r.ppo_config().actor_rollout_ref.actor
-    eps_low = a.clip_ratio_low if a.clip_ratio_low is not None else a.clip_ratio
-    eps_high = a.clip_ratio_high if a.clip_ratio_high is not None else a.clip_ratio
-    loss = _vanilla(e["log_prob_before"][rows], rec["old_log_probs"][rows].float(),
-                    rec["advantages"][rows].float(), eps_low, eps_high, a.clip_ratio_c)  # every ratio ≈ 1 here
-    if "rollout_is_weights" in rec.tensors:
-        loss = loss * rec["rollout_is_weights"][rows].float()
-    mask = e["mask"][rows]
-    loss = torch.where(mask > 0, loss, torch.zeros_like(loss))
-    if a.loss_agg_mode == "token-mean":
-        value = float((loss * mask).sum() / opt.batch_num_tokens)
-    else:  # seq-mean-token-mean
-        per_row = (loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        value = float(per_row.sum() / opt.global_batch_size)
-    value += sum(v for k, v in e["term_losses"].items() if k != "pg")  # the entropy and KL terms as summed
-    total = [sum(t[i] for t in e["terms"].values()) for i in range(len(e["grads"]))]
-    norm = float(torch.cat([g.flatten() for g in total]).norm())
-    return value, (0.0 if grad == "zero" else norm)
+def own_mode(run=None):
+    """The step as the run trained it: its own mode (what cell 4 prints)."""
+    e = step_effect(run, 1, 0)
+    return e["loss"], e["grad_norm"]
 
 
 SOLUTIONS = {
     "18.1": which_rises,
     "18.2": coefficient,
     "18.3": adam_norm,
-    "18.4": zero_loss,
+    "18.4": counterfactual_loss,
 }
 
 #: Plausible wrong answers: each must be told "not yet".
@@ -94,9 +83,12 @@ WRONG = {
     # the ratio taken as 1 (on-policy thinking); the count of the mini-batch's response tokens without the loss mask's
     # global count; the sign flipped
     "18.2": [lambda run=None: coefficient(run, ratio_one=True), lambda run=None: -coefficient(run)],
-    # the step plain SGD would take; a step of lr · ‖g‖ / ‖g‖ = lr (Adam read as "normalise the whole gradient")
-    "18.3": [lambda run=None: adam_norm(run, "sgd"),
-             lambda run=None: step_effect(run, 1, 0)["lr"]],
-    # "a zero loss has a zero gradient"; the loss with the gradient's sign
-    "18.4": [lambda run=None: zero_loss(run, grad="zero"), lambda run=None: (0.0, 0.0)],
+    # the step plain SGD would take; Adam's first-step rule on g₁ alone (the moments forgotten); the moments
+    # without their bias corrections
+    "18.3": [lambda run=None: adam_norm(run, "sgd"), lambda run=None: adam_norm(run, "first"),
+             lambda run=None: adam_norm(run, "no_bias")],
+    # the step as the run trained it (cell 4); "a zero loss has a zero gradient"; the other mode's loss with the run's
+    # own gradient norm
+    "18.4": [own_mode, lambda run=None: (0.0, 0.0),
+             lambda run=None: (counterfactual_loss(run)[0], own_mode(run)[1])],
 }

@@ -118,49 +118,64 @@ def _e2(run=None) -> float:
 
 
 def adam_case(run=None) -> dict:
-    """Exercise 18.3's tensor: the first LoRA B of the first layer (or the first trainable tensor) at optimizer step
-    0, where Adam's moments are empty."""
-    e = _effect(run, 0)
-    names = e["names"]
-    i = next((i for i, n in enumerate(names) if n.endswith("lora_B")), 0)
-    return {"index": i, "name": names[i], "numel": int(e["grads"][i].numel())}
+    """Exercise 18.3's tensor: the last LoRA B (or the last trainable tensor) at optimizer step 1, where Adam's
+    moments carry step 0 — a tensor and a step no cell of the lab prints."""
+    from ppolab.numbers.needs import RunLacks
+    from ppolab.run.reader import resolve_run
+
+    r = resolve_run(run)
+    if len(r.step(1).plan("actor").steps) < 2:
+        raise RunLacks("a second actor optimizer step at step 1 (ppo_epochs × mini-batches ≥ 2)", r)
+    names = _effect(r, 1)["names"]
+    i = max((i for i, n in enumerate(names) if n.endswith("lora_B")), default=len(names) - 1)
+    return {"index": i, "name": names[i], "numel": int(_effect(r, 1)["grads"][i].numel())}
 
 
-@exercise("18.3", "Compute — Adam's first step on one tensor: {name} (index {index} of "
-                  "step_effect(run, 1, 0)['grads'], {numel} numbers). From that gradient (what AdamW consumed: after "
-                  "the global-norm clip) and AdamW's rule (eps = 1e-8) with the run's lr, betas and weight decay, "
-                  "compute ‖Δθ‖ of optimizer step 0. Answer a number.",
+@exercise("18.3", "Compute — Adam's second step on one tensor: {name} (index {index} of "
+                  "step_effect(run, 1, k)['grads'], {numel} numbers). AdamW consumed its gradient g₀ at optimizer "
+                  "step 0 and g₁ at optimizer step 1 "
+                  "(step_effect(run, 1, k)['grads'][{index}], after the global-norm clip). From the two, the tensor "
+                  "before step 1 (step_effect(run, 1, 1)['before'][{index}]), the lr of step 1 "
+                  "(step_effect(run, 1, 1)['lr']) and AdamW's rule (eps = 1e-8; the run's betas and weight "
+                  "decay), compute ‖Δθ‖ of optimizer step 1. Answer a number.",
           kind="compute",
-          hints=("At Adam's first step m̂ = g and v̂ = g² (bias corrections 1 − β): the step is lr·g/(|g| + eps), "
-                 "about lr·sign(g) per entry — whatever the size of g. AdamW's decay subtracts lr·wd·θ first.",
-                 "d = lr · g / (g.abs() + 1e-8) + lr · wd · θ, θ the tensor before the step (a LoRA B starts at 0); "
-                 "answer float(d.norm()). Compare with lr · ‖g‖, the step plain SGD would take."),
-          rel=1e-3, abs=0.0, context=("run",), needs=("step1",), case=adam_case)
+          hints=("Adam keeps two running moments: after step 0, m = (1 − β₁)·g₀ and v = (1 − β₂)·g₀²; step 1 folds g₁ "
+                 "in and divides by the bias corrections 1 − β₁² and 1 − β₂². The step is no longer lr·sign(g): an "
+                 "entry whose gradient kept its sign moves by about lr, one that flipped moves less.",
+                 "m = β₁(1 − β₁)g₀ + (1 − β₁)g₁; v = β₂(1 − β₂)g₀² + (1 − β₂)g₁²; d = lr·(m / (1 − β₁²)) / "
+                 "(√(v / (1 − β₂²)) + 1e-8) + lr·wd·θ; answer float(d.norm()). Compare with Adam's first-step rule "
+                 "applied to g₁ alone."),
+          rel=1e-4, abs=0.0, context=("run",), needs=("step1",), case=adam_case)
 def _e3(run=None) -> float:
     c = adam_case(run)
-    return _effect(run, 0)["params"][c["index"]]["delta_norm"]
+    return _effect(run, 1)["params"][c["index"]]["delta_norm"]
 
 
 def zero_loss_case(run=None) -> dict:
-    """Exercise 18.4's optimizer step: the first, on-policy one (ratio 1)."""
+    """Exercise 18.4's optimizer step — the first, on-policy one (ratio 1) — and an aggregation mode the run did not
+    use and no cell of the lab replays: token-sum (token-mean on a run that uses token-sum)."""
     from ppolab.run.reader import resolve_run
 
     a = resolve_run(run).ppo_config().actor_rollout_ref.actor
-    return {"opt_step": 0, "mode": a.loss_agg_mode}
+    return {"opt_step": 0, "mode": a.loss_agg_mode, "other": "token-sum" if a.loss_agg_mode != "token-sum"
+            else "token-mean"}
 
 
-@exercise("18.4", "Compute — the on-policy mini-batch: optimizer step 0 of recorded step 1 (loss_agg_mode {mode}), "
-                  "where π_θ = π_old and every ratio is 1. (a) Its loss, Σ over micro-batches of pg − "
-                  "entropy_coeff·entropy + kl_loss_coef·kl as the worker summed it; (b) the norm of its gradient "
-                  "before the clip. Answer (loss, gradient norm).",
+@exercise("18.4", "Compute — a counterfactual of the on-policy mini-batch: optimizer step 0 of recorded step 1, where "
+                  "π_θ = π_old and every ratio is 1, was trained with loss_agg_mode {mode}. Had it used {other} — the "
+                  "same rows, weights and global counts — what would (a) its loss (Σ over micro-batches of pg − "
+                  "entropy_coeff·entropy + kl_loss_coef·kl, as the worker sums it) and (b) the norm of its gradient "
+                  "before the clip have been? Answer (loss, gradient norm).",
           kind="compute",
-          hints=("At ratio 1 the policy loss is the aggregated −A: with group-normalised advantages exactly 0 under "
-                 "seq-mean modes (each group's advantages sum to 0), off 0 under token-mean by how length and "
-                 "advantage go together — yet ∇ = −Σ A·∇log π / N is not 0: A weighs each token's direction.",
-                 "loss: −Σ A·m / batch_num_tokens (token-mean) over the mini-batch's rows, plus the entropy and KL "
-                 "terms (KL is 0 at step 1: π_θ = π_ref); gradient norm: step_effect(run, 1, 0)['grad_norm'] — or "
-                 "the norm of the concatenated step_effect(...)['terms'] gradients, summed over terms."),
+          hints=("At ratio 1 the policy loss is the aggregated −A. {other} changes only how the tokens are weighed "
+                 "and divided (§10): the size of the loss and of every token's pull, never the sign of a token's "
+                 "pull.",
+                 "replay_actor_update(run, loss_agg_mode='{other}') replays optimizer step 0 through the actor "
+                 "worker under that mode; its metrics hold the loss (actor/loss) and the gradient norm before the "
+                 "clip (actor/grad_norm)."),
           rel=1e-4, abs=1e-6, context=("run",), needs=("step1", "vanilla_loss"), case=zero_loss_case)
 def _e4(run=None) -> tuple[float, float]:
-    e = _effect(run, 0)
-    return e["loss"], e["grad_norm"]
+    from ppolab.replay import replay_actor_update
+
+    m = replay_actor_update(run, loss_agg_mode=zero_loss_case(run)["other"])["metrics"]
+    return float(m["actor/loss"]), float(m["actor/grad_norm"])

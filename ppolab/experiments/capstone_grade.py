@@ -88,7 +88,7 @@ class Case:
 STAGES = {
     "surrogate": "the surrogate −A·r with r = exp(log_prob − old_log_prob), token-mean, nothing clipped (§3)",
     "clip": "the clip: max(−A·r, −A·clip(r, 1 − ε_low, 1 + ε_high)), ε_low and ε_high apart (§4.1–§4.4)",
-    "dual clip": "the dual clip: where A < 0, min(that, −A·clip_ratio_c) (§4.5)",
+    "dual clip": "the dual clip: where A < 0, min(that, −A·clip_ratio_c) (§4.4)",
     "ratio clamp": "the ratio's clamp: r = exp(clamp(log_prob − old_log_prob, −20, 20)), and actor/ppo_kl the masked "
                    "mean of the clamped −(log_prob − old_log_prob) (§3)",
     "mask": "the mask: padding rows and positions outside response_mask hold junk and must not count (§9)",
