@@ -28,7 +28,7 @@ import torch
 from ppolab import algos
 from ppolab.errors import whole_argument
 from ppolab.numbers.needs import RunLacks
-from ppolab.numbers.update_effect import one_process, step_batch, tensor_names
+from ppolab.numbers.update_effect import one_process, step_batch, tensor_names, tensor_steps
 from ppolab.run.reader import Run, cache_slot, resolve_run
 from ppolab.update_plan import InferBatching
 
@@ -119,13 +119,7 @@ def _measure(r: Run, step: int, plan: Any, k: int, t: dict, names: list[str], be
     loss.backward()
     coefficient = torch.zeros_like(mask)
     coefficient[rows] = v.grad.detach()
-    params = []
-    for name, b, a, g in zip(names, before, after, used):
-        d = a - b
-        gn, dn = float(g.norm()), float(d.norm())
-        cos = float(torch.dot(d.flatten(), -g.flatten()) / (dn * gn)) if gn > 0 and dn > 0 else float("nan")
-        params.append({"name": name, "shape": tuple(g.shape), "grad_norm": gn, "delta_norm": dn,
-                       "sgd_step_norm": lr * gn, "cos_update_neg_grad": cos, "before_norm": float(b.norm())})
+    params = tensor_steps(names, before, after, used, lr)
     nan = torch.full_like(mask, float("nan"))
     return {"step": step, "opt_step": k, "n_opt": len(plan.steps), "epoch": opt.epoch,
             "mini_batch": opt.mini_batch, "rows": rows.tolist(), "mask": mask, "in_step": in_step,

@@ -248,14 +248,7 @@ def _measure(r, step, opt_step, plan, batch, names, before, after, used, terms, 
     in_mini[rows] = True
     delta = torch.where(mask > 0, lp_after - lp_before, torch.full_like(lp_before, float("nan")))
     token = _token_side(r, plan.steps[opt_step], t, lp_before, mask, rows)
-    params = []
-    for name, b, a_, g in zip(names, before, after, used):
-        d = a_ - b
-        gn, dn = float(g.norm()), float(d.norm())
-        cos = float(torch.dot(d.flatten(), -g.flatten()) / (dn * gn)) if gn > 0 and dn > 0 else float("nan")
-        params.append({"name": name, "shape": tuple(g.shape), "grad_norm": gn, "delta_norm": dn,
-                       "sgd_step_norm": lr * gn, "cos_update_neg_grad": cos,
-                       "before_norm": float(b.norm())})
+    params = tensor_steps(names, before, after, used, lr)
     term_norms = {k: [float(g.norm()) for g in v["grads"]] for k, v in terms.items()}
     flat = {k: torch.cat([g.flatten() for g in v["grads"]]) for k, v in terms.items()}
     cosines = {}
@@ -276,6 +269,20 @@ def _measure(r, step, opt_step, plan, batch, names, before, after, used, terms, 
         "term_norms": term_norms, "term_cosines": cosines,
         "grad_norm": raw_norm, "loss": float(metrics["actor/loss"]), "lr": lr, "metrics": metrics,
     }
+
+
+def tensor_steps(names: list[str], before: list[torch.Tensor], after: list[torch.Tensor], used: list[torch.Tensor],
+                 lr: float) -> list[dict[str, Any]]:
+    """Per trainable tensor of one optimizer step: ‖gradient‖ (what the optimizer consumed), ‖Δθ‖, the step plain
+    SGD would take (lr·‖g‖), cos(Δθ, −g) and ‖θ‖ before — the actor's and the critic's replays alike."""
+    out = []
+    for name, b, a, g in zip(names, before, after, used):
+        d = a - b
+        gn, dn = float(g.norm()), float(d.norm())
+        cos = float(torch.dot(d.flatten(), -g.flatten()) / (dn * gn)) if gn > 0 and dn > 0 else float("nan")
+        out.append({"name": name, "shape": tuple(g.shape), "grad_norm": gn, "delta_norm": dn,
+                    "sgd_step_norm": lr * gn, "cos_update_neg_grad": cos, "before_norm": float(b.norm())})
+    return out
 
 
 def _clip_coef(r: Run, grad_norm: float) -> float:
