@@ -256,21 +256,32 @@ def _e1(run=None) -> float:
 
 
 # ------------------------------------------------------------------ the critic's update, replayed (§1, §8)
+#: Exercise 09.8 asks at the first critic optimizer step where the value clip binds on at least this many tokens.
+MIN_CLIPPED = 10
+
+
 def clipped_move_case(run=None) -> dict:
-    """Exercise 09.8's critic optimizer step: of recorded step 1's critic update, replayed
-    (:func:`ppolab.numbers.critic_effect.critic_step_effect`), the optimizer step where the value clip binds on the
-    most tokens; a run whose clip binds on none there lacks it."""
+    """Exercise 09.8's critic optimizer step: the first of recorded step 1's critic update where the value clip binds
+    on at least :data:`MIN_CLIPPED` tokens (else the one where it binds on most), read off the recorded predictions
+    (``critic_vpreds[k]``: what the replay predicts before step k, to float rounding) so that only the steps up to it
+    are replayed; the count the prompt names is the replay's own. A run whose clip binds on no token there lacks it."""
     from ppolab.numbers import resolve_run
-    from ppolab.numbers.critic_effect import critic_step_effect, critic_steps
+    from ppolab.numbers.critic_effect import critic_step_effect
     from ppolab.numbers.needs import RunLacks
 
     r = resolve_run(run, RUN)
-    counts = [int(critic_step_effect(r, 1, k)["clipped"].sum()) for k in range(critic_steps(r, 1))]
-    if not max(counts):
+    rec = r.step(1) if 1 in r.steps else None
+    eps = r.ppo_config().critic.cliprange_value
+    counts = []
+    for k in range(len(rec.plan("critic").steps) if rec is not None and "critic_vpreds" in rec.tensors else 0):
+        b = rec.opt_step(k, "critic").batch()
+        v_clip, err_new, err_clip, _ = algos.value_clip_terms(b["vpreds"], b["returns"], b["values"], eps)
+        counts.append(int(((err_clip > err_new) & (b["response_mask"] > 0)).sum()))
+    if not counts or not max(counts):
         raise RunLacks("a critic optimizer step of step 1 where the value clip binds (the clipped error the larger on "
                        "some token)", r)
-    k = counts.index(max(counts))
-    return {"update": k, "n_clipped": counts[k], "eps_v": r.ppo_config().critic.cliprange_value}
+    k = next((i for i, n in enumerate(counts) if n >= MIN_CLIPPED), counts.index(max(counts)))
+    return {"update": k, "n_clipped": int(critic_step_effect(r, 1, k)["clipped"].sum()), "eps_v": eps}
 
 
 @exercise("09.8", "The critic's update of recorded step 1, replayed: at critic optimizer step {update} the value clip "

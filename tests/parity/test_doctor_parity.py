@@ -35,7 +35,7 @@ def test_verls_default_config_stops_where_verl_would_and_trips_only_the_aggregat
     for key in ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size_per_gpu",
                 "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"):
         assert any(key in s for s in stops), (key, stops)
-    assert {m for ln in lines for m in re.findall(r"§16\.(\d)", ln)} == {"7"}, lines
+    assert {m for ln in lines for m in re.findall(r"§16 mistake (\d):", ln)} == {"7"}, lines
 
 
 def test_with_micro_batches_set_the_arithmetic_is_verls():
