@@ -325,22 +325,21 @@ def token_regions(case: Case) -> tuple[list[str], torch.Tensor]:
     t, cfg = case.t, case.config
     mask = t["response_mask"] > 0
     if case.stage.startswith("value"):
-        vp, v, ret = t["vpreds"], t["values"], t["returns"]
-        clipped = (torch.clamp(vp, v - 0.2, v + 0.2) - ret).square() > (vp - ret).square()
+        _, err, err_clipped, _ = REF.value_clip_terms(t["vpreds"], t["returns"], t["values"], 0.2)
+        clipped = err_clipped > err
         names = [tr("outside response_mask"), tr("where the value clip binds (the clipped error is larger)"),
                  tr("where the value clip does not bind")]
         return names, torch.where(~mask, 0, torch.where(clipped, 1, 2))
-    d = t["log_prob"] - t["old_log_prob"]
-    a = t["advantages"]
-    r = torch.exp(torch.clamp(d, -20, 20))
-    l1, l2 = -a * r, -a * torch.clamp(r, 1 - cfg.clip_ratio_low, 1 + cfg.clip_ratio_high)
-    dual = (a < 0) & (torch.maximum(l1, l2) > -a * cfg.clip_ratio_c)
+    d, a = t["log_prob"] - t["old_log_prob"], t["advantages"]
+    terms = REF.ppo_clip_terms(t["old_log_prob"], t["log_prob"], a, cfg.clip_ratio_low, cfg.clip_ratio_high,
+                               cfg.clip_ratio_c)
+    dual, clipped = terms["dual_clipped"] > 0, terms["clipped"] > 0
     names = [tr("outside response_mask"), tr("whose log-ratio is past ±20"),
              tr("with A < 0 in the dual clip's region (ratio above clip_ratio_c)"),
              tr("with A > 0 outside the clip window"), tr("with A < 0 outside the clip window"),
              tr("with A > 0 inside the clip window"), tr("with A < 0 inside the clip window")]
     region = torch.where(~mask, 0, torch.where(d.abs() > 20, 1, torch.where(dual, 2, torch.where(
-        l2 > l1, torch.where(a > 0, 3, 4), torch.where(a > 0, 5, 6)))))
+        clipped, torch.where(a > 0, 3, 4), torch.where(a > 0, 5, 6)))))
     return names, region
 
 
@@ -372,7 +371,8 @@ def gradient_differs(case: Case, got: torch.Tensor, want: torch.Tensor) -> tuple
     look = None
     if found == [5] and how == tr("yours is 0 there") and not case.stage.startswith("value"):
         cfg = case.config
-        r = torch.exp(torch.clamp(case.t["log_prob"] - case.t["old_log_prob"], -20, 20))[off]
+        r = REF.ppo_clip_terms(case.t["old_log_prob"], case.t["log_prob"], case.t["advantages"], cfg.clip_ratio_low,
+                               cfg.clip_ratio_high, cfg.clip_ratio_c)["ratio"][off]
         if bool((r > 1 + cfg.clip_ratio_low).all()) and cfg.clip_ratio_high > cfg.clip_ratio_low:
             line += tr(" — as if the window ended at 1 + clip_ratio_low; clip_ratio_high sets its upper end")
             look = "clip"

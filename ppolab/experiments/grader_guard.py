@@ -48,12 +48,16 @@ class _Ref:
     ppo_loss_terms: Callable
     agg_loss: Callable
     kl_penalty: Callable
+    ppo_clip_terms: Callable
+    value_clip_terms: Callable
 
 
 REF = _Ref(vanilla=_own(policy_loss.compute_policy_loss_vanilla, policy_loss),
            compute_value_loss=_own(value.compute_value_loss, value),
            ppo_loss_terms=_own(losses.ppo_loss_terms, losses),
-           agg_loss=_own(aggregation.agg_loss, aggregation), kl_penalty=_own(kl.kl_penalty, kl))
+           agg_loss=_own(aggregation.agg_loss, aggregation), kl_penalty=_own(kl.kl_penalty, kl),
+           ppo_clip_terms=_own(policy_loss.ppo_clip_terms, policy_loss),
+           value_clip_terms=_own(value.value_clip_terms, value))
 
 #: ppolab's own policy losses, as registered at import: the trainer runs the reference by name.
 OWN_LOSSES: dict[str, Callable] = dict(policy_loss.POLICY_LOSS_REGISTRY)

@@ -109,8 +109,7 @@ def _measure(r: Run, step: int, plan: Any, k: int, t: dict, names: list[str], be
     in_step[rows] = True
     returns, values = t["returns"].float(), t["values"].float()
     eps = c.cliprange_value
-    err = (v_before - returns).square()
-    err_clipped = (torch.clamp(v_before, values - eps, values + eps) - returns).square()
+    _, err, err_clipped, _ = algos.value_clip_terms(v_before, returns, values, eps)
     clipped = (err_clipped > err) & (mask > 0) & in_step
     # ∂ vf_loss / ∂ V of each token of the optimizer step's rows, normalised as the worker normalised them
     v = v_before[rows].clone().requires_grad_(True)
