@@ -34,8 +34,8 @@ from ppolab.course import DATA
 from ppolab.errors import FileFormatError, MissingFileError
 from ppolab.i18n import Sign, sign_text, tr
 # Reading the job, and verl's verdict on it, live in ppolab.verl_config; named here as the doctor's API too.
-from ppolab.verl_config import (EXPECTED, VERL_GROUPS, apply_overrides, disarm, find_config,  # noqa: F401
-                                read_verl_config, verl_verdict)
+from ppolab.verl_config import (EXPECTED, VERL_GROUPS, DataParallel, apply_overrides, data_parallel,  # noqa: F401
+                                disarm, find_config, read_verl_config, verl_verdict)
 from ppolab.vocab import clip_bounds, clip_ratio_unread
 
 #: The shipped example of a verl job: the output folder of a verl 0.9.1 job with ppo_fire_tiny's settings, its
@@ -87,12 +87,27 @@ def ppolab_view(raw: dict[str, Any]):
     raise AssertionError("unreachable")
 
 
-def _world(raw: dict[str, Any]) -> int:
-    t = raw.get("trainer", {})
-    return max(1, int(t.get("n_gpus_per_node") or 1) * max(1, int(t.get("nnodes") or 1)))
+def layout_line(par: DataParallel) -> str:
+    """One line: the actor's data-parallel size and what it is divided from (:func:`ppolab.verl_config.
+    data_parallel`) — the divisor of every per-rank number the report prints (chapter §11.4)."""
+    if par.error:
+        return tr("STOP: {world} GPU(s) cannot be cut into model-parallel groups of {group} ({source}): verl cannot "
+                  "lay this job out — make the GPU count a multiple of the group").format(
+            world=par.world, group=par.group, source=par.source)
+    if par.group == "dynamic CP":
+        return tr("data-parallel size 1 ({source}: every rank holds the whole batch)").format(source=par.source)
+    if not par.group and "." not in par.source:
+        return tr("data-parallel size taken as the {world} GPU(s): ppolab does not read the {engine} engine's "
+                  "parallel sizes").format(world=par.world, engine=par.source)
+    if not par.group:
+        return tr("data-parallel size {dp}: every GPU is a data-parallel rank (no sequence or model "
+                  "parallelism)").format(dp=par.dp)
+    return tr("data-parallel size {dp} = {world} GPU(s) ÷ ({group}) ({source}): the per-rank numbers below divide "
+              "by {dp}, not by the GPU count (§11.4)").format(dp=par.dp, world=par.world, group=par.group,
+                                                              source=par.source)
 
 
-def arithmetic(cfg, world: int) -> list[tuple[str, str, str]]:
+def arithmetic(cfg, dp: int) -> list[tuple[str, str, str]]:
     """Lab 12's table of the step (chapter §11–§12), then one line each for the passes' micro-batching, the KL
     paths and the loss: (quantity, formula or setting, value)."""
     from ppolab.batching import plan_batches
@@ -102,15 +117,20 @@ def arithmetic(cfg, world: int) -> list[tuple[str, str, str]]:
     n = ro.n
     critic = alg.adv_estimator == "gae"
     micro = None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu
-    plan = plan_batches(cfg.data.train_batch_size, n, a.ppo_mini_batch_size, world, micro, a.ppo_epochs,
-                        pad_to=cfg.padding_multiple(world))
+    plan = plan_batches(cfg.data.train_batch_size, n, a.ppo_mini_batch_size, dp, micro, a.ppo_epochs,
+                        pad_to=cfg.padding_multiple(dp))
     rows = [(tr(q), f, v) for q, f, v in plan.rows()]
     unset = tr("unset (see verl's checks)")
     rows.append((tr("actor micro-batches (§11.5)"), f"use_dynamic_bsz={a.use_dynamic_bsz}",
                  tr("ppo_max_token_len_per_gpu={n} tokens a micro-batch").format(n=a.ppo_max_token_len_per_gpu)
                  if a.use_dynamic_bsz else tr("ppo_micro_batch_size_per_gpu={n} rows").format(
                      n=a.ppo_micro_batch_size_per_gpu) if a.ppo_micro_batch_size_per_gpu else unset))
+    uses_ref = alg.use_kl_in_reward or a.use_kl_loss
     for name, part in (("old log-prob pass (§2)", ro), ("reference pass (§7)", ref)):
+        if part is ref and not uses_ref:
+            rows.append((tr(name), "use_kl_in_reward / use_kl_loss",
+                         tr("not built: no KL path needs π_ref (verl's trainer/ppo/utils.py::need_reference_policy)")))
+            continue
         rows.append((tr(name), f"log_prob_use_dynamic_bsz={part.log_prob_use_dynamic_bsz}",
                      tr("{n} tokens a micro-batch").format(n=part.log_prob_max_token_len_per_gpu)
                      if part.log_prob_use_dynamic_bsz else tr("{n} rows a micro-batch").format(
@@ -125,9 +145,13 @@ def arithmetic(cfg, world: int) -> list[tuple[str, str, str]]:
     if alg.use_kl_in_reward:
         paths.append(tr("reward side: {estimator}, {ctrl} β={beta} (§7.1)").format(
             estimator=alg.kl_penalty, ctrl=alg.kl_ctrl.type, beta=alg.kl_ctrl.kl_coef))
+        if alg.kl_ctrl.kl_coef == 0 and alg.kl_ctrl.type == "fixed":
+            paths[-1] += tr(" — β = 0: a no-op that still runs the reference pass")
     if a.use_kl_loss:
         paths.append(tr("loss side: {estimator}, kl_loss_coef={coef} (§7.2)").format(
             estimator=a.kl_loss_type, coef=a.kl_loss_coef))
+        if a.kl_loss_coef == 0:
+            paths[-1] += tr(" — β = 0: a no-op that still runs the reference pass")
     rows.append((tr("KL to π_ref (§7)"), "use_kl_in_reward / use_kl_loss",
                  "; ".join(paths) or tr("neither path is on")))
     low, high = clip_bounds(a)
@@ -159,7 +183,7 @@ def _metric(frame, name: str) -> float | None:
     return float(col.iloc[-len(col) // 2:].median()) if len(col) else None
 
 
-def mistakes(cfg, world: int, frame=None) -> list[Sign]:
+def mistakes(cfg, dp: int, frame=None) -> list[Sign]:
     """§16's points this config (and, given, its metrics ``frame``) trips: one line each, with the chapter's word
     (each a :class:`~ppolab.i18n.Sign`: the English line, shown in the notebook's language)."""
     a, ro, alg = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.algorithm
@@ -168,7 +192,8 @@ def mistakes(cfg, world: int, frame=None) -> list[Sign]:
             and a.policy_loss.loss_mode == "vanilla":
         out.append(Sign("§16 mistake 1: "
                         "adv_estimator={estimator} with policy_loss.loss_mode=vanilla: the advantages are "
-                        "GRPO's, the loss is still vanilla PPO's clipped loss — the estimator does not change the loss",
+                        "{estimator}'s, the loss is still vanilla PPO's clipped loss — the estimator does not change "
+                        "the loss",
                         estimator=alg.adv_estimator))
     if frame is not None and "actor/ppo_kl" in frame.columns and any(
             k in frame.columns for k in ("actor/kl_loss", "actor/reward_kl_penalty")):
@@ -181,7 +206,7 @@ def mistakes(cfg, world: int, frame=None) -> list[Sign]:
                         "in different stages and add up — two constraints", beta=alg.kl_ctrl.kl_coef,
                         coef=a.kl_loss_coef))
     if not a.use_dynamic_bsz and a.ppo_micro_batch_size_per_gpu and \
-            a.ppo_micro_batch_size_per_gpu * world < a.ppo_mini_batch_size * ro.n:
+            a.ppo_micro_batch_size_per_gpu * dp < a.ppo_mini_batch_size * ro.n:
         out.append(Sign("§16 mistake 4: "
                         "micro-batch {micro}/GPU is only a gradient-accumulation slice: the optimizer steps "
                         "once per mini-batch of {mini} trajectories", micro=a.ppo_micro_batch_size_per_gpu,
@@ -241,17 +266,20 @@ def diagnose(path: str | Path, overrides: Sequence[str] = (), metrics: str | Pat
 
     raw, f = read_verl_config(path, overrides)
     cfg, ignored, refused = ppolab_view(raw)
-    world = _world(raw)
+    par = data_parallel(raw)
+    world, dp = par.world, par.dp
+    megatron = ((raw.get("actor_rollout_ref") or {}).get("actor") or {}).get("strategy") == "megatron"
     try:  # the shipped example by its place in the project, not this machine's absolute path
         shown = f.resolve().relative_to(EXAMPLE_JOB.parents[2])
     except ValueError:
         shown = f
     lines = [tr("verl config {path} — {world} GPU(s) (trainer.n_gpus_per_node × nnodes); {ignored} verl keys "
-                "ppolab has no field for are not read").format(path=shown, world=world, ignored=len(ignored))]
+                "ppolab has no field for are not read").format(path=shown, world=world, ignored=len(ignored)),
+             "  " + layout_line(par)]
     lines += [tr("  {key}={value!r}: ppolab cannot read this value (left at its default)").format(key=k, value=v)
               for k, v in refused.items()]
     try:
-        errors, _ = check_config(cfg.resolve(), world)
+        errors, _ = check_config(cfg.resolve(), world, dp, megatron)
     except Exception as e:  # noqa: BLE001 — a field combination the checks cannot even evaluate
         errors = [f"{type(e).__name__}: {e}"]
     if "checks" in parts:
@@ -278,11 +306,14 @@ def diagnose(path: str | Path, overrides: Sequence[str] = (), metrics: str | Pat
                                    "its checks follows"))
         lines += [f"  {tr('not run:')} {r}" for r in refused] + [f"  {c}" for c in changed if verdict is not None]
         lines += [f"  STOP: {e}" for e in errors]
+        if not errors and (refused or (verdict is not None and verdict[1] is not None
+                                       and verdict[1].startswith("could not run"))):
+            lines.append("  " + tr("ppolab's copy of verl's checks: none would stop this job"))
     if "arithmetic" in parts:
         lines.append("")
         lines.append(tr("the step in the chapter's arithmetic (§11–§12, lab 12):"))
         try:
-            rows = arithmetic(cfg, world)
+            rows = arithmetic(cfg, dp)
             w0 = max(len(q) for q, _, _ in rows)
             lines += [f"  {q:<{w0}}  {v}  ({formula})" for q, formula, v in rows]
         except ValueError as e:  # a division verl would refuse: named above; the arithmetic stops there too
@@ -296,7 +327,7 @@ def diagnose(path: str | Path, overrides: Sequence[str] = (), metrics: str | Pat
     if "mistakes" in parts:
         lines.append("")
         lines.append(tr("§16, the nine mistakes — what this job trips:"))
-        lines += [f"  {sign_text(m)}" for m in mistakes(cfg, world, frame)]
+        lines += [f"  {sign_text(m)}" for m in mistakes(cfg, dp, frame)]
     if metrics is not None and "metrics" in parts:
         from ppolab.verl_logs import report
 

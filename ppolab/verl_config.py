@@ -13,7 +13,7 @@ import importlib.util
 import io
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from ppolab.errors import FileFormatError, MissingFileError
 
@@ -327,3 +327,71 @@ id among them: verl is never asked to fetch it, and runs with the hub off (:func
             return version, f"could not run: {type(inner).__name__}: {' '.join(str(inner).split())[:200]}"
         return version, f"{type(inner).__name__}: {' '.join(str(inner).split())[:400]}"
     return version, None
+
+
+class DataParallel(NamedTuple):
+    """A role's data-parallel layout in a verl job: ``world`` GPUs (``trainer.n_gpus_per_node × nnodes``), ``dp``
+    data-parallel ranks — what the chapter's §11.4 divides a mini-batch by — and ``group``, the model-parallel sizes
+    it is divided by (``"Ulysses SP 4"``, ``"TP 8 × PP 12"``; empty: none). ``source`` is the keys read (or, for an
+    engine whose sizes ppolab does not read, its name); ``error`` is set where verl cannot lay the job out (``world``
+    not a multiple of the group; ``dp`` is then ``world``, so that the arithmetic still shows something)."""
+    world: int
+    dp: int
+    group: str = ""
+    source: str = ""
+    error: bool = False
+
+
+def _int(node: Any, key: str, default: int = 1) -> int:
+    value = node.get(key, default) if isinstance(node, dict) else default
+    try:
+        return int(value) if value is not None else default
+    except (TypeError, ValueError):
+        return default
+
+
+def data_parallel(raw: dict[str, Any], role: str = "actor") -> DataParallel:
+    """The data-parallel size of ``role`` ("actor" or "critic") as verl 0.9.1's V1 engine computes it — the
+    ``dp_size`` ``trainer/ppo/v1/trainer_base.py`` reads from the role's dispatch info to pad and balance the batch
+    and the workers divide every mini-batch by:
+
+    * FSDP (``strategy`` fsdp / fsdp2): world // Ulysses SP (``workers/engine/fsdp/transformer_impl.py::
+      get_data_parallel_size``), SP from the engine config — ``actor.fsdp_config`` / ``critic.fsdp`` — and, for the
+      actor, the deprecated ``actor.ulysses_sequence_parallel_size`` when it is > 1 (``workers/config/actor.py::
+      FSDPActorConfig.__post_init__`` copies it over);
+    * Megatron: world // (TP × PP × CP) — Megatron's data-parallel group (``mpu.get_data_parallel_world_size``;
+      expert parallelism splits inside it, as ``utils/config.py::validate_config`` computes ``megatron_dp``), 1
+      with ``dynamic_context_parallel`` (``workers/engine/megatron/transformer_impl.py``);
+    * another engine (veomni, torchtitan, automodel): the GPU count, with the engine named in ``source``."""
+    t = raw.get("trainer") or {}
+    world = max(1, _int(t, "n_gpus_per_node")) * max(1, _int(t, "nnodes"))
+    prefix = "actor_rollout_ref.actor" if role == "actor" else "critic"
+    section = (raw.get("actor_rollout_ref") or {}).get("actor") if role == "actor" else raw.get("critic")
+    section = section if isinstance(section, dict) else {}
+    strategy = str(section.get("strategy") or "fsdp")
+    if strategy in ("fsdp", "fsdp2"):
+        key = "fsdp_config" if role == "actor" else "fsdp"
+        sizes = [("Ulysses SP", _int(section.get(key), "ulysses_sequence_parallel_size"))]
+        source = f"{prefix}.{key}.ulysses_sequence_parallel_size"
+        if role == "actor" and _int(section, "ulysses_sequence_parallel_size") > 1:
+            sizes, source = ([("Ulysses SP", _int(section, "ulysses_sequence_parallel_size"))],
+                             f"{prefix}.ulysses_sequence_parallel_size")
+    elif strategy == "megatron":
+        m = section.get("megatron") if isinstance(section.get("megatron"), dict) else {}
+        if m.get("dynamic_context_parallel"):
+            return DataParallel(world, 1, "dynamic CP", f"{prefix}.megatron.dynamic_context_parallel")
+        sizes = [(name, _int(m, k)) for name, k in (("TP", "tensor_model_parallel_size"),
+                                                     ("PP", "pipeline_model_parallel_size"),
+                                                     ("CP", "context_parallel_size"))]
+        source = f"{prefix}.megatron.*_parallel_size"
+    else:
+        return DataParallel(world, world, "", strategy)
+    group = 1
+    for _, size in sizes:
+        group *= max(1, size)
+    shown = " × ".join(f"{name} {size}" for name, size in sizes if size > 1)
+    if group == 1:
+        return DataParallel(world, world, "", source)
+    if world % group:
+        return DataParallel(world, world, shown, source, error=True)
+    return DataParallel(world, world // group, shown, source)

@@ -171,3 +171,76 @@ def test_the_report_speaks_chinese_in_a_chinese_notebook(tmp_path):
         heads = [ln for ln in lines if ln and not ln.startswith("  ")]
         assert all(re.search(r"[\u4e00-\u9fff]", ln) for ln in heads), heads
     assert points(jobs[0]) == ["2", "3", "4", "6", "7"] and any(ln.strip().startswith("§4") for ln in jobs[1])
+
+
+#: A GRPO job (no critic) of 64 prompts × 2 answers: a global mini-batch of 32 trajectories, micro-batches of 2.
+LARGE = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2", "data.train_batch_size=64",
+         "actor_rollout_ref.actor.ppo_mini_batch_size=16", "critic.ppo_mini_batch_size=16"]
+
+
+def job_with(tmp_path, actor: dict, gpus: int = 8, nnodes: int = 1, critic: dict | None = None, overrides=LARGE):
+    """verl_yaml with engine keys merged into the actor's (and critic's) section: what verl's YAML would hold."""
+    path = verl_yaml(tmp_path, overrides, gpus=gpus)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["trainer"]["nnodes"] = nnodes
+    cfg["actor_rollout_ref"]["actor"].update(actor)
+    cfg["critic"].update(critic or {})
+    path.write_text(yaml.safe_dump(cfg))
+    return path, cfg
+
+
+@pytest.mark.parametrize("actor, gpus, nnodes, dp", [
+    ({}, 8, 1, 8),
+    ({"fsdp_config": {"ulysses_sequence_parallel_size": 2}}, 8, 1, 4),  # ReMax's SP 2 on 8 GPUs
+    ({"ulysses_sequence_parallel_size": 4, "fsdp_config": {"ulysses_sequence_parallel_size": 1}}, 8, 1, 2),
+    ({"strategy": "megatron", "megatron": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2}}, 8, 1,
+     2),
+    ({"strategy": "megatron", "megatron": {"tensor_model_parallel_size": 8, "pipeline_model_parallel_size": 12}}, 8,
+     12, 1),  # DeepSeek-V3's TP 8 × PP 12 on 96 GPUs
+    ({"strategy": "megatron", "megatron": {"tensor_model_parallel_size": 2, "context_parallel_size": 2,
+                                           "expert_model_parallel_size": 8}}, 16, 1, 4),  # EP splits inside dp
+    ({"strategy": "megatron", "megatron": {"tensor_model_parallel_size": 4, "dynamic_context_parallel": True}}, 8, 1,
+     1),
+])
+def test_the_data_parallel_size_is_verls_not_the_gpu_count(tmp_path, actor, gpus, nnodes, dp):
+    from ppolab.verl_config import data_parallel
+
+    path, raw = job_with(tmp_path, actor, gpus, nnodes)
+    par = data_parallel(raw)
+    assert (par.world, par.dp, par.error) == (gpus * nnodes, dp, False), par
+    lines = diagnose(path)
+    text = "\n".join(lines)
+    assert f"data-parallel size {dp}" in lines[1], lines[:2]
+    # every per-rank number divides by dp: the local mini-batch is 32 trajectories / dp, not / the GPU count
+    assert re.search(rf"local mini-batch \(per rank\)\s+{32 // dp}\s+\(global mini-batch / dp_size = 32 / {dp}\)",
+                     text), text
+    assert "STOP" not in text and "cannot be laid out" not in text, text
+
+
+def test_a_gpu_count_the_model_parallel_group_does_not_divide_is_named(tmp_path):
+    path, _ = job_with(tmp_path, {"fsdp_config": {"ulysses_sequence_parallel_size": 3}})
+    line = diagnose(path)[1]
+    assert line.startswith("  STOP: 8 GPU(s) cannot be cut into model-parallel groups of Ulysses SP 3 "
+                           "(actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size)"), line
+
+
+def test_the_critics_data_parallel_size_reads_its_own_engine(tmp_path):
+    from ppolab.verl_config import data_parallel
+
+    _, raw = job_with(tmp_path, {"fsdp_config": {"ulysses_sequence_parallel_size": 2}},
+                      critic={"fsdp": {"ulysses_sequence_parallel_size": 4}})
+    assert (data_parallel(raw).dp, data_parallel(raw, "critic").dp) == (4, 2)
+
+
+def test_lines_that_were_wrong_for_a_real_job(tmp_path):
+    """RLOO's advantages are not called GRPO's; a job with no KL path builds no reference model; β = 0 is a no-op."""
+    lines = diagnose(verl_yaml(tmp_path, LARGE[1:] + ["algorithm.adv_estimator=rloo"]))
+    one = next(ln for ln in lines if "§16 mistake 1" in ln)
+    assert "the advantages are rloo's" in one and "GRPO" not in one, one
+    ref = next(ln for ln in lines if ln.lstrip().startswith("reference pass (§7)"))
+    assert "not built: no KL path needs π_ref" in ref and "unset" not in ref, ref
+    beta0 = diagnose(verl_yaml(tmp_path, LARGE + ["algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.kl_coef=0"],
+                               name="b0/config.yaml"))
+    kl = next(ln for ln in beta0 if ln.lstrip().startswith("KL to π_ref"))
+    assert "β=0" in kl and "a no-op that still runs the reference pass" in kl, kl
+    assert "not built" not in "\n".join(beta0)

@@ -54,6 +54,8 @@ def test_a_target_that_writes_a_file_is_not_run_and_named(tmp_path, capsys, targ
     named = [ln for ln in lines if key in ln]
     assert len(named) == 1 and "not one of verl's config classes" in named[0], lines
     assert any("validate_config is not run on this config" in ln for ln in lines)
+    # "ppolab's copy of its checks follows" — and it does, even when it finds nothing to stop
+    assert "  ppolab's copy of verl's checks: none would stop this job" in lines, lines
     assert any(ln.startswith("the step in the chapter's arithmetic") for ln in lines)  # ppolab's part still comes
     assert key in capsys.readouterr().out
 

@@ -1,10 +1,10 @@
 """Every lab runs to its end, without a traceback, on any run ``ppolab.train`` writes (``PPOLAB_RUN``): a section
 whose mechanism the run lacks prints one line naming the shipped run that has it, and the lab goes on.
 
-Each lab is executed under nbval in a subprocess with ``PPOLAB_RUN`` set to a run trained here (3 steps, every step
-recorded, the presets' shapes otherwise); the root conftest.py makes every cell lax then (the saved outputs are the
-lab's own run's). The default selection runs labs 04 and 11 under nbval and executes lab 09 (reading its lacks lines)
-on a fresh GRPO run; ``-m anyrun`` runs every lab on a fresh run of every CPU preset — grpo_tiny, ppo_gae_tiny,
+In the matrices each lab is executed with ``PPOLAB_RUN`` set to a run trained here (3 steps, every step recorded, the
+presets' shapes otherwise), seven labs to a kernel (:func:`run_lab`); a cell passes when it does not raise (the saved
+outputs are the lab's own run's). The default selection executes lab 09 on a fresh GRPO run and reads its lacks
+lines; ``-m anyrun`` runs every lab on a fresh run of every CPU preset — grpo_tiny, ppo_gae_tiny,
 ppo_fire_tiny (2 ranks, rejection, padding rows, dynamic micro-batches), grpo_temp_tiny (temperature 0.7, an entropy
 term) and grpo_tool_tiny (observation tokens attended outside response_mask) — and on a grpo_tiny run of a random
 Llama (another model family, no learning signal): 114 lab runs."""
@@ -23,8 +23,7 @@ from helpers import FRESH
 
 ROOT = Path(__file__).resolve().parents[1]
 LABS = sorted(p.stem for p in (ROOT / "labs").glob("[0-9][0-9]_*.ipynb"))
-#: The default selection: a case found in the run (04) and a section it lacks (11: no padding rows) under nbval; and
-#: lab 09, whose critic a GRPO run lacks, executed to read its lacks lines.
+#: A lacks line, as the default selection reads it in lab 09 on a fresh GRPO run (which has no critic).
 LACKS = re.compile(r'this run \(.+\) lacks .+; the shipped run \w+ has it — RUN = "\w+"')
 
 
@@ -41,22 +40,49 @@ def fresh_grpo(fresh_run) -> str:
 
 
 def run_lab(lab: str | tuple[str, ...], run: str) -> str:
-    """nbval on ``labs/<lab>.ipynb`` (or on each lab of a tuple, in one pytest) with ``PPOLAB_RUN=run``: fails with
-    the failing cells' errors; returns the output (nbval's report)."""
+    """Every code cell of ``labs/<lab>.ipynb`` (or of each lab of a tuple, in order) executed with
+    ``PPOLAB_RUN=run`` in one kernel, the user namespace emptied (``%reset -f``) before each lab: fails with the lab,
+    the cell and its traceback at the first cell that raises; returns one line per lab (its wall time).
+
+    One kernel for the group, not one per notebook as nbval starts them: a kernel's start and the imports every lab
+    begins with (torch, transformers, plotly, ppolab) cost about 4 s on 2 cores — 19 labs × 8 runs of the matrices
+    paid them 150 times. What this matrix checks is that no cell raises on a run the lab was not written for (the
+    root conftest makes every cell lax under ``PPOLAB_RUN``: the saved outputs are the lab's own run's); that each
+    lab runs in a kernel of its own, from a clean start, the README command's nbval pass checks on the shipped runs."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
     labs = (lab,) if isinstance(lab, str) else tuple(lab)
-    # a pytest of its own, in one process: not a worker of the session that starts it
+    combined = nbformat.v4.new_notebook()
+    owner = []  # combined cell index → (lab, its cell index)
+    for name in labs:
+        nb = nbformat.read(ROOT / "labs" / f"{name}.ipynb", as_version=4)
+        combined.cells.append(nbformat.v4.new_code_cell("%reset -f\nimport time as _t\n_T0_ = _t.time()"))
+        owner.append((name, -1))
+        for i, cell in enumerate(nb.cells):
+            if cell.cell_type == "code":
+                combined.cells.append(nbformat.v4.new_code_cell(cell.source))
+                owner.append((name, i))
+        combined.cells.append(nbformat.v4.new_code_cell(f"print('{name}: %.0f s' % (_t.time() - _T0_))"))
+        owner.append((name, -1))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
     env["PPOLAB_RUN"] = run
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
-                          *(f"labs/{name}.ipynb" for name in labs)],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200 * len(labs))
-    assert out.returncode == 0, f"{', '.join(labs)} on {run}:\n{out.stdout[-6000:]}\n{out.stderr[-2000:]}"
-    return out.stdout
+    client = NotebookClient(combined, timeout=1200, resources={"metadata": {"path": str(ROOT / "labs")}})
+    try:
+        client.execute(env=env)
+    except CellExecutionError as e:
+        ran = [i for i, c in enumerate(combined.cells) if c.get("execution_count")]
+        name, cell = owner[ran[-1]] if ran else (labs[0], -1)
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))  # the traceback's colours
+        pytest.fail(f"{name} on {run}, cell {cell}:\n{text[-6000:]}")
+    return "".join(o.get("text", "") for c in combined.cells if "_T0_" in c.source and "print" in c.source
+                   for o in c.get("outputs", []))
 
 
-#: Labs per nbval subprocess in the matrices: a subprocess's start (interpreter, pytest and its plugins, the root
-#: conftest, collection) costs about 6 s of CPU, as much as a short lab; in groups of seven (7, 7, 5 of the 19 labs)
-#: it is paid three times a run instead of 19, and the 21 cases of the two matrices still spread over the workers.
+#: Labs per kernel in the matrices: a kernel's start and the first imports cost about 4 s on 2 cores, as much as a
+#: short lab; in groups of seven (7, 7, 5 of the 19 labs) it is paid three times a run instead of 19, and the 21 cases
+#: of the two matrices still spread over the workers.
 GROUP = 7
 
 

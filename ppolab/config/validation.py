@@ -32,8 +32,12 @@ def registry_names() -> dict[str, tuple[str, ...]]:
 class _Checks:
     """Collects errors and notices about one resolved config; every message starts with the dotted key."""
 
-    def __init__(self, cfg: PPOConfig, world_size: int) -> None:
-        self.cfg, self.world_size = cfg, world_size
+    def __init__(self, cfg: PPOConfig, world_size: int, dp_size: int | None = None, megatron: bool = False) -> None:
+        self.cfg, self.world_size, self.megatron = cfg, world_size, megatron
+        #: the data-parallel ranks a mini-batch is cut over: the world in ppolab's trainer (every rank is data
+        #: parallel); fewer in a verl job with sequence or model parallelism (``verl_config.data_parallel``)
+        self.dp_size = world_size if dp_size is None else dp_size
+        self.dp_name = "world_size" if self.dp_size == world_size else "the data-parallel size"
         self.errors: list[str] = []
         self.notices: list[str] = []
 
@@ -91,19 +95,19 @@ class _Checks:
 
 def _batch_errors(c: _Checks, p: str) -> list[str]:
     """verl's batch arithmetic (chapter §11) for the actor or critic ``p``, with full dotted keys."""
-    tb, n, ws = c.cfg.data.train_batch_size, c.cfg.actor_rollout_ref.rollout.n, c.world_size
+    tb, n, ws = c.cfg.data.train_batch_size, c.cfg.actor_rollout_ref.rollout.n, c.dp_size
     mini, micro = c.get(f"{p}.ppo_mini_batch_size"), c.get(f"{p}.ppo_micro_batch_size_per_gpu")
     out = []
     if tb < mini and not c.get(f"{p}.use_dynamic_bsz"):
         out.append(f"data.train_batch_size={tb} must be ≥ {p}.ppo_mini_batch_size={mini} (verl's check): a "
                    "step would be one mini-batch made mostly of synthetic padding rows")
     if (mini * n) % ws:
-        out.append(f"{p}.ppo_mini_batch_size × {_R}.n = {mini}×{n} is not divisible by world_size={ws}: "
+        out.append(f"{p}.ppo_mini_batch_size × {_R}.n = {mini}×{n} is not divisible by {c.dp_name}={ws}: "
                    "every rank needs the same local mini-batch (verl's worker asserts it at its first update: "
                    "workers/engine_workers.py::TrainingWorker.train_mini_batch)")
     elif not c.get(f"{p}.use_dynamic_bsz") and micro is not None and p != "critic" and (mini * n // ws) % micro:
         out.append(f"{p}.ppo_micro_batch_size_per_gpu={micro} does not divide the local mini-batch "
-                   f"{p}.ppo_mini_batch_size × {_R}.n / world_size = {mini}×{n}/{ws} = {mini * n // ws} (verl's "
+                   f"{p}.ppo_mini_batch_size × {_R}.n / {c.dp_name} = {mini}×{n}/{ws} = {mini * n // ws} (verl's "
                    "engine asserts it at its first update: workers/engine/utils.py::prepare_micro_batches)")
     return out
 
@@ -131,7 +135,7 @@ def _check_batches(c: _Checks, p: str) -> None:
     # is the engine's: token budget, no fixed micro-batch to divide the mini-batch.
     fixed_micro = None if dyn or critic else c.get(f"{p}.ppo_micro_batch_size_per_gpu")
     tb, n = c.cfg.data.train_batch_size, c.cfg.actor_rollout_ref.rollout.n
-    if not (good and c.world_size > 0 and tb > 0 and n > 0):
+    if not (good and c.dp_size > 0 and tb > 0 and n > 0):
         return
     try:
         from ppolab.batching import plan_batches
@@ -141,15 +145,22 @@ def _check_batches(c: _Checks, p: str) -> None:
     if tb < c.get(f"{p}.ppo_mini_batch_size") and not dyn:
         c.errors.extend(_batch_errors(c, p))
         return
-    if not critic and not dyn and (tb * n) % c.world_size:  # verl/utils/config.py::validate_config (FSDP)
+    # verl/utils/config.py::validate_config: the trajectories divide by the GPUs (FSDP), by Megatron's
+    # data-parallel size × the micro-batch (Megatron)
+    megatron_bsz = c.dp_size * (c.get(f"{p}.ppo_micro_batch_size_per_gpu") or 1)
+    if not critic and not dyn and c.megatron and (tb * n) % megatron_bsz:
+        c.errors.append(f"data.train_batch_size × {_R}.n = {tb}×{n} = {tb * n} trajectories is not divisible by "
+                        f"Megatron's data-parallel size × {p}.ppo_micro_batch_size_per_gpu = {megatron_bsz} (verl's "
+                        f"check: real_train_batch_size % minimal_bsz == 0): change data.train_batch_size or {_R}.n")
+    elif not critic and not dyn and not c.megatron and (tb * n) % c.world_size:
         c.errors.append(f"data.train_batch_size × {_R}.n = {tb}×{n} = {tb * n} trajectories is not divisible by the "
                         f"{c.world_size} GPUs (verl's check: real_train_batch_size % n_gpus == 0 without "
                         f"{p}.use_dynamic_bsz): change data.train_batch_size or {_R}.n")
     # A step whose tb×n rows do not fill whole mini-batches is padded with synthetic rows (verl V1 padding_utils,
     # chapter §9): the planner checks the padded batch; _notices says how many rows are added.
     try:
-        plan_batches(tb, n, c.get(f"{p}.ppo_mini_batch_size"), c.world_size, fixed_micro, c.get(f"{p}.ppo_epochs"),
-                     pad_to=c.cfg.padding_multiple(c.world_size))
+        plan_batches(tb, n, c.get(f"{p}.ppo_mini_batch_size"), c.dp_size, fixed_micro, c.get(f"{p}.ppo_epochs"),
+                     pad_to=c.cfg.padding_multiple(c.dp_size))
     except ValueError as e:  # say it with dotted keys; keep the planner's words if ours find nothing
         c.errors.extend(_batch_errors(c, p) or [f"{p} batch sizes: {e}"])
 
@@ -432,11 +443,11 @@ def _notices(c: _Checks) -> None:
         c.notices.append("algorithm.rollout_correction.rollout_rs is ignored in bypass mode (old = rollout "
                          "log-probs, so nothing can be rejected)")
     tb, n = cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n
-    if not c.errors and tb > 0 and n > 0 and c.world_size > 0:
-        multiple = c.cfg.padding_multiple(c.world_size)
+    if not c.errors and tb > 0 and n > 0 and c.dp_size > 0:
+        multiple = c.cfg.padding_multiple(c.dp_size)
         if (tb * n) % multiple:
             c.notices.append(f"data.train_batch_size × {_R}.n = {tb}×{n} = {tb * n} rows is not a multiple of "
-                             f"lcm(world_size, mini-batch × n) = {multiple}: every step adds "
+                             f"lcm({c.dp_name}, mini-batch × n) = {multiple}: every step adds "
                              f"{(-tb * n) % multiple} synthetic padding rows (response_mask 0, is_pad; verl V1 "
                              "padding_utils, chapter §9) that count in seq-mean denominators")
     mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
@@ -472,7 +483,7 @@ def _critic_v1_notices(c: _Checks) -> None:
            f"critic update (stage 8) by the token budget {budget} (on verl's command line "
            "+critic.ppo_infer_max_token_len_per_gpu=…; chapter §11.6)")
     micro = critic.ppo_micro_batch_size_per_gpu
-    local = critic.ppo_mini_batch_size * n // c.world_size if c.world_size > 0 else 0
+    local = critic.ppo_mini_batch_size * n // c.dp_size if c.dp_size > 0 else 0
     if not critic.use_dynamic_bsz and isinstance(micro, int) and 0 < micro < local:
         c.notices.append(f"critic.ppo_micro_batch_size_per_gpu={micro} (with critic.use_dynamic_bsz=false) is "
                          f"ignored: {why}; the critic's mini-batches of {local} rows are not cut into {micro}-row "
@@ -481,9 +492,12 @@ def _critic_v1_notices(c: _Checks) -> None:
         c.notices.append(f"critic.ppo_max_token_len_per_gpu={critic.ppo_max_token_len_per_gpu} is ignored: {why}")
 
 
-def check_config(cfg: PPOConfig, world_size: int = 1) -> tuple[list[str], list[str]]:
-    """(errors, notices) of a *resolved* config; :func:`validate` is the public entry."""
-    c = _Checks(cfg, world_size)
+def check_config(cfg: PPOConfig, world_size: int = 1, dp_size: int | None = None,
+                 megatron: bool = False) -> tuple[list[str], list[str]]:
+    """(errors, notices) of a *resolved* config; :func:`validate` is the public entry. ``dp_size`` and
+    ``megatron``: a verl job's data-parallel size and engine, where the doctor reads them
+    (:func:`ppolab.verl_config.data_parallel`); ppolab's own trainer is data parallel on every rank."""
+    c = _Checks(cfg, world_size, dp_size, megatron)
     c.ok(isinstance(world_size, int) and world_size > 0, f"world_size={world_size!r} must be a positive int")
     for check in (_check_names, _check_data_model, _check_rollout, _check_actor_critic, _check_policy_loss,
                   _check_algorithm_trainer, _notices):

@@ -281,7 +281,7 @@ def clipped_move_case(run=None) -> dict:
         raise RunLacks("a critic optimizer step of step 1 where the value clip binds (the clipped error the larger on "
                        "some token)", r)
     k = next((i for i, n in enumerate(counts) if n >= MIN_CLIPPED), counts.index(max(counts)))
-    return {"update": k, "n_clipped": int(critic_step_effect(r, 1, k)["clipped"].sum()), "eps_v": eps}
+    return {"step": 1, "update": k, "n_clipped": int(critic_step_effect(r, 1, k)["clipped"].sum()), "eps_v": eps}
 
 
 @exercise("09.8", "The critic's update of recorded step 1, replayed: at critic optimizer step {update} the value clip "

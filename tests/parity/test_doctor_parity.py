@@ -73,3 +73,35 @@ def test_the_shipped_example_job_is_what_verls_hydra_composes(tmp_path):
             f"re-run tools/verl_config_example.py ({name} differs)"
     lines = diagnose(out)
     assert not [ln for ln in lines if ln.startswith("  STOP:")], lines
+
+
+@pytest.mark.parametrize("trainer, overrides", [
+    ("_generated_ppo_trainer.yaml", ["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2"]),
+    ("_generated_ppo_trainer.yaml", ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=4"]),  # deprecated
+    ("_generated_ppo_trainer.yaml", []),
+    ("_generated_ppo_megatron_trainer.yaml", ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                                              "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"]),
+    ("_generated_ppo_megatron_trainer.yaml", ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                                              "actor_rollout_ref.actor.megatron.context_parallel_size=2",
+                                              "actor_rollout_ref.actor.megatron.expert_model_parallel_size=4"]),
+])
+def test_the_data_parallel_size_divides_by_the_sizes_verls_engine_config_holds(trainer, overrides):
+    """The sizes the doctor divides the GPUs by are those verl's own config classes hold after their
+    ``__post_init__`` (``FSDPActorConfig`` copies the deprecated ``ulysses_sequence_parallel_size`` into its engine);
+    dp as ``workers/engine/fsdp/transformer_impl.py::get_data_parallel_size`` (world // SP) and Megatron's
+    data-parallel group (world // (TP × PP × CP), ``utils/config.py::validate_config``'s ``megatron_dp``)."""
+    from omegaconf import OmegaConf
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from ppolab.verl_config import data_parallel, read_verl_config
+
+    raw, _ = read_verl_config(DEFAULT.parent / trainer, MICRO[:1] + overrides + ["trainer.n_gpus_per_node=8",
+                                                                                 "trainer.nnodes=2"])
+    engine = omega_conf_to_dataclass(OmegaConf.create(raw).actor_rollout_ref.actor).engine
+    if "megatron" in trainer:
+        group = engine.tensor_model_parallel_size * engine.pipeline_model_parallel_size * engine.context_parallel_size
+    else:
+        group = engine.ulysses_sequence_parallel_size
+    assert data_parallel(raw)[:2] == (16, 16 // group)
+    assert f"data-parallel size {16 // group}" in diagnose(DEFAULT.parent / trainer, MICRO + overrides + [
+        "trainer.n_gpus_per_node=8", "trainer.nnodes=2"])[1]
