@@ -2,6 +2,7 @@
 
     ppolab doctor verl outputs/2026-12-03/10-00-00            # a Hydra output folder (its .hydra/config.yaml)
     ppolab doctor verl ppo_trainer.yaml actor_rollout_ref.rollout.n=8 --metrics run.jsonl
+    ppolab doctor verl ppo_fire_tiny --metrics ppo_fire_tiny             # the shipped example job and its log
 
 PATH is a verl output folder (Hydra writes the resolved-to-be config of ``trainer/main_ppo.py`` to
 ``.hydra/config.yaml``; a folder with several runs is searched three levels deep) or a verl YAML, with dotted
@@ -36,12 +37,24 @@ from ppolab.i18n import Sign, sign_text, tr
 # Reading the job, and verl's verdict on it, live in ppolab.verl_config; named here as the doctor's API too.
 from ppolab.verl_config import (EXPECTED, VERL_GROUPS, DataParallel, apply_overrides, data_parallel,  # noqa: F401
                                 disarm, find_config, read_verl_config, verl_verdict)
+from ppolab import verl_versions
+from ppolab.verl_versions import VerlVersion
 from ppolab.vocab import clip_bounds, clip_ratio_unread
 
 #: The shipped example of a verl job: the output folder of a verl 0.9.1 job with ppo_fire_tiny's settings, its
 #: ``.hydra/config.yaml`` composed by verl's own Hydra config (tools/verl_config_example.py) — what labs 12 and 16
 #: open when the learner names no job of their own (``PPOLAB_VERL_JOB``).
 EXAMPLE_JOB = DATA / "verl_jobs" / "ppo_fire_tiny"
+
+
+def shipped(path: str | Path | None, folder: str, suffix: str = "") -> str | Path | None:
+    """``path`` itself, unless it names nothing here and is the name of a shipped example (``ppo_fire_tiny``): then
+    that example's path under the course data (``DATA/<folder>/<name><suffix>``) — so ``ppolab doctor verl
+    ppo_fire_tiny --metrics ppo_fire_tiny`` works from a wheel install, as shipped runs open by name."""
+    if path is None or Path(path).expanduser().exists() or "/" in str(path) or "\\" in str(path):
+        return path
+    candidate = DATA / folder / f"{path}{suffix}"
+    return candidate if candidate.exists() else path
 
 
 def lab_job() -> Path:
@@ -107,10 +120,33 @@ def layout_line(par: DataParallel) -> str:
                                                               source=par.source)
 
 
-def arithmetic(cfg, dp: int) -> list[tuple[str, str, str]]:
+def version_line(v: VerlVersion) -> str:
+    """One line: the verl release(s) the job's config keys point to (:func:`ppolab.verl_versions.job_version`)."""
+    t = verl_versions.table()
+    first, last = t["versions"][0], t["versions"][-1]
+    said = "; ".join((tr("{key} from {release}") if bound == "from" else tr("{key} until {release}")).format(
+        key=key, release=release) for key, bound, release in v.evidence)
+    if not v.releases:
+        line = tr("verl version: its keys fit no single release from {first} to {last} (a hand-edited config, or keys "
+                  "added with +): read with {last}'s rules").format(first=first, last=last)
+    elif v.releases == (last,):
+        line = tr("verl version: {span} by its keys ({evidence}) — the release ppolab follows").format(
+            span=v.span, evidence=said)
+    else:
+        line = tr("verl version: {span} by its keys ({evidence}); read with {last}'s rules, and where {span}'s update "
+                  "differs the arithmetic says so").format(span=v.span, evidence=said or "—",
+                                                            last=last)
+    if v.unknown and v.releases and v.releases[-1] == last:
+        line += tr("; {n} key(s) no release up to {last} has ({key}…): a newer verl, or added with +").format(
+            n=len(v.unknown), last=last, key=v.unknown[0])
+    return line
+
+
+def arithmetic(cfg, dp: int, version: VerlVersion | None = None) -> list[tuple[str, str, str]]:
     """Lab 12's table of the step (chapter §11–§12), then one line each for the passes' micro-batching, the KL
     paths and the loss: (quantity, formula or setting, value)."""
     from ppolab.batching import plan_batches
+    from ppolab.config.validation import CRITIC_TOP_LEVEL_BUDGET
 
     a, ro, ref, c, alg = (cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.ref,
                           cfg.critic, cfg.algorithm)
@@ -141,6 +177,15 @@ def arithmetic(cfg, dp: int) -> list[tuple[str, str, str]]:
                      tr("{n} tokens a micro-batch; {epochs} epoch(s) of {mini}×{rollout_n} rows").format(
                          n=c.ppo_infer_max_token_len_per_gpu, epochs=c.ppo_epochs, mini=c.ppo_mini_batch_size,
                          rollout_n=n)))
+        # what a verl user sets for the critic and V1's trainer never hands its engine (chapter §11.6)
+        ignored = [f"critic.{k}={v}" for k, v in (
+            ("ppo_micro_batch_size_per_gpu", None if c.use_dynamic_bsz else c.ppo_micro_batch_size_per_gpu),
+            ("ppo_max_token_len_per_gpu", c.ppo_max_token_len_per_gpu
+             if c.ppo_max_token_len_per_gpu not in (CRITIC_TOP_LEVEL_BUDGET, c.ppo_infer_max_token_len_per_gpu)
+             else None)) if v is not None]
+        if ignored:
+            rows[-1] = rows[-1][:2] + (rows[-1][2] + tr(" — ignored by V1's critic engine: {keys}").format(
+                keys=", ".join(ignored)),)
     paths = []
     if alg.use_kl_in_reward:
         paths.append(tr("reward side: {estimator}, {ctrl} β={beta} (§7.1)").format(
@@ -154,6 +199,12 @@ def arithmetic(cfg, dp: int) -> list[tuple[str, str, str]]:
             paths[-1] += tr(" — β = 0: a no-op that still runs the reference pass")
     rows.append((tr("KL to π_ref (§7)"), "use_kl_in_reward / use_kl_loss",
                  "; ".join(paths) or tr("neither path is on")))
+    if version is not None and version.legacy_workers and a.loss_agg_mode == "token-mean":
+        # verl ≤ 0.7.1's legacy dp_actor: no global token count reached agg_loss (ppolab.verl_versions)
+        rows.append((tr("token-mean in verl {span}").format(span=version.span), "workers/actor/dp_actor.py (legacy)",
+                     tr("each micro-batch's own token mean × 1/gradient_accumulation: micro-batches weigh by their "
+                        "rows, not their tokens — from 0.8.0 (and in ppolab) every token sum is divided by the "
+                        "mini-batch's global token count (§10.1, lab 13)")))
     low, high = clip_bounds(a)
     rows.append((tr("policy loss (§3–§5, §10)"), f"loss_mode={a.policy_loss.loss_mode}",
                  f"loss_agg_mode={a.loss_agg_mode}, clip ε=({low}, {high}), c={a.clip_ratio_c}, "
@@ -264,9 +315,11 @@ def diagnose(path: str | Path, overrides: Sequence[str] = (), metrics: str | Pat
         raise ValueError(f"parts={list(parts)!r}: unknown {unknown}; choose from {list(PARTS)}")
     from ppolab.config.validation import check_config
 
+    path, metrics = shipped(path, "verl_jobs"), shipped(metrics, "verl_logs", ".jsonl")
     raw, f = read_verl_config(path, overrides)
     cfg, ignored, refused = ppolab_view(raw)
     par = data_parallel(raw)
+    version = verl_versions.job_version(raw)
     world, dp = par.world, par.dp
     megatron = ((raw.get("actor_rollout_ref") or {}).get("actor") or {}).get("strategy") == "megatron"
     try:  # the shipped example by its place in the project, not this machine's absolute path
@@ -275,7 +328,7 @@ def diagnose(path: str | Path, overrides: Sequence[str] = (), metrics: str | Pat
         shown = f
     lines = [tr("verl config {path} — {world} GPU(s) (trainer.n_gpus_per_node × nnodes); {ignored} verl keys "
                 "ppolab has no field for are not read").format(path=shown, world=world, ignored=len(ignored)),
-             "  " + layout_line(par)]
+             "  " + layout_line(par), "  " + version_line(version)]
     lines += [tr("  {key}={value!r}: ppolab cannot read this value (left at its default)").format(key=k, value=v)
               for k, v in refused.items()]
     try:
@@ -313,7 +366,7 @@ def diagnose(path: str | Path, overrides: Sequence[str] = (), metrics: str | Pat
         lines.append("")
         lines.append(tr("the step in the chapter's arithmetic (§11–§12, lab 12):"))
         try:
-            rows = arithmetic(cfg, dp)
+            rows = arithmetic(cfg, dp, version)
             w0 = max(len(q) for q, _, _ in rows)
             lines += [f"  {q:<{w0}}  {v}  ({formula})" for q, formula, v in rows]
         except ValueError as e:  # a division verl would refuse: named above; the arithmetic stops there too
@@ -340,17 +393,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``ppolab doctor verl PATH [--metrics FILE_OR_DIR] [key=value …]``."""
     p = argparse.ArgumentParser(prog="ppolab doctor", description=__doc__.splitlines()[0])
     p.add_argument("what", choices=("verl",), help="what to examine: a verl job")
-    p.add_argument("path", help="a verl output folder (its .hydra/config.yaml) or a verl YAML")
-    p.add_argument("--metrics", help="the job's metrics: a FileLogger JSONL or a TensorBoard folder")
+    p.add_argument("path", help="a verl output folder (its .hydra/config.yaml), a verl YAML, or the shipped example's "
+                                "name (ppo_fire_tiny)")
+    p.add_argument("--metrics", help="the job's metrics: a FileLogger JSONL or a TensorBoard folder (ppo_fire_tiny: "
+                                     "the shipped example's log)")
+    p.add_argument("--zh", action="store_true", help="the report in Chinese, as a Chinese notebook shows it")
     p.add_argument("overrides", nargs="*", help="verl overrides, key=value")
     args = p.parse_args(argv)
     from ppolab.config import ConfigError
+    from ppolab.i18n import get_language, set_language
 
+    before = get_language()
+    if args.zh:
+        set_language("zh")
     try:
         print("\n".join(diagnose(args.path, args.overrides, args.metrics)))
     except (FileFormatError, MissingFileError, ConfigError) as e:  # ConfigError: an override (apply_overrides)
         print(f"error: {e}", file=sys.stderr)
         return 1
+    finally:
+        set_language(before)
     return 0
 
 

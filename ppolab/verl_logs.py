@@ -20,6 +20,7 @@ from typing import Any
 
 from ppolab.course import DATA
 from ppolab.errors import FileFormatError, MissingFileError, RunWarning
+from ppolab.verl_dumps import group_statistics, is_dump_folder, read_rollout_dumps
 
 #: The shipped example of a verl job's log: ppo_fire_tiny's metrics written by verl 0.9.1's own FileLogger
 #: (tools/verl_log_example.py) — what the labs open when the learner names no log (``PPOLAB_VERL_LOG``).
@@ -49,8 +50,9 @@ def _clip(text: str, limit: int = SHOWN_CHARS) -> str:
 
 
 #: What a reader expects, said in every error.
-EXPECTED = ("verl's file logger JSONL (trainer.logger=[console,file]: one {\"step\": n, \"data\": {...}} per line) "
-            "or a TensorBoard folder (events.out.tfevents.* files, trainer.logger=[console,tensorboard])")
+EXPECTED = ("verl's file logger JSONL (trainer.logger=[console,file]: one {\"step\": n, \"data\": {...}} per line), "
+            "a TensorBoard folder (events.out.tfevents.* files, trainer.logger=[console,tensorboard]) or a rollout "
+            "dump folder (trainer.rollout_data_dir: <step>.jsonl files)")
 
 
 def _file_logger_rows(path: Path) -> dict[int, dict[str, Any]]:
@@ -175,8 +177,9 @@ def _tensorboard_rows(folder: Path, files: list[Path]) -> dict[int, dict[str, An
 def read_verl_metrics(path: str | Path):
     """A verl job's metrics as a DataFrame indexed by step (verl's names as columns; a value that is not a number
     keeps its column as objects) from ``path``: a FileLogger JSONL, or a folder holding one TensorBoard log or
-    ``.jsonl`` file logs. Anything else is one line naming the path and what was expected. A damaged TensorBoard
-    event file beside readable ones is named in a :class:`ppolab.errors.RunWarning` (and in
+    ``.jsonl`` file logs — or its rollout dumps (``trainer.rollout_data_dir``), read as per-step group statistics
+    (:func:`ppolab.verl_dumps.group_statistics`). Anything else is one line naming the path and what was expected.
+    A damaged TensorBoard event file beside readable ones is named in a :class:`ppolab.errors.RunWarning` (and in
     ``frame.attrs["skipped"]``, one line each) and the rest is read."""
     import pandas as pd
 
@@ -184,6 +187,10 @@ def read_verl_metrics(path: str | Path):
     if not p.exists():
         raise MissingFileError(f"{p} does not exist: give {EXPECTED}")
     notes: list[str] = []
+    if p.is_dir() and is_dump_folder(p):  # trainer.rollout_data_dir: per-step group statistics (ppolab.verl_dumps)
+        frame = group_statistics(read_rollout_dumps(p))
+        frame.attrs["skipped"] = []
+        return frame
     if p.is_dir():
         if _near(p, "events.out.tfevents.*"):
             files, notes = _readable_event_files(p)

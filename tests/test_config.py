@@ -270,9 +270,8 @@ VALIDATION_CASES = [  # (preset, overrides, world_size, substring the error must
      f"{R}.log_prob_max_token_len_per_gpu=10 is smaller"),
     # ranges
     (G, [f"{A}.clip_ratio_c=1.0"], 1, f"{A}.clip_ratio_c=1.0 must be > 1"),
-    (G, [f"{A}.clip_ratio_low=-0.1"], 1, f"{A}.clip_ratio_low=-0.1 must be in [0, 1)"),
-    (G, [f"{A}.clip_ratio_low=1.0"], 1, f"{A}.clip_ratio_low=1.0 must be in [0, 1)"),
-    (G, [f"{A}.clip_ratio=1.5", f"{A}.clip_ratio_low=null"], 1, f"{A}.clip_ratio=1.5 must be in [0, 1)"),
+    (G, [f"{A}.clip_ratio_low=-0.1"], 1, f"{A}.clip_ratio_low=-0.1 must be ≥ 0"),
+    (G, [f"{A}.clip_ratio=-0.5", f"{A}.clip_ratio_low=null"], 1, f"{A}.clip_ratio=-0.5 must be ≥ 0"),
     (G, [f"{A}.clip_ratio_high=-0.2"], 1, f"{A}.clip_ratio_high=-0.2 must be ≥ 0"),
     (P, ["critic.cliprange_value=0"], 1, "critic.cliprange_value=0.0 must be > 0"),
     (G, [f"{R}.temperature=0"], 1, f"{R}.temperature=0.0 must be > 0"),
@@ -491,3 +490,14 @@ def test_a_group_of_one_is_a_notice_not_a_stop(estimator):
     # verl 0.9.1 core_algos.py: `if len(id2score[idx]) == 1: mean, std = 0, 1` — the raw score is the advantage
     with pytest.warns(ConfigNotice, match=rf"{R}\.n=1 with algorithm\.adv_estimator={estimator}: .*the raw score"):
         load_config(G, [f"{R}.n=1", f"algorithm.adv_estimator={estimator}", f"{A}.ppo_micro_batch_size_per_gpu=8"])
+
+
+def test_a_lower_clip_bound_below_zero_is_a_notice_not_a_stop():
+    # verl's CISPO example sets clip_ratio_low=10 on purpose, and verl's validate_config passes it (issue 53)
+    with pytest.warns(ConfigNotice, match="clip_ratio_low=10.0 ≥ 1"):
+        cfg = load_config(G, [f"{A}.policy_loss.loss_mode=cispo", f"{A}.clip_ratio_low=10",
+                              f"{A}.clip_ratio_high=0.28"])
+    notices = validate(cfg)
+    assert [n for n in notices if "clip_ratio_low=10" in n] == [
+        f"{A}.clip_ratio_low=10.0 ≥ 1: the ratio's lower bound 1 − ε_low = -9 is never reached, so no token is "
+        "clipped from below (verl runs it; its CISPO example sets clip_ratio_low=10 for exactly this)"], notices

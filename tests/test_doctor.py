@@ -244,3 +244,98 @@ def test_lines_that_were_wrong_for_a_real_job(tmp_path):
     kl = next(ln for ln in beta0 if ln.lstrip().startswith("KL to π_ref"))
     assert "β=0" in kl and "a no-op that still runs the reference pass" in kl, kl
     assert "not built" not in "\n".join(beta0)
+
+
+def test_cispos_own_clip_ratio_low_is_not_stopped(tmp_path):
+    # verl's CISPO example: clip_ratio_low=10, clip_ratio_high=0.28 — verl's validate_config passes it
+    lines = diagnose(verl_yaml(tmp_path, ["actor_rollout_ref.actor.policy_loss.loss_mode=cispo",
+                                          "actor_rollout_ref.actor.clip_ratio_low=10",
+                                          "actor_rollout_ref.actor.clip_ratio_high=0.28"]))
+    assert not [ln for ln in lines if "STOP" in ln] and any("none would stop this job" in ln for ln in lines), lines
+
+
+def test_critic_settings_v1_ignores_are_named(tmp_path):
+    lines = diagnose(verl_yaml(tmp_path, ["critic.ppo_micro_batch_size_per_gpu=2", "critic.use_dynamic_bsz=false"]))
+    row = next(ln for ln in lines if ln.lstrip().startswith("critic micro-batches"))
+    assert "ignored by V1's critic engine: critic.ppo_micro_batch_size_per_gpu=2" in row, row
+
+
+def job_of_release(tmp_path, release: str):
+    """The shipped example job (verl 0.9.1's composition) with the keys of ``release`` in the shared groups: those it
+    lacks removed, those only it has added (null) — the shape ``release``'s Hydra would have written."""
+    from ppolab.doctor import lab_job
+    from ppolab.verl_config import read_verl_config
+    from ppolab.verl_versions import has_release, table
+
+    raw, _ = read_verl_config(lab_job())
+    t = table()
+
+    def drop(tree, prefix=""):
+        for k in list(tree):
+            key = f"{prefix}{k}"
+            if key in t["keys"] and not has_release(t["keys"][key], release):
+                del tree[k]
+            elif isinstance(tree[k], dict):
+                drop(tree[k], f"{key}.")
+    drop(raw)
+    for key, spans in t["keys"].items():
+        node = raw
+        gone = [k for k in t["keys"] if not has_release(t["keys"][k], release)]
+        if has_release(spans, release) and not any(key.startswith(k + ".") for k in gone):
+            *parents, leaf = key.split(".")
+            for p in parents:
+                node = node.setdefault(p, {}) if isinstance(node.get(p, {}), dict) else None
+                if node is None:
+                    break
+            if node is not None and leaf not in node:
+                node[leaf] = None
+    path = tmp_path / release / "config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_the_verl_release_is_named_from_the_jobs_keys(tmp_path):
+    lines = diagnose(job_of_release(tmp_path, "0.9.1"))
+    assert lines[2] == ("  verl version: 0.9.1 by its keys (trainer.checkpoint_callback_class from 0.9.1) — the "
+                        "release ppolab follows"), lines[:3]
+    assert not any("token-mean in verl" in ln for ln in lines)
+    old = diagnose(job_of_release(tmp_path, "0.7.1"), ["actor_rollout_ref.actor.loss_agg_mode=token-mean"])
+    assert old[2].startswith("  verl version: 0.7.1 by its keys (") and "until 0.7.1" in old[2], old[:3]
+    assert "read with 0.9.1's rules" in old[2]
+    row = next(ln for ln in old if "token-mean in verl 0.7.1" in ln)
+    assert "micro-batches weigh by their rows, not their tokens" in row, row
+    # the legacy workers switched off: 0.7.1's engine workers, no such row
+    off = diagnose(job_of_release(tmp_path, "0.7.1"), ["trainer.use_legacy_worker_impl=disable"])
+    assert not any("token-mean in verl" in ln for ln in off)
+
+
+def test_keys_of_no_single_release_are_said_so(tmp_path):
+    from ppolab.verl_versions import job_version
+
+    raw = yaml.safe_load(job_of_release(tmp_path, "0.9.1").read_text())
+    raw["trainer"]["use_legacy_worker_impl"] = "auto"  # 0.5.0–0.7.1, beside 0.9.1's keys
+    v = job_version(raw)
+    assert v.releases == () and not v.legacy_workers
+    raw["trainer"].pop("use_legacy_worker_impl")
+    raw["trainer"]["a_key_from_the_future"] = 1
+    assert job_version(raw).unknown == ("trainer.a_key_from_the_future",)
+
+
+def test_the_shipped_example_opens_by_name_and_a_folder_of_that_name_wins(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    lines = diagnose("ppo_fire_tiny", metrics="ppo_fire_tiny")
+    assert lines[0].startswith("verl config data/verl_jobs/ppo_fire_tiny/.hydra/config.yaml"), lines[0]
+    own = verl_yaml(tmp_path, name="ppo_fire_tiny/.hydra/config.yaml")  # the user's own job folder of that name
+    assert diagnose("ppo_fire_tiny")[0].startswith(f"verl config {own.relative_to(tmp_path)}") or \
+        diagnose("ppo_fire_tiny")[0].startswith(f"verl config {own}"), diagnose("ppo_fire_tiny")[0]
+
+
+def test_the_doctor_speaks_chinese_on_the_command_line(capsys):
+    from ppolab.i18n import get_language
+
+    assert main(["verl", "ppo_fire_tiny", "--zh"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("verl 配置 data/verl_jobs/ppo_fire_tiny/.hydra/config.yaml"), out[:400]
+    assert "数据并行规模 2" in out, out[:400]
+    assert "§16 错误 7" in out and get_language() == "en"  # the process's language is put back

@@ -32,6 +32,14 @@ def test_the_wheel_opens_a_shipped_run_from_any_folder(installed):
     assert "_course/data/runs/grpo_tiny" in got["run"] and got["steps"] > 1, got
 
 
+def test_the_shipped_verl_job_and_log_open_by_name_from_the_wheel(installed):
+    env_dir, outside = installed
+    out = run([str(env_dir / "bin" / "ppolab"), "doctor", "verl", "ppo_fire_tiny", "--metrics", "ppo_fire_tiny"],
+              outside)
+    assert "verl version: 0.9.1 by its keys" in out and "data-parallel size 2" in out, out[:2000]
+    assert "data/verl_logs/ppo_fire_tiny.jsonl: 31 logged steps" in out, out[-2000:]
+
+
 def test_ppolab_train_learns_from_the_wheel(installed):
     env_dir, outside = installed
     run([str(env_dir / "bin" / "ppolab"), "train", "trainer.total_training_steps=2", "trainer.test_freq=-1",

@@ -265,8 +265,10 @@ def _check_actor_critic(c: _Checks) -> None:
         v = getattr(ca, key)
         c.ok(v is None or v >= 0, f"{_A}.{key}={v!r} must be ≥ 0")
     low = "clip_ratio_low" if ca.clip_ratio_low is not None else "clip_ratio"
-    c.ok(0 <= getattr(ca, low) < 1, f"{_A}.{low}={getattr(ca, low)!r} must be in [0, 1): it is ε_low and the "
-         "ratio's lower bound 1 − ε_low must stay > 0")
+    # ε_low ≥ 1 is legal in verl (its CISPO example sets clip_ratio_low=10 on purpose): the lower bound 1 − ε_low is
+    # then ≤ 0, which a ratio never reaches — a notice (_notices), not a stop
+    c.ok(low == "clip_ratio" or getattr(ca, low) >= 0, f"{_A}.{low}={getattr(ca, low)!r} must be ≥ 0: it is ε_low, "
+         "and a negative one puts the ratio's lower bound 1 − ε_low above 1, clipping tokens the policy has not moved")
     c.at_least(f"{_A}.clip_ratio_c", 1, strict=True, why=" (dual-clip bound −A·C; verl asserts C > 1)")
     c.at_least(f"{_A}.kl_loss_coef", 0)
     c.at_least("critic.cliprange_value", 0, strict=True)
@@ -450,6 +452,12 @@ def _notices(c: _Checks) -> None:
                              f"lcm({c.dp_name}, mini-batch × n) = {multiple}: every step adds "
                              f"{(-tb * n) % multiple} synthetic padding rows (response_mask 0, is_pad; verl V1 "
                              "padding_utils, chapter §9) that count in seq-mean denominators")
+    actor = cfg.actor_rollout_ref.actor
+    low = "clip_ratio_low" if actor.clip_ratio_low is not None else "clip_ratio"
+    if getattr(actor, low) >= 1 and actor.policy_loss.loss_mode in ("vanilla", "cispo"):
+        c.notices.append(f"{_A}.{low}={getattr(actor, low)} ≥ 1: the ratio's lower bound 1 − ε_low = "
+                         f"{1 - getattr(actor, low):.3g} is never reached, so no token is clipped from below "
+                         "(verl runs it; its CISPO example sets clip_ratio_low=10 for exactly this)")
     mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
     if mode == "geo_mean":
         c.notices.append(f"{_A}.policy_loss.loss_mode=geo_mean averages its sequence losses with a plain mean over "
@@ -469,7 +477,7 @@ def _notices(c: _Checks) -> None:
 
 
 #: verl's CriticConfig default of ``critic.ppo_max_token_len_per_gpu``: a changed value is one the user set.
-_CRITIC_TOP_LEVEL_BUDGET = 32768
+CRITIC_TOP_LEVEL_BUDGET = 32768
 
 
 def _critic_v1_notices(c: _Checks) -> None:
@@ -488,7 +496,7 @@ def _critic_v1_notices(c: _Checks) -> None:
         c.notices.append(f"critic.ppo_micro_batch_size_per_gpu={micro} (with critic.use_dynamic_bsz=false) is "
                          f"ignored: {why}; the critic's mini-batches of {local} rows are not cut into {micro}-row "
                          "micro-batches")
-    if critic.ppo_max_token_len_per_gpu not in (_CRITIC_TOP_LEVEL_BUDGET, critic.ppo_infer_max_token_len_per_gpu):
+    if critic.ppo_max_token_len_per_gpu not in (CRITIC_TOP_LEVEL_BUDGET, critic.ppo_infer_max_token_len_per_gpu):
         c.notices.append(f"critic.ppo_max_token_len_per_gpu={critic.ppo_max_token_len_per_gpu} is ignored: {why}")
 
 

@@ -64,6 +64,8 @@ METRIC_MEANINGS = {
                                           "token identical (a near-greedy sampler)",
     "ppolab/signal/zero_adv_frac": "ppolab's own: share of the response tokens whose advantage is 0 (no learning "
                                    "signal there)",
+    "ppolab/dump/*": "from a verl job's rollout dumps (trainer.rollout_data_dir), per step: trajectories, groups, "
+                     "scores and response lengths in characters (ppolab.verl_dumps)",
     "global_seqlen/min": "smallest per-rank token sum without balancing (contiguous chunks)",
     "global_seqlen/max": "largest per-rank token sum without balancing",
     "global_seqlen/minmax_diff": "max − min of the unbalanced per-rank token sums",

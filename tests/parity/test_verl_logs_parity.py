@@ -73,3 +73,26 @@ def test_the_shipped_example_is_what_verls_file_logger_writes(tmp_path, monkeypa
     """data/verl_logs/ppo_fire_tiny.jsonl (the labs' "your verl job" example) byte for byte."""
     out = example.write(tmp_path / "again.jsonl")
     assert out.read_bytes() == example.OUT.read_bytes(), "re-run tools/verl_log_example.py"
+
+
+@pytest.mark.parametrize("with_uid", [True, False])
+def test_rollout_dumps_written_by_verls_own_writer_read_as_group_statistics(tmp_path, with_uid):
+    """verl 0.9.1 writes ``trainer.rollout_data_dir/<step>.jsonl`` with ``_write_generations`` — here the legacy
+    ``trainer/ppo/ray_trainer.py::RayPPOTrainer``'s (the V1 ``trainer/ppo/v1/trainer_base.py`` has the same lines but
+    needs transfer_queue to import): scores as ``_log_rollout_data`` passes them (``.tolist()``), with the V1
+    trainer's uid ``{prompt uid}_{session}_{index}`` or, as the legacy trainer writes, none (a group is then one
+    prompt's text). ppolab reads those files as its group statistics."""
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    from ppolab.verl_dumps import group_statistics, read_rollout_dumps
+
+    # two steps, three prompts of two responses: step 1 has one group with no signal (both 1.0), step 2 two
+    for step, scores in ((1, [1.0, 1.0, 0.0, 1.0, 0.0, 0.5]), (2, [0.0, 0.0, 1.0, 1.0, 0.0, 1.0])):
+        extra = {"uid": [f"u{g}_{i}_0" for g in range(3) for i in range(2)]} if with_uid else {}
+        RayPPOTrainer._write_generations(inputs=[f"prompt {g}" for g in range(3) for _ in range(2)],
+                                         outputs=[f"answer {k}" for k in range(6)], gts=["1"] * 6, scores=scores,
+                                         reward_extra_infos_dict=extra, dump_path=str(tmp_path), global_steps=step)
+    stats = group_statistics(read_rollout_dumps(tmp_path))
+    assert stats["ppolab/signal/uniform_group_frac"].round(6).tolist() == [round(1 / 3, 6), round(2 / 3, 6)]
+    assert stats["ppolab/dump/groups"].tolist() == [3.0, 3.0] and stats["ppolab/dump/trajectories"].tolist() == [6, 6]
+    assert read_verl_metrics(tmp_path).loc[2, "ppolab/dump/score/mean"] == 0.5
