@@ -7,6 +7,8 @@ A row that does not parse, lacks a whole ``step`` or repeats one is an error nam
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +48,50 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return [row for _, row in metrics_rows(path)]
 
 
+#: What this process has read of metrics logs, keyed by the file's resolved path and stat stamp (device, inode, size,
+#: mtime): a log appended to, rewritten or replaced has another stamp and is read again. A ``Run`` is opened for
+#: every check and every lab cell that names a run; without this each one parsed the whole log twice (~30 % of an
+#: exercise check on a shipped run).
+_CHECKED: OrderedDict[tuple, None] = OrderedDict()
+_FRAMES: OrderedDict[tuple, Any] = OrderedDict()
+_KEEP = 16
+_LOCK = threading.Lock()
+
+
+def _stamp(path: Path) -> tuple:
+    st = path.stat()
+    return str(path.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _remember(store: OrderedDict, key: tuple, value: Any) -> None:
+    with _LOCK:
+        store[key] = value
+        store.move_to_end(key)
+        while len(store) > _KEEP:
+            store.popitem(last=False)
+
+
 def check_metrics_log(path: Path) -> None:
-    """Every line of ``path`` parses: a torn line is reported when a run is opened, in constant memory."""
+    """Every line of ``path`` parses: a torn line is reported when a run is opened, in constant memory (once per
+    version of the file in a process)."""
+    key = _stamp(path)
+    if key in _CHECKED:
+        return
     for _ in metrics_rows(path):
         pass
+    _remember(_CHECKED, key, None)
+
+
+def shared_metrics_frame(path: Path):
+    """:func:`metrics_frame` of ``path``, parsed once per version of the file in this process and shared: a caller
+    that changes the frame copies it first (``Run.metrics`` does)."""
+    key = _stamp(path)
+    with _LOCK:
+        frame = _FRAMES.get(key)
+    if frame is None:
+        frame = metrics_frame(path)
+        _remember(_FRAMES, key, frame)
+    return frame
 
 
 def metrics_frame(path: Path):

@@ -32,7 +32,7 @@ from ppolab.course import DATA
 from ppolab.run.claim import CLAIM_FILE, claim_holder, pid_alive, read_claim
 from ppolab.run.files import (REDO, STEP_FILE, TOKENIZER_DIR, file_stamp, json_kind, read_json, regular_file)
 from ppolab.run.identity import files_digest, fingerprint, flatten, folder_files, folder_fingerprint
-from ppolab.run.metrics_log import check_metrics_log, metrics_frame
+from ppolab.run.metrics_log import check_metrics_log, shared_metrics_frame
 from ppolab.run.step import LazyTensors, RecordInfo, StepRecord, check_record
 
 
@@ -179,7 +179,7 @@ class Run:
         except FileNotFoundError:
             stamp = None
         if self._metrics is None or self._metrics[0] != stamp:
-            self._metrics = (stamp, metrics_frame(path) if stamp else pd.DataFrame())
+            self._metrics = (stamp, shared_metrics_frame(path) if stamp else pd.DataFrame())
         return self._metrics[1]
 
     @property
