@@ -272,3 +272,24 @@ def test_a_run_trained_by_another_process_is_followed_to_its_end(tmp_path):
     box.refresh()
     assert box.shown == 4 and run.steps == [1, 2, 3, 4] and run.being_written() == []
     assert seen, "the reader never saw a step while the run trained"
+
+
+def test_a_metrics_log_is_parsed_once_per_version_across_runs_opened(tmp_path, monkeypatch):
+    """Every Run opened on the same log shares one parse of it; a log rewritten (another inode, size or mtime) is
+    parsed again, so a reader never sees an older version of a run's metrics."""
+    from ppolab.run import metrics_log
+
+    parsed = []
+    real = metrics_log.metrics_frame
+    first, second = recorded()[:2]
+    monkeypatch.setattr(metrics_log, "metrics_frame", lambda path: parsed.append(path) or real(path))
+    live = LiveCopy(tmp_path / "run")
+    live.files(first)
+    live.commit(first)
+    assert [Run(live.dest).steps for _ in range(5)] == [[first]] * 5 and len(parsed) == 1
+    live.files(second)
+    live.commit(second)
+    assert Run(live.dest).steps == [first, second] and len(parsed) == 2
+    frame = Run(live.dest).metrics
+    frame.loc[first, "actor/pg_loss"] = 123.0  # a caller's copy: the shared parse is not changed
+    assert Run(live.dest).metrics.loc[first, "actor/pg_loss"] != 123.0 and len(parsed) == 2
