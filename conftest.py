@@ -130,6 +130,11 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if item.get_closest_marker("slow"):
                 item.add_marker(skip)
+    # The longest cases first (pytest-xdist hands out cases in this order, each to the next free worker): a case that
+    # mostly waits (pip's resolver) overlaps the CPU-bound ones, and the realistic-shape labs (~3 min each) do not end
+    # the session on one worker while the other idles. A stable sort: the rest keep their order.
+    items.sort(key=lambda item: 0 if item.get_closest_marker("waits") else 1 if item.get_closest_marker("realistic")
+               else 2)
     if not os.environ.get("PPOLAB_RUN"):
         return
     for item in items:

@@ -300,6 +300,7 @@ def test_two_ranks_each_with_its_own_vllm_engine_train_and_exit_cleanly(tmp_path
 
 
 @pytest.mark.slow  # pip's resolver over the GPU extra: about 90 s
+@pytest.mark.waits
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="checked by the main environment's run")
 def test_the_gpu_extra_resolves_with_ppolabs_own_dependencies(tmp_path):
     """``pip install -e ".[gpu]"`` (what the README tells a CUDA user) must resolve: vllm pins its own torch and
