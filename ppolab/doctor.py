@@ -321,7 +321,6 @@ def diagnose(path: str | Path, overrides: Sequence[str] = (), metrics: str | Pat
     par = data_parallel(raw)
     version = verl_versions.job_version(raw)
     world, dp = par.world, par.dp
-    megatron = ((raw.get("actor_rollout_ref") or {}).get("actor") or {}).get("strategy") == "megatron"
     try:  # the shipped example by its place in the project, not this machine's absolute path
         shown = f.resolve().relative_to(EXAMPLE_JOB.parents[2])
     except ValueError:
@@ -332,7 +331,7 @@ def diagnose(path: str | Path, overrides: Sequence[str] = (), metrics: str | Pat
     lines += [tr("  {key}={value!r}: ppolab cannot read this value (left at its default)").format(key=k, value=v)
               for k, v in refused.items()]
     try:
-        errors, _ = check_config(cfg.resolve(), world, dp, megatron)
+        errors, _ = check_config(cfg.resolve(), world, dp, megatron=par.strategy == "megatron")
     except Exception as e:  # noqa: BLE001 — a field combination the checks cannot even evaluate
         errors = [f"{type(e).__name__}: {e}"]
     if "checks" in parts:

@@ -334,12 +334,14 @@ class DataParallel(NamedTuple):
     data-parallel ranks — what the chapter's §11.4 divides a mini-batch by — and ``group``, the model-parallel sizes
     it is divided by (``"Ulysses SP 4"``, ``"TP 8 × PP 12"``; empty: none). ``source`` is the keys read (or, for an
     engine whose sizes ppolab does not read, its name); ``error`` is set where verl cannot lay the job out (``world``
-    not a multiple of the group; ``dp`` is then ``world``, so that the arithmetic still shows something)."""
+    not a multiple of the group; ``dp`` is then ``world``, so that the arithmetic still shows something);
+    ``strategy`` is the role's engine (``fsdp``, ``fsdp2``, ``megatron``, …)."""
     world: int
     dp: int
     group: str = ""
     source: str = ""
     error: bool = False
+    strategy: str = "fsdp"
 
 
 def _int(node: Any, key: str, default: int = 1) -> int:
@@ -379,19 +381,20 @@ def data_parallel(raw: dict[str, Any], role: str = "actor") -> DataParallel:
     elif strategy == "megatron":
         m = section.get("megatron") if isinstance(section.get("megatron"), dict) else {}
         if m.get("dynamic_context_parallel"):
-            return DataParallel(world, 1, "dynamic CP", f"{prefix}.megatron.dynamic_context_parallel")
+            return DataParallel(world, 1, "dynamic CP", f"{prefix}.megatron.dynamic_context_parallel",
+                                strategy=strategy)
         sizes = [(name, _int(m, k)) for name, k in (("TP", "tensor_model_parallel_size"),
                                                      ("PP", "pipeline_model_parallel_size"),
                                                      ("CP", "context_parallel_size"))]
         source = f"{prefix}.megatron.*_parallel_size"
     else:
-        return DataParallel(world, world, "", strategy)
+        return DataParallel(world, world, "", strategy, strategy=strategy)
     group = 1
     for _, size in sizes:
         group *= max(1, size)
     shown = " × ".join(f"{name} {size}" for name, size in sizes if size > 1)
     if group == 1:
-        return DataParallel(world, world, "", source)
+        return DataParallel(world, world, "", source, strategy=strategy)
     if world % group:
-        return DataParallel(world, world, shown, source, error=True)
-    return DataParallel(world, world // group, shown, source)
+        return DataParallel(world, world, shown, source, error=True, strategy=strategy)
+    return DataParallel(world, world // group, shown, source, strategy=strategy)

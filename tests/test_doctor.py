@@ -339,3 +339,14 @@ def test_the_doctor_speaks_chinese_on_the_command_line(capsys):
     assert out.startswith("verl 配置 data/verl_jobs/ppo_fire_tiny/.hydra/config.yaml"), out[:400]
     assert "数据并行规模 2" in out, out[:400]
     assert "§16 错误 7" in out and get_language() == "en"  # the process's language is put back
+
+
+def test_a_megatron_batch_is_checked_as_verl_checks_it(tmp_path):
+    # verl's validate_config: real_train_batch_size % (megatron_dp × ppo_micro_batch_size_per_gpu) — 63 × 2 over
+    # dp 2 (TP 2 × PP 2 on 8 GPUs) × micro 2
+    megatron = {"strategy": "megatron", "megatron": {"tensor_model_parallel_size": 2,
+                                                     "pipeline_model_parallel_size": 2}}
+    path, _ = job_with(tmp_path, megatron, overrides=LARGE + ["data.train_batch_size=63"])
+    stops = [ln for ln in diagnose(path) if "STOP" in ln]
+    assert any("Megatron's data-parallel size × actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 4" in ln
+               for ln in stops), stops
