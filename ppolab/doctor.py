@@ -319,7 +319,7 @@ def diagnose(path: str | Path, overrides: Sequence[str] = (), metrics: str | Pat
     raw, f = read_verl_config(path, overrides)
     cfg, ignored, refused = ppolab_view(raw)
     par = data_parallel(raw)
-    version = verl_versions.job_version(raw)
+    release = verl_versions.job_version(raw)
     world, dp = par.world, par.dp
     try:  # the shipped example by its place in the project, not this machine's absolute path
         shown = f.resolve().relative_to(EXAMPLE_JOB.parents[2])
@@ -327,7 +327,7 @@ def diagnose(path: str | Path, overrides: Sequence[str] = (), metrics: str | Pat
         shown = f
     lines = [tr("verl config {path} — {world} GPU(s) (trainer.n_gpus_per_node × nnodes); {ignored} verl keys "
                 "ppolab has no field for are not read").format(path=shown, world=world, ignored=len(ignored)),
-             "  " + layout_line(par), "  " + version_line(version)]
+             "  " + layout_line(par), "  " + version_line(release)]
     lines += [tr("  {key}={value!r}: ppolab cannot read this value (left at its default)").format(key=k, value=v)
               for k, v in refused.items()]
     try:
@@ -365,7 +365,7 @@ def diagnose(path: str | Path, overrides: Sequence[str] = (), metrics: str | Pat
         lines.append("")
         lines.append(tr("the step in the chapter's arithmetic (§11–§12, lab 12):"))
         try:
-            rows = arithmetic(cfg, dp, version)
+            rows = arithmetic(cfg, dp, release)
             w0 = max(len(q) for q, _, _ in rows)
             lines += [f"  {q:<{w0}}  {v}  ({formula})" for q, formula, v in rows]
         except ValueError as e:  # a division verl would refuse: named above; the arithmetic stops there too

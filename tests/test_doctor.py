@@ -350,3 +350,14 @@ def test_a_megatron_batch_is_checked_as_verl_checks_it(tmp_path):
     stops = [ln for ln in diagnose(path) if "STOP" in ln]
     assert any("Megatron's data-parallel size × actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 4" in ln
                for ln in stops), stops
+
+
+def test_the_report_holds_where_verl_is_installed(tmp_path, monkeypatch):
+    """Where verl is importable its verdict comes first (tests/parity runs it for real); the rest of the report —
+    the release line, the arithmetic — is the same (the last CI's parity phase caught a name the verdict shadowed)."""
+    import ppolab.doctor as doctor
+
+    monkeypatch.setattr(doctor, "verl_verdict", lambda raw: ("0.9.1", None))
+    lines = diagnose("ppo_fire_tiny")
+    assert "  verl 0.9.1's utils/config.py::validate_config, run here: passes" in lines, lines
+    assert lines[2].startswith("  verl version: 0.9.1 by its keys") and any("optimizer steps" in ln for ln in lines)
