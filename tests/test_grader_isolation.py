@@ -7,6 +7,7 @@ everything is judged by its value; model-loading checks agree whatever the threa
 from __future__ import annotations
 
 import concurrent.futures as cf
+import subprocess
 import importlib.util
 import sys
 from pathlib import Path
@@ -130,6 +131,39 @@ def test_a_rebound_compute_value_loss_never_makes_a_doubled_value_loss_right(res
     ppolab.algos.compute_value_loss = lambda *a, **k: (lambda out: (2 * out[0], out[1]))(reference(*a, **k))
     a = cl.grade_hidden(policy, actor, double)
     assert not a["ok"] and a["stage"] == "value clip" and "×2" in a["line"], a["line"]
+
+
+@pytest.mark.parametrize("rebind", ["POLICY_LOSS_REGISTRY['vanilla'] = mine", "POLICY_LOSS_REGISTRY['gspo'] = mine"])
+def test_a_registry_rebound_before_the_grader_is_imported_is_named(rebind):
+    """A learner's cell may run before anything imports the grader: the reference is still ppolab's own function, and
+    a rebound name of ppolab's is refused in one line (a new name of the learner's is not)."""
+    code = f"""
+from ppolab.algos.policy_loss import POLICY_LOSS_REGISTRY, compute_policy_loss_vanilla
+def mine(*a, **k):
+    pg, m = compute_policy_loss_vanilla(*a, **k)
+    return 2 * pg, m
+POLICY_LOSS_REGISTRY['learner_own_name'] = mine
+{rebind}
+from ppolab.experiments import grader_guard
+assert grader_guard.REF.vanilla is compute_policy_loss_vanilla
+print(grader_guard.tampered())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    line = out.stdout.strip()
+    assert line.startswith("the grader will not grade: POLICY_LOSS_REGISTRY["), line
+    assert rebind.split("]")[0].split("[")[1] in line and "learner_own_name" not in line
+
+
+def test_a_learners_own_registry_name_is_not_tampering():
+    code = """
+from ppolab.algos.policy_loss import POLICY_LOSS_REGISTRY, compute_policy_loss_vanilla
+POLICY_LOSS_REGISTRY['learner_own_name'] = lambda *a, **k: compute_policy_loss_vanilla(*a, **k)
+from ppolab.experiments import grader_guard
+print(grader_guard.tampered())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "None", (out.stdout, out.stderr)
 
 
 @pytest.mark.parametrize("fn", [None, 42, int, lambda x: x], ids=["None", "42", "int", "one-arg lambda"])

@@ -39,8 +39,8 @@ from ppolab.algos.aggregation import GlobalBatchInfo
 from ppolab.algos.policy_loss import POLICY_LOSS_REGISTRY, register_policy_loss
 from ppolab.config import ActorConfig
 from ppolab.i18n import tr
-from ppolab.experiments.grader_guard import (OWN_LOSSES, REF, CallsReference, LearnerError, call, check_returned,
-                                             signature_line, tampered)
+from ppolab.experiments.grader_guard import (OWN_LOSSES, PLUGGED, REF, CallsReference, LearnerError, call,
+                                             check_returned, signature_line, tampered)
 
 #: The ``policy_loss.loss_mode`` name the learner's policy loss is plugged in under.
 LEARNER = "learner"
@@ -51,7 +51,6 @@ REPLAY_REL = 1e-4
 #: (c) the short run: step 1 (same rollouts, the loss decides) and the bands of the curves after it (sampling
 #: diverges once the weights differ in the last bit, so later steps agree in distribution, not exactly).
 TRAIN_STEPS, STEP1_REL, SCORE_BAND, ENTROPY_REL = 20, 1e-4, 0.15, 0.15
-_PLUGGED: set[str] = set()
 
 
 def plug_in(fn: Callable, name: str = LEARNER) -> str:
@@ -64,11 +63,11 @@ def plug_in(fn: Callable, name: str = LEARNER) -> str:
         raise TypeError(line)
     if not isinstance(name, str) or not name:
         raise TypeError(f"plug_in(name=...): name must be a non-empty string, got {name!r}")
-    if name in OWN_LOSSES or (name in POLICY_LOSS_REGISTRY and name not in _PLUGGED):
+    if name in OWN_LOSSES or (name in POLICY_LOSS_REGISTRY and name not in PLUGGED):
         raise ValueError(f"{name!r} is one of ppolab's policy losses; plug yours in under another name")
     POLICY_LOSS_REGISTRY.pop(name, None)
     register_policy_loss(name)(fn)
-    _PLUGGED.add(name)
+    PLUGGED.add(name)
     return name
 
 

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ppolab.algos import aggregation, kl, losses, policy_loss, value
+from ppolab.vocab import POLICY_LOSS_MODES
 from ppolab.i18n import tr
 
 
@@ -59,8 +60,16 @@ REF = _Ref(vanilla=_own(policy_loss.compute_policy_loss_vanilla, policy_loss),
            ppo_clip_terms=_own(policy_loss.ppo_clip_terms, policy_loss),
            value_clip_terms=_own(value.value_clip_terms, value))
 
-#: ppolab's own policy losses, as registered at import: the trainer runs the reference by name.
-OWN_LOSSES: dict[str, Callable] = dict(policy_loss.POLICY_LOSS_REGISTRY)
+def _is_ppolabs(fn: Any) -> bool:
+    return isinstance(fn, types.FunctionType) and str(getattr(fn, "__module__", "")).startswith("ppolab.algos.")
+
+
+#: ppolab's own policy losses — the registry's entries that ppolab.algos defines, as registered at import: the
+#: trainer runs the reference by name. An entry rebound before this import is not captured: :func:`tampered` names it.
+OWN_LOSSES: dict[str, Callable] = {n: f for n, f in policy_loss.POLICY_LOSS_REGISTRY.items() if _is_ppolabs(f)}
+
+#: The names :func:`ppolab.experiments.capstone_grade.plug_in` registered a learner's function under.
+PLUGGED: set[str] = set()
 
 
 def _names(code: types.CodeType) -> set[str]:
@@ -96,11 +105,15 @@ def tampered() -> str | None:
     import sys
 
     what = None
-    for name, fn in OWN_LOSSES.items():
-        if policy_loss.POLICY_LOSS_REGISTRY.get(name) is not fn:
-            what = f"POLICY_LOSS_REGISTRY[{name!r}]"
+    registry = policy_loss.POLICY_LOSS_REGISTRY
+    if registry.get("vanilla") is not REF.vanilla:  # the reference run trains with loss_mode=vanilla
+        what = "POLICY_LOSS_REGISTRY['vanilla']"
+    for name, fn in [*OWN_LOSSES.items(), *registry.items()]:  # ppolab's names, bound to ppolab's functions
+        if what is not None:
             break
-    else:
+        if registry.get(name) is not fn or (name in POLICY_LOSS_MODES and not _is_ppolabs(fn)):
+            what = f"POLICY_LOSS_REGISTRY[{name!r}]"
+    if what is None:
         for (mod, name), obj in _READS.items():
             if getattr(sys.modules.get(mod), name, None) is not obj:
                 what = f"{mod}.{name}"
