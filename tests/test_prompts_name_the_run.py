@@ -76,13 +76,16 @@ SETTINGS: dict[Any, Callable[[Any, dict], Any]] = {
     ("08.1", "other"): lambda r, c: None,  # another estimator than the run's: checked below
     ("10.2", "mini"): lambda r, c: _actor(r).ppo_mini_batch_size,
     ("10.2", "n"): lambda r, c: r.ppo_config().actor_rollout_ref.rollout.n,
+    ("02.5", "run_threshold"): lambda r, c: r.ppo_config().algorithm.rollout_correction.rollout_is_threshold,
+    ("10.3", "run_rs"): lambda r, c: r.ppo_config().algorithm.rollout_correction.rollout_rs,
+    ("10.3", "run_threshold"): lambda r, c: r.ppo_config().algorithm.rollout_correction.rollout_rs_threshold,
 }
 #: Fields that name a place in the run (checked by :func:`step_problems`) or a number the exercise chose or counted
 #: on the run's own tensors (a row, a token count, a counterfactual budget): not a setting of the run.
 NOT_SETTINGS = {"step", "opt_step", "open", "code", "update", "last", "next", "row", "row_a", "row_b", "pos", "pos_a",
                 "pos_b", "tok_a", "tok_b", "state_a", "name", "index", "numel", "what_if", "k", "n", "rows", "tokens",
                 "micro", "small", "budget", "n_pad", "steps", "knobs", "knob", "width", "mini", "n_opt", "per_epoch",
-                "other", "n_clipped"}
+                "other", "n_clipped", "threshold"}
 FIELD = re.compile(r"\{(\w+)\}")
 #: "the run's ε = 0.07" written into a template: a value of one run shown for every run.
 LITERAL_SETTING = re.compile(r"(?<!shipped )run's (?:own )?[^{}.;:]*?=\s*[-−]?\d")

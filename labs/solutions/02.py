@@ -44,36 +44,37 @@ def bypass_extra_tokens(run=None, count_pad=False):
     return int((t["loss_mask"].bool() & ~t["response_mask"].bool())[rows].sum())
 
 
-def is_effect(run=None):
+def is_what_if(run=None, clamp="max", own="recorded"):
+    """pg_loss with the IS weights truncated at the prompt's threshold − with the run's own weights, written from
+    ppolab.algos and the step's recorded tensors (``clamp``/``own`` make the wrong variants below)."""
+    from ppolab.exercises import case
+    from ppolab.numbers.steps import actor_config, global_batch_info, optimizer_step_batch
+
+    r = resolve_run(run, default="grpo_tiny_vllm_bf16")
+    c = case("02.5", run=r)
+    rec = r.step(c["step"])
+    t, cfg = rec.tensors, actor_config(r)
+    raw = torch.exp(torch.clamp(t["old_log_probs"] - t["rollout_log_probs"], -20, 20)) * t["response_mask"]
+    w_c = raw.clamp(max=c["threshold"]) if clamp == "max" else raw.clamp(min=c["threshold"]) * t["response_mask"]
+    w_own = t["rollout_is_weights"] if own == "recorded" else None
+    losses = {"what_if": [], "own": []}
+    for k in range(t["actor_log_probs"].shape[0]):
+        b = optimizer_step_batch(rec, k)
+        info = global_batch_info(r, rec, k)
+        for key, w in (("what_if", w_c), ("own", w_own)):
+            pg, _ = algos.compute_policy_loss_vanilla(b["old_log_probs"], b["log_prob"], b["advantages"],
+                                                      b["response_mask"], cfg.loss_agg_mode, cfg,
+                                                      None if w is None else w[b["rows"]], global_batch_info=info)
+            losses[key].append(float(pg))
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    return mean(losses["what_if"]) - mean(losses["own"])
+
+
+def _with_minus_without(run=None):
+    """The difference the lab's cell before the exercise prints: the run's own weights against none."""
     from ppolab.numbers import pg_loss_with_and_without_is
     out = pg_loss_with_and_without_is(run)
     return out["with_is"] - out["without_is"]
-
-
-def _is_effect_response_mask_count(run=None):
-    """The same difference, but each optimizer step normalised by Σ response_mask, and the weights on the KL too."""
-    from ppolab.algos.aggregation import GlobalBatchInfo
-    from ppolab.numbers import actor_config, is_weighted_step, optimizer_step_batch
-
-    r = resolve_run(run, default="grpo_tiny_vllm_bf16")
-    rec = r.step(is_weighted_step(r))
-    t, cfg = rec.tensors, actor_config(r)
-    diffs = []
-    for k in range(t["actor_log_probs"].shape[0]):
-        b = optimizer_step_batch(rec, k)
-        info = GlobalBatchInfo(1, float(b["response_mask"].sum()), len(b["rows"]))
-        w = t["rollout_is_weights"][b["rows"]]
-        pgw, _ = algos.compute_policy_loss_vanilla(b["old_log_probs"], b["log_prob"], b["advantages"],
-                                                   b["response_mask"], cfg.loss_agg_mode, cfg, w,
-                                                   global_batch_info=info)
-        pg, _ = algos.compute_policy_loss_vanilla(b["old_log_probs"], b["log_prob"], b["advantages"],
-                                                  b["response_mask"], cfg.loss_agg_mode, cfg, None,
-                                                  global_batch_info=info)
-        kld = algos.kl_penalty(b["log_prob"], b["ref_log_prob"], cfg.kl_loss_type)
-        klw = algos.agg_loss(kld * w, b["response_mask"], cfg.loss_agg_mode, **info.as_kwargs())
-        kl = algos.agg_loss(kld, b["response_mask"], cfg.loss_agg_mode, **info.as_kwargs())
-        diffs.append(float(pgw - pg + cfg.kl_loss_coef * (klw - kl)))
-    return sum(diffs) / len(diffs)
 
 
 SOLUTIONS = {
@@ -81,7 +82,7 @@ SOLUTIONS = {
     "02.2": bypass_extra_tokens,
     "02.3": lambda run=None: round(bypass_max_gap(run), 4),
     "02.4": largest_ratio,
-    "02.5": is_effect,
+    "02.5": is_what_if,
 }
 
 #: Plausible wrong answers: each must be told "not yet".
@@ -100,7 +101,9 @@ WRONG = {
              0.2],
     # "the clip caps the ratio at 1 + ε"; the first optimizer step (ratio 1); the third optimizer step's maximum
     "02.4": [1.2, 1.0, lambda run=None: largest_ratio(run, opt_step=2)],
-    # "the weights are detached, so they change nothing"; the sign the other way round; normalised by
-    # Σ response_mask and the weights also on the KL term (they multiply only the clipped pg term)
-    "02.5": [0.0, lambda run=None: -is_effect(run), _is_effect_response_mask_count],
+    # "the weights are detached, so they change nothing"; the sign the other way round; the run's weights against
+    # none (the number the cell above prints); the weights floored at the threshold instead of capped; the what-if
+    # against no weights at all
+    "02.5": [0.0, lambda run=None: -is_what_if(run), _with_minus_without, lambda run=None: is_what_if(run, clamp="min"),
+             lambda run=None: is_what_if(run, own=None)],
 }

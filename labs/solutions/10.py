@@ -27,6 +27,22 @@ def sampled_logit_positions(run=None, shift=-1, mask="loss_mask"):
     return P + shift + int(j.min()), P + shift + int(j.max())
 
 
+def rejected_what_if(run=None, mask="loss_mask", both_sides=True, strict=False):
+    """10.3 as a learner writes it: token_k1's rule at the prompt's bound T, on the sampled tokens."""
+    import math
+
+    from ppolab.exercises import case
+
+    t = tensors(run)
+    bound = math.log(float(case("10.3", run=run or RUN)["threshold"]))
+    k1 = -(t["old_log_probs"] - t["rollout_log_probs"])
+    kept = (k1 >= -bound) & (k1 <= bound) if both_sides else (k1 <= bound)
+    if strict:  # "at T" counted as rejected
+        kept = (k1 > -bound) & (k1 < bound)
+    counted = torch.ones_like(kept) if mask is None else t[mask].bool()
+    return int((counted & ~kept).sum())
+
+
 def n_rejected(run=None):
     t = tensors(run)
     return int((t["loss_mask"].bool() & ~t["response_mask"].bool()).sum())
@@ -51,7 +67,7 @@ def row_masks(run=None):
 SOLUTIONS = {
     "10.1": {"seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"},
     "10.2": 4,
-    "10.3": n_rejected,
+    "10.3": rejected_what_if,
     "10.4": n_after_rejected,
     "10.5": row_masks,
     "10.6": sampled_logit_positions,
@@ -65,10 +81,11 @@ WRONG = {
     # padding only to a multiple of dp_size; per rank; 60 mod 16; the padded batch size
     "10.2": [0, 2, 12, 64],
     # the rows touched instead of the tokens; the rejected share instead of a count; every zero of response_mask
-    "10.3": [lambda run=None: int((tensors(run)["loss_mask"].bool() & ~tensors(run)["response_mask"].bool())
-                                  .any(-1).sum()),
-             lambda run=None: n_rejected(run) / float(tensors(run)["loss_mask"].sum()),
-             lambda run=None: int((tensors(run)["response_mask"] == 0).sum())],
+    # what the run itself rejected (the count the lab prints); one side of the bound only; counted on the rewritten
+    # response_mask (the run's survivors) instead of the tokens as sampled; every position, padding included
+    "10.3": [n_rejected, lambda run=None: rejected_what_if(run, both_sides=False),
+             lambda run=None: rejected_what_if(run, mask="response_mask"),
+             lambda run=None: rejected_what_if(run, mask=None)],
     # the rejected tokens themselves (the count printed above); the rejected tokens counted too; only the surviving
     # tokens after one (response_mask); every position after one, padding included; the rows with a rejected token
     "10.4": [n_rejected, lambda run=None: int((after_rejected(run, include_self=True)

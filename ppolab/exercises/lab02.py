@@ -149,25 +149,38 @@ def _e4(run=None) -> float:
     return (lp - t["old_log_probs"])[m].max().exp().item()   # exp is monotone: exp of the largest log-ratio
 
 
-@exercise("02.5", "The IS weights in the loss (§3, §5): recompute actor/pg_loss of recorded step {step} of the vLLM "
-                  "run twice from its tensors — with the recorded rollout_is_weights where verl applies them, and "
-                  "without them — the way the trainer logs it (each optimizer step's token-mean, then the mean over "
-                  "the optimizer steps). Answer (pg_loss with the weights) − (pg_loss without). (a signed number)",
+@exercise("02.5", "The IS weights in the loss (§3, §5), a what-if: had algorithm.rollout_correction."
+                  "rollout_is_threshold been {threshold} instead of the run's {run_threshold}, what would "
+                  "actor/pg_loss of recorded step {step} of the vLLM run have been? Recompute the step's IS weights "
+                  "at that threshold from its recorded log-probs, then the loss from its tensors the way the trainer "
+                  "logs it (each optimizer step's token-mean, then the mean over the optimizer steps). Answer "
+                  "(pg_loss at {threshold}) − (pg_loss with the run's own weights). (a signed number)",
           kind="compute",
-          hints=("verl's compute_policy_loss_vanilla takes rollout_is_weights as an argument and multiplies the "
-                 "per-token loss by them after the clip and the dual clip; the entropy and KL terms of ppo_loss never "
-                 "see them. The first number is the one the trainer logged.",
-                 "for every optimizer step k: b = optimizer_step_batch(rec, k); compute_policy_loss_vanilla(old, "
-                 "log_prob, A, mask, config=actor_config(run), rollout_is_weights=w[b['rows']] or None, "
-                 "global_batch_info=GlobalBatchInfo(1, Σ loss_mask of the rows, len(rows))); average over k, then "
-                 "subtract. ppolab.numbers.pg_loss_with_and_without_is does it."),
-          rel=2e-5, abs=5e-8, context=("run",), case=lambda run=None: {"step": _is_step(run)},
+          hints=("the weights are w = min(exp(old_log_probs − rollout_log_probs), C) per token (rollout_is=token; "
+                 "detached, × response_mask); verl's compute_policy_loss_vanilla multiplies the per-token loss by "
+                 "them after the clip and the dual clip, and the entropy and KL terms never see them. The run's own "
+                 "weights are recorded as rollout_is_weights.",
+                 "w_C = algos.rollout_is_weights(old, rollout, mask, 'token', C); for every optimizer step k: b = "
+                 "optimizer_step_batch(rec, k); compute_policy_loss_vanilla(b['old_log_probs'], b['log_prob'], "
+                 "b['advantages'], b['response_mask'], cfg.loss_agg_mode, cfg, w[b['rows']], global_batch_info="
+                 "global_batch_info(run, rec, k)); average over k, once with w_C and once with the recorded weights, "
+                 "then subtract."),
+          rel=2e-5, abs=1e-7, context=("run",), case=lambda run=None: _is_case(run),
           default_run="grpo_tiny_vllm_bf16")
 def _e5(run=None) -> float:
-    from ppolab.numbers.rollout_is import pg_loss_with_and_without_is
+    from ppolab.numbers.rollout_is import pg_loss_is_what_if
 
-    out = pg_loss_with_and_without_is(run)
-    return out["with_is"] - out["without_is"]
+    return pg_loss_is_what_if(run, _is_step(run))
+
+
+def _is_case(run=None) -> dict:
+    from ppolab.numbers.rollout_is import tighter_is_threshold
+    from ppolab.run.reader import resolve_run
+
+    r = resolve_run(run, default="grpo_tiny_vllm_bf16")
+    s = _is_step(r)
+    return {"step": s, "threshold": tighter_is_threshold(r, s),
+            "run_threshold": r.ppo_config().algorithm.rollout_correction.rollout_is_threshold}
 
 
 def _is_step(run=None) -> int:

@@ -109,17 +109,41 @@ def _e2(run=None) -> int:
     return int(_record(run).tensors["is_pad"].sum())
 
 
-@exercise("10.3", "Count the tokens of the first recorded step that rollout rejection sampling zeroed: sampled by the "
-          "policy, then dropped from response_mask.",
+def rejection_what_if_case(run=None) -> dict:
+    """Exercise 10.3's what-if threshold: ``token_k1`` alone at a ratio bound T chosen on the run's own first
+    recorded step — the 85th percentile of its sampled tokens' max(π_old/π_rollout, π_rollout/π_old), rounded up to 3
+    decimals, moved up by 0.001 while a token's ratio lies within 1e-6 of a bound (a rounding there would decide)."""
+    rec = _record(run)
+    t = rec.tensors
+    lr = (t["old_log_probs"] - t["rollout_log_probs"])[t["loss_mask"].bool()].double()
+    bound = math.ceil(float(torch.quantile(lr.abs(), 0.85).exp()) * 1000) / 1000
+    bound = max(bound, 1.001)
+    while bool(((lr.abs() - math.log(bound)).abs() < 1e-6).any()):
+        bound = round(bound + 0.001, 3)
+    from ppolab.run.reader import resolve_run
+
+    corr = resolve_run(run, RUN).ppo_config().algorithm.rollout_correction
+    return {"step": rec.step, "threshold": f"{bound:.3f}", "run_rs": corr.rollout_rs,
+            "run_threshold": corr.rollout_rs_threshold}
+
+
+@exercise("10.3", "A what-if: had algorithm.rollout_correction.rollout_rs been token_k1 alone at rollout_rs_threshold "
+          "= {threshold} (the run: {run_rs} at {run_threshold}), how many sampled tokens of recorded step {step} "
+          "would rejection sampling have zeroed in response_mask?",
           kind="compute",
-          hints=("Rejection rewrites response_mask and leaves loss_mask, the copy made at generation: compare the two "
-                 "masks position by position.",
-                 "int((loss_mask.bool() & ~response_mask.bool()).sum()) — the same as loss_mask.sum() − "
-                 "response_mask.sum(); rollout_corr/rollout_rs_masked_fraction × loss_mask.sum() (verl "
-                 "rollout_corr_helper.py)."),
-          context=("run",), needs=("rejection",), default_run=RUN)
+          hints=("token_k1 tests each sampled token (loss_mask 1, the mask as generated) on its own: it is kept when "
+                 "1/T ≤ π_rollout/π_old ≤ T, compared in log space on the recorded old_log_probs and "
+                 "rollout_log_probs; a rejected token leaves response_mask and stays in loss_mask.",
+                 "lr = old_log_probs − rollout_log_probs; k1 = −lr; kept = (k1 >= −log T) & (k1 <= log T); "
+                 "int((loss_mask.bool() & ~kept).sum()) (verl rollout_corr_helper.py::"
+                 "compute_rollout_rejection_mask)."),
+          context=("run",), needs=("rejection",), case=rejection_what_if_case, default_run=RUN)
 def _e3(run=None) -> int:
-    return int(rejected_tokens(run).sum())
+    t = _record(run).tensors
+    threshold = rejection_what_if_case(run)["threshold"]
+    kept, _ = algos.rollout_rejection_mask(t["old_log_probs"], t["rollout_log_probs"], t["loss_mask"], "token_k1",
+                                           threshold)
+    return int((t["loss_mask"].bool() & ~kept.bool()).sum())
 
 
 def after_rejected(run=None, include_self: bool = False) -> torch.Tensor:

@@ -7,10 +7,15 @@ recorded tensors (every optimizer step's π_θ is in ``actor_log_probs``), and i
 """
 from __future__ import annotations
 
+import math
+
+import torch
+
 from ppolab import algos
 from ppolab.numbers.needs import RunLacks
 from ppolab.numbers.steps import n_opt_steps, actor_config, global_batch_info, optimizer_step_batch
 from ppolab.run.reader import Run, resolve_run
+from ppolab.run.step import StepRecord
 
 
 def is_weighted_step(run: Run | str | None = None) -> int:
@@ -24,6 +29,27 @@ def is_weighted_step(run: Run | str | None = None) -> int:
     raise RunLacks("recorded rollout_is_weights", r)
 
 
+def _pg_losses(r: Run, rec: StepRecord, weights: dict[str, torch.Tensor | None]) -> dict[str, float]:
+    """The step's ``actor/pg_loss`` as the trainer reduces it (each optimizer step's global mini-batch, then the mean
+    over optimizer steps), once for each entry of ``weights`` (the whole step's (bs, T) IS weights, or None), and its
+    ``kl_loss`` (no weights, as ppo_loss adds it; NaN without a KL loss)."""
+    cfg = actor_config(r)
+    loss = algos.get_policy_loss_fn(cfg.policy_loss.loss_mode)
+    out: dict[str, list[float]] = {key: [] for key in [*weights, "kl_loss"]}
+    for k in range(n_opt_steps(rec)):
+        b = optimizer_step_batch(rec, k)
+        info = global_batch_info(r, rec, k)  # the worker's own counts, every rank's rows at once
+        for key, w in weights.items():
+            pg, _ = loss(b["old_log_probs"], b["log_prob"], b["advantages"], b["response_mask"], cfg.loss_agg_mode,
+                         cfg, None if w is None else w[b["rows"]].float(), global_batch_info=info)
+            out[key].append(float(pg))
+        if cfg.use_kl_loss and "ref_log_prob" in b:
+            kld = algos.kl_penalty(b["log_prob"], b["ref_log_prob"], cfg.kl_loss_type)
+            out["kl_loss"].append(float(algos.agg_loss(kld, b["response_mask"], cfg.loss_agg_mode,
+                                                       **info.as_kwargs())))
+    return {key: sum(xs) / len(xs) if xs else float("nan") for key, xs in out.items()}
+
+
 def pg_loss_with_and_without_is(run: Run | str | None = None, step: int | None = None) -> dict[str, float]:
     """``actor/pg_loss`` of recorded ``step`` (default :func:`is_weighted_step`) recomputed from its tensors, as the
     trainer reduces it (each optimizer step's global mini-batch, token-mean over Σ loss_mask × dp_size, then the
@@ -32,25 +58,54 @@ def pg_loss_with_and_without_is(run: Run | str | None = None, step: int | None =
     r = resolve_run(run, "grpo_tiny_vllm_bf16")
     s = is_weighted_step(r) if step is None else step
     rec = r.step(s)
-    t, cfg = rec.tensors, actor_config(r)
-    if "rollout_is_weights" not in t:
+    if "rollout_is_weights" not in rec.tensors:
         raise RunLacks("recorded rollout_is_weights", r)
-    loss = algos.get_policy_loss_fn(cfg.policy_loss.loss_mode)
-    out: dict[str, list[float]] = {"with_is": [], "without_is": [], "kl_loss": []}
-    for k in range(n_opt_steps(rec)):
-        b = optimizer_step_batch(rec, k)
-        info = global_batch_info(r, rec, k)  # the worker's own counts, every rank's rows at once
-        w = t["rollout_is_weights"][b["rows"]].float()
-        for key, weights in (("with_is", w), ("without_is", None)):
-            pg, _ = loss(b["old_log_probs"], b["log_prob"], b["advantages"], b["response_mask"], cfg.loss_agg_mode,
-                         cfg, weights, global_batch_info=info)
-            out[key].append(float(pg))
-        if cfg.use_kl_loss and "ref_log_prob" in b:
-            kld = algos.kl_penalty(b["log_prob"], b["ref_log_prob"], cfg.kl_loss_type)
-            out["kl_loss"].append(float(algos.agg_loss(kld, b["response_mask"], cfg.loss_agg_mode,
-                                                       **info.as_kwargs())))
+    out = _pg_losses(r, rec, {"with_is": rec.tensors["rollout_is_weights"], "without_is": None})
     m = rec.info.get("metrics", {})
-    mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
-    return {"step": s, "with_is": mean(out["with_is"]), "without_is": mean(out["without_is"]),
-            "kl_loss": mean(out["kl_loss"]), "logged_pg_loss": float(m.get("actor/pg_loss", float("nan"))),
+    return {"step": s, **out, "logged_pg_loss": float(m.get("actor/pg_loss", float("nan"))),
             "logged_kl_loss": float(m.get("actor/kl_loss", float("nan")))}
+
+
+def is_weights_at(run: Run | str | None = None, step: int | None = None,
+                  threshold: float | str | None = None) -> torch.Tensor:
+    """The IS weights stage 7 of recorded ``step`` would have made with ``rollout_is_threshold = threshold`` (None:
+    the run's own), from the step's recorded ``old_log_probs`` and ``rollout_log_probs`` and the run's
+    ``rollout_is`` level and batch normalisation (verl ``rollout_corr_helper.py::
+    compute_rollout_correction_and_rejection_mask``). (bs, T)."""
+    r = resolve_run(run, "grpo_tiny_vllm_bf16")
+    rec = r.step(is_weighted_step(r) if step is None else step)
+    corr, t = r.ppo_config().algorithm.rollout_correction, rec.tensors
+    if "rollout_log_probs" not in t:
+        raise RunLacks("recorded rollout_log_probs", r)
+    w, _, _ = algos.rollout_correction_and_rejection_mask(
+        t["old_log_probs"], t["rollout_log_probs"], t["response_mask"].float(), corr.rollout_is or "token",
+        corr.rollout_is_threshold if threshold is None else threshold, corr.rollout_is_batch_normalize)
+    return w
+
+
+def tighter_is_threshold(run: Run | str | None = None, step: int | None = None) -> float:
+    """A what-if truncation for exercise 02.5: the ``rollout_is_threshold`` that the top 5 % of the step's valid
+    tokens' untruncated IS weights exceed (rounded up to 3 decimals, at least 1.001), so that a tighter TIS binds on
+    some tokens of the learner's run where the run's own threshold (2.0 by default) binds on few or none."""
+    r = resolve_run(run, "grpo_tiny_vllm_bf16")
+    t = r.step(is_weighted_step(r) if step is None else step).tensors
+    if "rollout_log_probs" not in t:
+        raise RunLacks("recorded rollout_log_probs", r)
+    raw, _ = algos.raw_is_weights(t["old_log_probs"], t["rollout_log_probs"], t["response_mask"].float(),
+                                  r.ppo_config().algorithm.rollout_correction.rollout_is or "token")
+    raw = raw[t["response_mask"].bool()]
+    q = float(torch.quantile(raw.double(), 0.95))
+    return max(1.001, math.ceil(q * 1000) / 1000)
+
+
+def pg_loss_is_what_if(run: Run | str | None = None, step: int | None = None,
+                       threshold: float | str | None = None) -> float:
+    """Exercise 02.5's truth: ``actor/pg_loss`` of recorded ``step`` with the IS weights truncated at ``threshold``
+    (default :func:`tighter_is_threshold`) minus the same loss with the run's own weights — what a tighter
+    truncation would have changed in the logged number."""
+    r = resolve_run(run, "grpo_tiny_vllm_bf16")
+    s = is_weighted_step(r) if step is None else step
+    rec = r.step(s)
+    c = tighter_is_threshold(r, s) if threshold is None else threshold
+    out = _pg_losses(r, rec, {"what_if": is_weights_at(r, s, c), "own": is_weights_at(r, s)})
+    return out["what_if"] - out["own"]
