@@ -155,7 +155,7 @@ def arithmetic(cfg, dp: int, version: VerlVersion | None = None) -> list[tuple[s
     micro = None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu
     plan = plan_batches(cfg.data.train_batch_size, n, a.ppo_mini_batch_size, dp, micro, a.ppo_epochs,
                         pad_to=cfg.padding_multiple(dp))
-    rows = [(tr(q), f, v) for q, f, v in plan.rows()]
+    rows = [(tr(q), tr(f, may_stay=True), v) for q, f, v in plan.rows()]  # a formula's words; its keys stay
     unset = tr("unset (see verl's checks)")
     rows.append((tr("actor micro-batches (§11.5)"), f"use_dynamic_bsz={a.use_dynamic_bsz}",
                  tr("ppo_max_token_len_per_gpu={n} tokens a micro-batch").format(n=a.ppo_max_token_len_per_gpu)
@@ -398,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      "the shipped example's log)")
     p.add_argument("--zh", action="store_true", help="the report in Chinese, as a Chinese notebook shows it")
     p.add_argument("overrides", nargs="*", help="verl overrides, key=value")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # options anywhere: `doctor verl JOB --zh key=value` as well
     from ppolab.config import ConfigError
     from ppolab.i18n import get_language, set_language
 

@@ -61,17 +61,18 @@ def _pieces() -> re.Pattern:
     return re.compile("|".join(parts))
 
 
-def tr(text: str) -> str:
+def tr(text: str, *, may_stay: bool = False) -> str:
     """``text`` in the current language: unchanged in English; in Chinese its table entry, else ``text`` with
     every key found in it replaced (see the module docstring). A string in which nothing was found is returned
-    unchanged and remembered in :func:`missing`."""
+    unchanged and remembered in :func:`missing` — unless ``may_stay``: a text that may hold no prose at all
+    (a formula of config keys and numbers, some of which carry a few words)."""
     if _lang == "en" or not text:
         return text
     table = _zh()
     if text in table:
         return table[text]
     out = _pieces().sub(lambda m: table[m.group(0)], text) if table else text
-    if out == text:
+    if out == text and not may_stay:
         _missing.add(text)
     return out
 

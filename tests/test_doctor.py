@@ -339,6 +339,11 @@ def test_the_doctor_speaks_chinese_on_the_command_line(capsys):
     assert out.startswith("verl 配置 data/verl_jobs/ppo_fire_tiny/.hydra/config.yaml"), out[:400]
     assert "数据并行规模 2" in out, out[:400]
     assert "§16 错误 7" in out and get_language() == "en"  # the process's language is put back
+    # the formula column's words too (config keys stay), and --zh anywhere among the overrides
+    assert "补到 lcm(dp_size, global mini-batch) 的倍数" in out and "轨迹数 / dp_size" in out, out
+    assert main(["verl", "ppo_fire_tiny", "--zh", "actor_rollout_ref.actor.ppo_epochs=2"]) == 0
+    out = capsys.readouterr().out
+    assert "4 × 2" in out and "每个训练 step 的 optimizer step 数" in out, out
 
 
 def test_a_megatron_batch_is_checked_as_verl_checks_it(tmp_path):

@@ -39,7 +39,13 @@ def fresh_grpo(fresh_run) -> str:
     return fresh_run("grpo_tiny")
 
 
-def run_lab(lab: str | tuple[str, ...], run: str) -> str:
+#: A code cell tagged so reads nothing of ``PPOLAB_RUN``: lab 00's cells that train the learner's own 8-step run
+#: (and one in the background) and read it back. What they do is the same on every run under test, so the matrices
+#: run them once (on grpo_tiny) and skip them on the other runs — 8 trainings of ~20 s each otherwise.
+OWN_RUN_TAG = "own-run"
+
+
+def run_lab(lab: str | tuple[str, ...], run: str, skip_own_run: bool = False) -> str:
     """Every code cell of ``labs/<lab>.ipynb`` (or of each lab of a tuple, in order) executed with
     ``PPOLAB_RUN=run`` in one kernel, the user namespace emptied (``%reset -f``) before each lab: fails with the lab,
     the cell and its traceback at the first cell that raises; returns one line per lab (its wall time).
@@ -48,7 +54,8 @@ def run_lab(lab: str | tuple[str, ...], run: str) -> str:
     begins with (torch, transformers, plotly, ppolab) cost about 4 s on 2 cores — 19 labs × 8 runs of the matrices
     paid them 150 times. What this matrix checks is that no cell raises on a run the lab was not written for (the
     root conftest makes every cell lax under ``PPOLAB_RUN``: the saved outputs are the lab's own run's); that each
-    lab runs in a kernel of its own, from a clean start, the README command's nbval pass checks on the shipped runs."""
+    lab runs in a kernel of its own, from a clean start, the README command's nbval pass checks on the shipped runs.
+    ``skip_own_run``: leave out the cells tagged :data:`OWN_RUN_TAG`."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
@@ -61,7 +68,7 @@ def run_lab(lab: str | tuple[str, ...], run: str) -> str:
         combined.cells.append(nbformat.v4.new_code_cell("%reset -f\nimport time as _t\n_T0_ = _t.time()"))
         owner.append((name, -1))
         for i, cell in enumerate(nb.cells):
-            if cell.cell_type == "code":
+            if cell.cell_type == "code" and not (skip_own_run and OWN_RUN_TAG in cell.metadata.get("tags", [])):
                 combined.cells.append(nbformat.v4.new_code_cell(cell.source))
                 owner.append((name, i))
         combined.cells.append(nbformat.v4.new_code_cell(f"print('{name}: %.0f s' % (_t.time() - _T0_))"))
@@ -136,7 +143,8 @@ def test_every_lab_on_a_fresh_run(preset, lab, fresh_run, request):
     if "anyrun" not in (request.config.getoption("markexpr") or ""):
         pytest.skip("every lab on six fresh runs (about 12 min on 2 cores): select it with -m anyrun")
     t = time.time()
-    run_lab(lab, request.getfixturevalue("fresh_llama_run") if preset == "random_llama" else fresh_run(preset))
+    run_lab(lab, request.getfixturevalue("fresh_llama_run") if preset == "random_llama" else fresh_run(preset),
+            skip_own_run=preset != "grpo_tiny")
     print(f"{', '.join(lab)} on a fresh {preset} run: {time.time() - t:.0f} s")
 
 
@@ -213,5 +221,21 @@ def test_every_lab_on_the_realistic_shape_run(lab, request):
     if "realistic" not in (request.config.getoption("markexpr") or ""):
         pytest.skip("every lab on the realistic-shape run (about 4 min): select it with -m realistic")
     t = time.time()
-    run_lab(lab, request.getfixturevalue("realistic_run"))
+    run_lab(lab, request.getfixturevalue("realistic_run"), skip_own_run=True)
     print(f"{', '.join(lab)} on the realistic-shape run: {time.time() - t:.0f} s")
+
+
+def test_cells_the_matrices_run_once_read_nothing_of_the_run_under_test():
+    """A cell tagged ``own-run`` is skipped on all but one run of the matrices: it must not read the lab's run (the
+    names ``RUN``/``run`` or ``PPOLAB_RUN``), or a run it fails on would go unseen. Lab 00's training cells are
+    tagged (else each matrix case trains them again)."""
+    import nbformat
+
+    tagged = {}
+    for path in sorted((ROOT / "labs").glob("[0-9][0-9]_*.ipynb")):
+        for i, cell in enumerate(nbformat.read(path, as_version=4).cells):
+            if OWN_RUN_TAG in cell.metadata.get("tags", []):
+                tagged[(path.stem, i)] = cell.source
+    assert any(lab == "00_start_here" and "live_training(" in src for (lab, _), src in tagged.items()), tagged.keys()
+    for (lab, i), src in tagged.items():
+        assert not re.search(r"(?<![.\w])(RUN|run|PPOLAB_RUN)\b(?!=)", src), f"{lab} cell {i}: tagged, reads the run"
