@@ -126,9 +126,17 @@ _CJK_GLYPHS_JS = """
 """
 
 
-def _notebook_cases() -> list[tuple[str, str | None]]:
+#: Run by ``.ci/run``'s second phase (``slow``), not by the README command: a second English lab in the browser
+#: checks the same front-end extensions again (~26 s on 2 cores).
+SLOW = {"labs/11_loss_aggregation.ipynb"}
+
+
+def _notebook_cases() -> list:
     override = os.environ.get("PPOLAB_BROWSER_NOTEBOOK")
-    return [(override, None)] if override else list(NOTEBOOKS.items())
+    if override:
+        return [(override, None)]
+    return [pytest.param(rel, label, marks=pytest.mark.slow) if rel in SLOW else (rel, label)
+            for rel, label in NOTEBOOKS.items()]
 
 
 def _screenshot_path(rel: str) -> Path:
