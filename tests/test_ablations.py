@@ -95,3 +95,13 @@ def test_the_shipped_ablations_hold_no_machine_path():
     for f in ablations.SHIPPED.rglob("*.json"):
         text = f.read_text()
         assert '"/' not in text and ":\\\\" not in text, f
+
+
+def test_a_knobs_label_states_the_base_runs_own_value():
+    """Issue 52: lab 15 titled the epochs knob "ppo_epochs 2 → 4" on a base that trains one epoch."""
+    from ppolab.exercises import prompt
+
+    assert ablations.knob_label("ppo_gae_tiny", "ppo_epochs") == "ppo_epochs 1 → 4"
+    assert ablations.knob_label("grpo_tiny", "ppo_epochs") == "ppo_epochs 2 → 4"
+    assert ablations.knob_label("grpo_temp_tiny", "temperature") == "rollout temperature 0.7 → 0.7"
+    assert "ppo_epochs 1 → 4" in prompt("15.6", run="ppo_gae_tiny")  # the prompt of the lab's base

@@ -183,7 +183,7 @@ def _knobs_case(knobs: tuple[str, ...]):
         from ppolab.experiments import ablations
 
         r = run if run is not None else "grpo_tiny"
-        return {"knobs": ", ".join(f"{k} ({ablations.KNOBS[k].label}: {ablations.KNOBS[k].metric})"
+        return {"knobs": ", ".join(f"{k} ({ablations.knob_label(r, k)}: {ablations.KNOBS[k].metric})"
                                    for k in knobs if ablations.applies(r, k)), "steps": ablations.STEPS}
     return case
 

@@ -34,7 +34,7 @@ SHIPPED = DATA / "ablations" / "grpo_tiny"
 @dataclass(frozen=True)
 class Knob:
     """One ablation: the verl ``overrides`` that make it, the ``metric`` whose curve the exercise asks about, and a
-    ``label`` (the change, as the figure titles it)."""
+    ``label`` (the change, as the figure titles it; ``{was}`` is the base run's own value: :func:`knob_label`)."""
     overrides: tuple[str, ...]
     metric: str
     label: str
@@ -43,19 +43,20 @@ class Knob:
 KNOBS: dict[str, Knob] = {
     # the window is clip_ratio_low/high where set (verl's defaults set both): all three, so it narrows on any run
     "clip_ratio": Knob(("actor_rollout_ref.actor.clip_ratio=0.05", "actor_rollout_ref.actor.clip_ratio_low=0.05",
-                        "actor_rollout_ref.actor.clip_ratio_high=0.05"), "actor/pg_clipfrac", "clip ε 0.2 → 0.05"),
-    "ppo_epochs": Knob(("actor_rollout_ref.actor.ppo_epochs=4",), "actor/ppo_kl", "ppo_epochs 2 → 4"),
+                        "actor_rollout_ref.actor.clip_ratio_high=0.05"), "actor/pg_clipfrac", "clip ε {was} → 0.05"),
+    "ppo_epochs": Knob(("actor_rollout_ref.actor.ppo_epochs=4",), "actor/ppo_kl", "ppo_epochs {was} → 4"),
     "loss_agg_mode": Knob(("actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum",), "actor/grad_norm",
-                          "loss_agg_mode token-mean → seq-mean-token-sum"),
+                          "loss_agg_mode {was} → seq-mean-token-sum"),
     "bypass_mode": Knob(("algorithm.rollout_correction.bypass_mode=true",), "actor/pg_clipfrac",
                         "decoupled → bypass mode (π_rollout as the anchor)"),
-    "kl_loss_coef": Knob(("actor_rollout_ref.actor.kl_loss_coef=0.1",), "actor/kl_loss", "kl_loss_coef 0.001 → 0.1"),
+    "kl_loss_coef": Knob(("actor_rollout_ref.actor.kl_loss_coef=0.1",), "actor/kl_loss", "kl_loss_coef {was} → 0.1"),
     "kl_path": Knob(("actor_rollout_ref.actor.use_kl_loss=false", "algorithm.use_kl_in_reward=true",
                      "algorithm.kl_ctrl.kl_coef=0.001"), "critic/score/mean",
                     "KL in the loss → KL in the reward (β 0.001)"),
-    "entropy_coeff": Knob(("actor_rollout_ref.actor.entropy_coeff=0.01",), "actor/entropy", "entropy_coeff 0 → 0.01"),
+    "entropy_coeff": Knob(("actor_rollout_ref.actor.entropy_coeff=0.01",), "actor/entropy",
+                          "entropy_coeff {was} → 0.01"),
     "temperature": Knob(("actor_rollout_ref.rollout.temperature=0.7",), "actor/entropy",
-                        "rollout temperature 1.0 → 0.7"),
+                        "rollout temperature {was} → 0.7"),
 }
 #: What every short run changes in the base's config besides its length (STEPS): no validation, nothing recorded.
 SHORT = ("trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.record_freq=-1", "trainer.save_freq=-1",
@@ -152,6 +153,17 @@ def applies(run: Run | str | os.PathLike | None, knob: str) -> bool:
     if knob == "loss_agg_mode":
         return a.actor.loss_agg_mode != "seq-mean-token-sum"
     return True
+
+
+def knob_label(run: Run | str | os.PathLike | None, knob: str) -> str:
+    """The knob's change as it applies to ``run`` (the base of the short runs): its label with the base's own value
+    — ``ppo_epochs 1 → 4`` on a base that trains one epoch, not the shipped base's ``2 → 4``."""
+    a = resolve_run(run).ppo_config().actor_rollout_ref
+    low, high = clip_bounds(a.actor)
+    was = {"clip_ratio": f"{low}" if low == high else f"({low}, {high})", "ppo_epochs": a.actor.ppo_epochs,
+           "loss_agg_mode": a.actor.loss_agg_mode, "kl_loss_coef": a.actor.kl_loss_coef,
+           "entropy_coeff": a.actor.entropy_coeff, "temperature": a.rollout.temperature}.get(knob, "")
+    return KNOBS[knob].label.format(was=was)
 
 
 def curve(r: Run, metric: str) -> list[float]:
