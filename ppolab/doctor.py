@@ -276,9 +276,15 @@ def mistakes(cfg, dp: int, frame=None) -> list[Sign]:
                  "seq-mean-token-mean": "every response weighs the same, so a long response's tokens weigh less",
                  "seq-mean-token-sum": "every response's summed tokens: long responses weigh more",
                  "seq-mean-token-sum-norm": "summed tokens over a constant: long responses weigh more"}
-    out.append(Sign("§16 mistake 7: loss_agg_mode={mode}: {weighting} — token-mean and seq-mean-token-mean optimise "
-                    "differently weighted objectives", mode=a.loss_agg_mode,
-                    weighting=tr(weighting.get(a.loss_agg_mode, "its own weighting"))))
+    # §16.7 is about length: only where the job's responses differ in length (its log says so) is the weighting a
+    # choice with consequences — without metrics the doctor cannot know, and a line on every job is noise
+    longest, shortest = _metric(frame, "response_length/max"), _metric(frame, "response_length/min")
+    if longest is not None and shortest is not None and longest >= 1.5 * max(shortest, 1.0):
+        out.append(Sign("§16 mistake 7: loss_agg_mode={mode}: {weighting} — and this job's responses run from "
+                        "{short:.0f} to {long:.0f} tokens (response_length/min and /max, the later steps' median): "
+                        "token-mean and seq-mean-token-mean optimise differently weighted objectives",
+                        mode=a.loss_agg_mode, weighting=tr(weighting.get(a.loss_agg_mode, "its own weighting")),
+                        short=shortest, long=longest))
     multi = getattr(getattr(ro, "multi_turn", None), "enable", False)
     if multi:
         out.append(Sign("§16 mistake 8: "

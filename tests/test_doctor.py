@@ -11,6 +11,7 @@ import yaml
 
 from ppolab.config import load_config, to_dict
 from ppolab.doctor import diagnose, main, mistakes, ppolab_view
+from ppolab.i18n import sign_text
 
 #: A neutral job: GAE, one answer a prompt, one epoch, no KL, micro-batch × GPUs = mini-batch (no accumulation).
 NEUTRAL = ["algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.ppo_epochs=1",
@@ -34,9 +35,9 @@ def points(lines):
     return sorted({m.group(1) for ln in lines for m in [re.search(r"§16 (?:mistake|错误) (\d)[:：]", ln)] if m})
 
 
-def test_a_neutral_job_trips_only_the_aggregation_point(tmp_path):
+def test_a_neutral_job_trips_no_point(tmp_path):
     lines = diagnose(verl_yaml(tmp_path))
-    assert points(lines) == ["7"], lines
+    assert points(lines) == [], lines
     assert any("none would stop this job" in ln for ln in lines)
     text = "\n".join(lines)
     assert re.search(r"optimizer steps per training step\s+2\b", text) and re.search(r"global mini-batch\s+4\b", text)
@@ -52,7 +53,20 @@ def test_a_neutral_job_trips_only_the_aggregation_point(tmp_path):
     (["actor_rollout_ref.actor.ppo_epochs=3"], {"6"}),
 ])
 def test_each_point_is_named_exactly_where_the_config_trips_it(tmp_path, overrides, point):
-    assert set(points(diagnose(verl_yaml(tmp_path, overrides)))) == point | {"7"}
+    assert set(points(diagnose(verl_yaml(tmp_path, overrides)))) == point
+
+
+def test_the_length_weighting_point_needs_responses_of_different_lengths(tmp_path):
+    """§16.7 (the weighting by length loss_agg_mode makes) only where the job's log shows its responses differ in
+    length: without metrics, or with every response as long as the others, it is not named."""
+    cfg, _, _ = ppolab_view(yaml.safe_load(verl_yaml(tmp_path).read_text()))
+    cfg = cfg.resolve()
+    varied = pd.DataFrame({"response_length/max": [9.0] * 4, "response_length/min": [2.0] * 4})
+    even = pd.DataFrame({"response_length/max": [8.0] * 4, "response_length/min": [8.0] * 4})
+    assert "7" not in points([sign_text(m) for m in mistakes(cfg, 2)])
+    assert "7" not in points([sign_text(m) for m in mistakes(cfg, 2, even)])
+    line = [sign_text(m) for m in mistakes(cfg, 2, varied) if "mistake 7" in sign_text(m)]
+    assert line and "from 2 to 9 tokens" in line[0], line
 
 
 def test_metrics_trip_the_signal_points(tmp_path):
@@ -73,7 +87,7 @@ def test_verls_divisibility_checks_stop_before_a_gpu_hour(tmp_path):
 def test_a_hydra_output_folder_is_found_and_a_config_from_elsewhere_is_named(tmp_path, capsys):
     verl_yaml(tmp_path / "outputs" / "2026-12-03" / "10-00-00" / ".hydra", name="config.yaml")
     assert main(["verl", str(tmp_path / "outputs")]) == 0
-    assert "§16 mistake 7:" in capsys.readouterr().out
+    assert "the step in the chapter's arithmetic" in capsys.readouterr().out
     verl_yaml(tmp_path / "outputs" / "2026-12-03" / "11-00-00" / ".hydra", name="config.yaml")
     other = tmp_path / "sft.yaml"
     other.write_text("model: {name: x}\noptim: {lr: 1e-5}\n")
@@ -338,7 +352,7 @@ def test_the_doctor_speaks_chinese_on_the_command_line(capsys):
     out = capsys.readouterr().out
     assert out.startswith("verl 配置 data/verl_jobs/ppo_fire_tiny/.hydra/config.yaml"), out[:400]
     assert "数据并行规模 2" in out, out[:400]
-    assert "§16 错误 7" in out and get_language() == "en"  # the process's language is put back
+    assert "§16 错误 6" in out and get_language() == "en"  # the process's language is put back
     # the formula column's words too (config keys stay), and --zh anywhere among the overrides
     assert "补到 lcm(dp_size, global mini-batch) 的倍数" in out and "轨迹数 / dp_size" in out, out
     assert main(["verl", "ppo_fire_tiny", "--zh", "actor_rollout_ref.actor.ppo_epochs=2"]) == 0
