@@ -358,6 +358,12 @@ def test_the_doctor_speaks_chinese_on_the_command_line(capsys):
     assert main(["verl", "ppo_fire_tiny", "--zh", "actor_rollout_ref.actor.ppo_epochs=2"]) == 0
     out = capsys.readouterr().out
     assert "4 × 2" in out and "每个训练 step 的 optimizer step 数" in out, out
+    # a STOP of ppolab's copy of verl's checks, in Chinese; `ppolab train` keeps its English
+    assert main(["verl", "ppo_fire_tiny", "--zh", "actor_rollout_ref.actor.ppo_mini_batch_size=7"]) == 0
+    stops = [ln for ln in capsys.readouterr().out.splitlines() if "STOP" in ln]
+    assert stops and "不能被 world_size=2 整除" in stops[0] and "is not divisible" not in stops[0], stops
+    assert any("is not divisible by world_size=2" in ln for ln in diagnose(
+        "ppo_fire_tiny", ["actor_rollout_ref.actor.ppo_mini_batch_size=7"]))
 
 
 def test_a_megatron_batch_is_checked_as_verl_checks_it(tmp_path):

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ppolab.config.schema import PPOConfig
+from ppolab.i18n import tr
 from ppolab.vocab import (ADV_ESTIMATORS, BYPASS_LOSS_TYPES, GROUP_ADV_ESTIMATORS, KL_PENALTY_TYPES, LOSS_AGG_MODES,
                           POLICY_LOSS_MODES, ROLLOUT_RS_OPTIONS, clip_bounds, clip_ratio_unread)
 
@@ -37,7 +38,7 @@ class _Checks:
         #: the data-parallel ranks a mini-batch is cut over: the world in ppolab's trainer (every rank is data
         #: parallel); fewer in a verl job with sequence or model parallelism (``verl_config.data_parallel``)
         self.dp_size = world_size if dp_size is None else dp_size
-        self.dp_name = "world_size" if self.dp_size == world_size else "the data-parallel size"
+        self.dp_name = "world_size" if self.dp_size == world_size else tr("the data-parallel size")
         self.errors: list[str] = []
         self.notices: list[str] = []
 
@@ -73,24 +74,28 @@ class _Checks:
         if v is None and optional:
             return True
         return self.ok(isinstance(v, int) and not isinstance(v, bool) and v > 0,
-                       f"{key}={v!r} must be a positive integer" + (" (or null)" if optional else ""))
+                       tr("{key}={v!r} must be a positive integer (or null)" if optional
+                          else "{key}={v!r} must be a positive integer").format(key=key, v=v))
 
     def at_least(self, key: str, lo: float, strict: bool = False, why: str = "") -> bool:
         v = self.get(key)
         op = ">" if strict else "≥"
-        return self.ok(v > lo if strict else v >= lo, f"{key}={v!r} must be {op} {lo:g}{why}")
+        return self.ok(v > lo if strict else v >= lo,
+                       tr("{key}={v!r} must be {op} {lo:g}").format(key=key, v=v, op=op, lo=lo) + tr(why))
 
     def unit(self, key: str, lo_open: bool, hi_open: bool = False) -> None:
         """``key`` in [0, 1] with the given ends open."""
         v = self.get(key)
         good = (v > 0 if lo_open else v >= 0) and (v < 1 if hi_open else v <= 1)
-        self.ok(good, f"{key}={v!r} must be in {'(' if lo_open else '['}0, 1{')' if hi_open else ']'}")
+        self.ok(good, tr("{key}={v!r} must be in {interval}").format(
+            key=key, v=v, interval=f"{'(' if lo_open else '['}0, 1{')' if hi_open else ']'}"))
 
     def budget(self, key: str) -> None:
         """A dynamic-bsz token budget must hold one full-length sequence (verl asserts it)."""
         longest = self.cfg.data.max_prompt_length + self.cfg.data.max_response_length
-        self.ok(self.get(key) >= longest, f"{key}={self.get(key)} is smaller than data.max_prompt_length + "
-                f"data.max_response_length = {longest}: one full-length sequence would not fit")
+        self.ok(self.get(key) >= longest, tr("{key}={v} is smaller than data.max_prompt_length + "
+                                             "data.max_response_length = {longest}: one full-length sequence would "
+                                             "not fit").format(key=key, v=self.get(key), longest=longest))
 
 
 def _batch_errors(c: _Checks, p: str) -> list[str]:
@@ -99,16 +104,19 @@ def _batch_errors(c: _Checks, p: str) -> list[str]:
     mini, micro = c.get(f"{p}.ppo_mini_batch_size"), c.get(f"{p}.ppo_micro_batch_size_per_gpu")
     out = []
     if tb < mini and not c.get(f"{p}.use_dynamic_bsz"):
-        out.append(f"data.train_batch_size={tb} must be ≥ {p}.ppo_mini_batch_size={mini} (verl's check): a "
-                   "step would be one mini-batch made mostly of synthetic padding rows")
+        out.append(tr("data.train_batch_size={tb} must be ≥ {p}.ppo_mini_batch_size={mini} (verl's check): a "
+                      "step would be one mini-batch made mostly of synthetic padding rows").format(tb=tb, p=p,
+                                                                                                   mini=mini))
     if (mini * n) % ws:
-        out.append(f"{p}.ppo_mini_batch_size × {_R}.n = {mini}×{n} is not divisible by {c.dp_name}={ws}: "
-                   "every rank needs the same local mini-batch (verl's worker asserts it at its first update: "
-                   "workers/engine_workers.py::TrainingWorker.train_mini_batch)")
+        out.append(tr("{p}.ppo_mini_batch_size × {r}.n = {mini}×{n} is not divisible by {dp_name}={ws}: every "
+                      "rank needs the same local mini-batch (verl's worker asserts it at its first update: "
+                      "workers/engine_workers.py::TrainingWorker.train_mini_batch)").format(
+            p=p, r=_R, mini=mini, n=n, dp_name=c.dp_name, ws=ws))
     elif not c.get(f"{p}.use_dynamic_bsz") and micro is not None and p != "critic" and (mini * n // ws) % micro:
-        out.append(f"{p}.ppo_micro_batch_size_per_gpu={micro} does not divide the local mini-batch "
-                   f"{p}.ppo_mini_batch_size × {_R}.n / {c.dp_name} = {mini}×{n}/{ws} = {mini * n // ws} (verl's "
-                   "engine asserts it at its first update: workers/engine/utils.py::prepare_micro_batches)")
+        out.append(tr("{p}.ppo_micro_batch_size_per_gpu={micro} does not divide the local mini-batch "
+                      "{p}.ppo_mini_batch_size × {r}.n / {dp_name} = {mini}×{n}/{ws} = {local} (verl's engine "
+                      "asserts it at its first update: workers/engine/utils.py::prepare_micro_batches)").format(
+            p=p, micro=micro, r=_R, dp_name=c.dp_name, mini=mini, n=n, ws=ws, local=mini * n // ws))
     return out
 
 
@@ -124,10 +132,10 @@ def _check_batches(c: _Checks, p: str) -> None:
                 c.positive(f"{p}.ppo_max_token_len_per_gpu"),
                 c.positive(f"{p}.ppo_micro_batch_size_per_gpu", optional=True),
                 c.ok(dyn or c.get(f"{p}.ppo_micro_batch_size_per_gpu") is not None,
-                     f"{p}.ppo_micro_batch_size_per_gpu is unset and {p}.use_dynamic_bsz=false: set the "
-                     "trajectories per forward/backward per GPU, or use_dynamic_bsz=true"
-                     + (" (verl's CriticConfig requires one although the V1 critic engine packs by "
-                        "critic.ppo_infer_max_token_len_per_gpu)" if critic else "")),
+                     tr("{p}.ppo_micro_batch_size_per_gpu is unset and {p}.use_dynamic_bsz=false: set the "
+                        "trajectories per forward/backward per GPU, or use_dynamic_bsz=true").format(p=p)
+                     + (tr(" (verl's CriticConfig requires one although the V1 critic engine packs by "
+                           "critic.ppo_infer_max_token_len_per_gpu)") if critic else "")),
                 not critic or c.positive(f"{p}.ppo_infer_max_token_len_per_gpu")])
     if good and (critic or dyn):
         c.budget(f"{p}.ppo_infer_max_token_len_per_gpu" if critic else f"{p}.ppo_max_token_len_per_gpu")
@@ -149,13 +157,15 @@ def _check_batches(c: _Checks, p: str) -> None:
     # data-parallel size × the micro-batch (Megatron)
     megatron_bsz = c.dp_size * (c.get(f"{p}.ppo_micro_batch_size_per_gpu") or 1)
     if not critic and not dyn and c.megatron and (tb * n) % megatron_bsz:
-        c.errors.append(f"data.train_batch_size × {_R}.n = {tb}×{n} = {tb * n} trajectories is not divisible by "
-                        f"Megatron's data-parallel size × {p}.ppo_micro_batch_size_per_gpu = {megatron_bsz} (verl's "
-                        f"check: real_train_batch_size % minimal_bsz == 0): change data.train_batch_size or {_R}.n")
+        c.errors.append(tr("data.train_batch_size × {r}.n = {tb}×{n} = {rows} trajectories is not divisible by "
+                           "Megatron's data-parallel size × {p}.ppo_micro_batch_size_per_gpu = {bsz} (verl's check: "
+                           "real_train_batch_size % minimal_bsz == 0): change data.train_batch_size or {r}.n").format(
+            r=_R, tb=tb, n=n, rows=tb * n, p=p, bsz=megatron_bsz))
     elif not critic and not dyn and not c.megatron and (tb * n) % c.world_size:
-        c.errors.append(f"data.train_batch_size × {_R}.n = {tb}×{n} = {tb * n} trajectories is not divisible by the "
-                        f"{c.world_size} GPUs (verl's check: real_train_batch_size % n_gpus == 0 without "
-                        f"{p}.use_dynamic_bsz): change data.train_batch_size or {_R}.n")
+        c.errors.append(tr("data.train_batch_size × {r}.n = {tb}×{n} = {rows} trajectories is not divisible by the "
+                           "{gpus} GPUs (verl's check: real_train_batch_size % n_gpus == 0 without "
+                           "{p}.use_dynamic_bsz): change data.train_batch_size or {r}.n").format(
+            r=_R, tb=tb, n=n, rows=tb * n, gpus=c.world_size, p=p))
     # A step whose tb×n rows do not fill whole mini-batches is padded with synthetic rows (verl V1 padding_utils,
     # chapter §9): the planner checks the padded batch; _notices says how many rows are added.
     try:
@@ -254,8 +264,8 @@ def _check_rollout(c: _Checks) -> None:
             c.budget(f"{p}.log_prob_max_token_len_per_gpu")
         elif not c.get(f"{p}.log_prob_use_dynamic_bsz"):
             c.ok(c.get(f"{p}.log_prob_micro_batch_size_per_gpu") is not None,
-                 f"{p}.log_prob_micro_batch_size_per_gpu is unset and {p}.log_prob_use_dynamic_bsz=false: "
-                 "set the rows per log-prob forward, or log_prob_use_dynamic_bsz=true")
+                 tr("{p}.log_prob_micro_batch_size_per_gpu is unset and {p}.log_prob_use_dynamic_bsz=false: set the "
+                    "rows per log-prob forward, or log_prob_use_dynamic_bsz=true").format(p=p))
             c.positive(f"{p}.log_prob_micro_batch_size_per_gpu", optional=True)
 
 
