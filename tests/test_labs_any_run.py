@@ -239,3 +239,16 @@ def test_cells_the_matrices_run_once_read_nothing_of_the_run_under_test():
     assert any(lab == "00_start_here" and "live_training(" in src for (lab, _), src in tagged.items()), tagged.keys()
     for (lab, i), src in tagged.items():
         assert not re.search(r"(?<![.\w])(RUN|run|PPOLAB_RUN)\b(?!=)", src), f"{lab} cell {i}: tagged, reads the run"
+
+
+def test_a_labs_first_cell_lists_every_shipped_run_where_it_lists_them():
+    """Issue 52: cell 1 of six labs named two of the six shipped runs a learner can point RUN at."""
+    import nbformat
+
+    from ppolab.run.reader import SHIPPED_RUNS
+
+    for path in sorted((ROOT / "labs").glob("[0-9][0-9]_*.ipynb")):
+        first = next(c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code").source
+        if "A shipped run (" in first and "…)" not in first:  # "(…, …)": a few named for the lab, on purpose
+            missing = [name for name in SHIPPED_RUNS if f'"{name}"' not in first]
+            assert not missing, f"{path.name}'s first cell lists shipped runs but not {missing}"
