@@ -362,6 +362,8 @@ def test_the_doctor_speaks_chinese_on_the_command_line(capsys):
     assert main(["verl", "ppo_fire_tiny", "--zh", "actor_rollout_ref.actor.ppo_mini_batch_size=7"]) == 0
     stops = [ln for ln in capsys.readouterr().out.splitlines() if "STOP" in ln]
     assert stops and "不能被 world_size=2 整除" in stops[0] and "is not divisible" not in stops[0], stops
+    assert main(["verl", "ppo_fire_tiny", "--zh", "actor_rollout_ref.actor.ppo_mini_batch_size=7"]) == 0
+    assert "无法排布：ppo_mini_batch_size × rollout.n = 7 不能被 dp_size = 2 整除" in capsys.readouterr().out
     assert any("is not divisible by world_size=2" in ln for ln in diagnose(
         "ppo_fire_tiny", ["actor_rollout_ref.actor.ppo_mini_batch_size=7"]))
 
