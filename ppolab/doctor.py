@@ -278,8 +278,9 @@ def mistakes(cfg, dp: int, frame=None) -> list[Sign]:
                  "seq-mean-token-mean": "every response weighs the same, so a long response's tokens weigh less",
                  "seq-mean-token-sum": "every response's summed tokens: long responses weigh more",
                  "seq-mean-token-sum-norm": "summed tokens over a constant: long responses weigh more"}
-    # §16.7 is about length: only where the job's responses differ in length (its log says so) is the weighting a
-    # choice with consequences — without metrics the doctor cannot know, and a line on every job is noise
+    # §16's seventh mistake is about length: only where the job's responses differ in length (its log says so) is
+    # the weighting a choice with consequences — without metrics the doctor cannot know, and a line on every job is
+    # noise
     longest, shortest = _metric(frame, "response_length/max"), _metric(frame, "response_length/min")
     if longest is not None and shortest is not None and longest >= 1.5 * max(shortest, 1.0):
         out.append(Sign("§16 mistake 7: loss_agg_mode={mode}: {weighting} — and this job's responses run from "
