@@ -37,9 +37,18 @@ def _check_positive(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+class NotDivisible(ValueError):
+    """A plan's division that does not come out even: ``str()`` is the English line; the fields let a report say it
+    in another language (the doctor's ``--zh``)."""
+
+    def __init__(self, num_label: str, num: int, den_label: str, den: int):
+        super().__init__(f"{num_label} = {num} is not divisible by {den_label} = {den}")
+        self.num_label, self.num, self.den_label, self.den = num_label, num, den_label, den
+
+
 def _check_divides(num_label: str, num: int, den_label: str, den: int) -> None:
     if num % den != 0:
-        raise ValueError(f"{num_label} = {num} is not divisible by {den_label} = {den}")
+        raise NotDivisible(num_label, num, den_label, den)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ profilers, checkpoints); every number above is read from the fields ppolab share
 """
 from __future__ import annotations
 
-import re
 
 import argparse
 import sys
@@ -309,13 +308,15 @@ def mistakes(cfg, dp: int, frame=None) -> list[Sign]:
     return out
 
 
-def _division_text(error: str) -> str:
-    """The planner's "A = x is not divisible by B = y" (ppolab.batching, torch-side and English) in the report's
-    language; any other text as it is."""
-    m = re.fullmatch(r"(.+) = (\S+) is not divisible by (.+) = (\S+)", error)
-    if m is None:
-        return error
-    return tr("{a} = {x} is not divisible by {b} = {y}").format(a=m[1], x=m[2], b=m[3], y=m[4])
+def _division_text(error: ValueError) -> str:
+    """The planner's division that did not come out even (:class:`ppolab.batching.NotDivisible`) in the report's
+    language; any other error as its text."""
+    from ppolab.batching import NotDivisible
+
+    if not isinstance(error, NotDivisible):
+        return str(error)
+    return tr("{a} = {x} is not divisible by {b} = {y}").format(a=error.num_label, x=error.num, b=error.den_label,
+                                                                 y=error.den)
 
 
 #: The report's parts, in order: verl's own checks, the arithmetic (lab 12), §16's points (lab 16), the metrics
@@ -387,7 +388,7 @@ def diagnose(path: str | Path, overrides: Sequence[str] = (), metrics: str | Pat
             w0 = max(len(q) for q, _, _ in rows)
             lines += [f"  {q:<{w0}}  {v}  ({formula})" for q, formula, v in rows]
         except ValueError as e:  # a division verl would refuse: named above; the arithmetic stops there too
-            lines.append("  " + tr("cannot be laid out: {error}").format(error=_division_text(str(e))))
+            lines.append("  " + tr("cannot be laid out: {error}").format(error=_division_text(e)))
         lines += [f"  {note}" for note in notes(cfg)]
     frame = None
     if metrics is not None:

@@ -101,11 +101,13 @@ def tighter_is_threshold(run: Run | str | None = None, step: int | None = None) 
 def pg_loss_is_what_if(run: Run | str | None = None, step: int | None = None,
                        threshold: float | str | None = None) -> float:
     """Exercise 02.5's truth: ``actor/pg_loss`` of recorded ``step`` with the IS weights truncated at ``threshold``
-    (default :func:`tighter_is_threshold`) minus the same loss with the run's own weights — what a tighter
+    (default :func:`tighter_is_threshold`) minus the same loss with the run's own (recorded) weights — what a tighter
     truncation would have changed in the logged number."""
     r = resolve_run(run, "grpo_tiny_vllm_bf16")
     s = is_weighted_step(r) if step is None else step
     rec = r.step(s)
     c = tighter_is_threshold(r, s) if threshold is None else threshold
-    out = _pg_losses(r, rec, {"what_if": is_weights_at(r, s, c), "own": is_weights_at(r, s)})
+    if "rollout_is_weights" not in rec.tensors:
+        raise RunLacks("recorded rollout_is_weights", r)
+    out = _pg_losses(r, rec, {"what_if": is_weights_at(r, s, c), "own": rec.tensors["rollout_is_weights"]})
     return out["what_if"] - out["own"]
