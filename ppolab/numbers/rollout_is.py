@@ -94,6 +94,9 @@ def tighter_is_threshold(run: Run | str | None = None, step: int | None = None) 
     raw, _ = algos.raw_is_weights(t["old_log_probs"], t["rollout_log_probs"], t["response_mask"].float(),
                                   r.ppo_config().algorithm.rollout_correction.rollout_is or "token")
     raw = raw[t["response_mask"].bool()]
+    if not bool((raw > 1.001).any()):  # the engine's log-probs are the trainer's: no truncation could bind
+        raise RunLacks("rollout IS weights above 1.001 at this step (a rollout engine whose log-probs differ from the "
+                       "trainer's, e.g. vLLM in bf16)", r)
     q = float(torch.quantile(raw.double(), 0.95))
     return max(1.001, math.ceil(q * 1000) / 1000)
 
