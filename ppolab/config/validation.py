@@ -233,16 +233,19 @@ def _check_rollout(c: _Checks) -> None:
     for key in (f"{_R}.top_p", f"{_R}.val_kwargs.top_p", f"{_R}.gpu_memory_utilization"):
         c.unit(key, lo_open=True)
     for key in (f"{_R}.top_k", f"{_R}.val_kwargs.top_k"):
-        c.ok(c.get(key) == -1 or c.get(key) >= 1, f"{key}={c.get(key)!r} must be -1 (off) or ≥ 1")
+        c.ok(c.get(key) == -1 or c.get(key) >= 1, tr("{key}={v!r} must be -1 (off) or ≥ 1").format(key=key,
+                                                                                                    v=c.get(key)))
     c.positive(f"{_R}.val_kwargs.n")
     c.positive(f"{_R}.multi_turn.max_tool_response_length")
     turns = ro.multi_turn.max_assistant_turns
     c.ok(not ro.multi_turn.enable or (isinstance(turns, int) and turns >= 1),
-         f"{_R}.multi_turn.max_assistant_turns={turns!r}: multi_turn.enable=true needs a turn limit ≥ 1")
+         tr("{key}={v!r}: multi_turn.enable=true needs a turn limit ≥ 1").format(
+             key=f"{_R}.multi_turn.max_assistant_turns", v=turns))
     if c.positive(f"{_R}.max_model_len", optional=True) and ro.max_model_len is not None:
         need = cfg.data.max_prompt_length + cfg.data.max_response_length
-        c.ok(ro.max_model_len >= need, f"{_R}.max_model_len={ro.max_model_len} is shorter than data.max_prompt_length "
-             f"+ data.max_response_length = {need}")
+        c.ok(ro.max_model_len >= need, tr("{key}={v} is shorter than data.max_prompt_length + "
+                                          "data.max_response_length = {need}").format(key=f"{_R}.max_model_len",
+                                                                                      v=ro.max_model_len, need=need))
     c.ok(ro.name != "vllm" or cfg.actor_rollout_ref.model.lora_rank > 0,
          f"{_R}.name=vllm pushes the actor to vLLM as a LoRA adapter; set actor_rollout_ref.model.lora_rank > 0 "
          f"or use {_R}.name=hf for full fine-tuning")
@@ -273,29 +276,30 @@ def _check_actor_critic(c: _Checks) -> None:
     cfg, ca = c.cfg, c.cfg.actor_rollout_ref.actor
     for key in ("clip_ratio", "clip_ratio_high"):
         v = getattr(ca, key)
-        c.ok(v is None or v >= 0, f"{_A}.{key}={v!r} must be ≥ 0")
+        c.ok(v is None or v >= 0, tr("{key}={v!r} must be ≥ 0").format(key=f"{_A}.{key}", v=v))
     low = "clip_ratio_low" if ca.clip_ratio_low is not None else "clip_ratio"
     # ε_low ≥ 1 is legal in verl (its CISPO example sets clip_ratio_low=10 on purpose): the lower bound 1 − ε_low is
     # then ≤ 0, which a ratio never reaches — a notice (_notices), not a stop
-    c.ok(low == "clip_ratio" or getattr(ca, low) >= 0, f"{_A}.{low}={getattr(ca, low)!r} must be ≥ 0: it is ε_low, "
-         "and a negative one puts the ratio's lower bound 1 − ε_low above 1, clipping tokens the policy has not moved")
+    c.ok(low == "clip_ratio" or getattr(ca, low) >= 0,
+         tr("{key}={v!r} must be ≥ 0: it is ε_low, and a negative one puts the ratio's lower bound 1 − ε_low above 1, "
+            "clipping tokens the policy has not moved").format(key=f"{_A}.{low}", v=getattr(ca, low)))
     c.at_least(f"{_A}.clip_ratio_c", 1, strict=True, why=" (dual-clip bound −A·C; verl asserts C > 1)")
     c.at_least(f"{_A}.kl_loss_coef", 0)
     c.at_least("critic.cliprange_value", 0, strict=True)
     c.ok(not (cfg.algorithm.adv_estimator == "gae" and cfg.critic.enable is False),
-         "critic.enable=false but algorithm.adv_estimator=gae needs a critic for its values; set "
-         "critic.enable=true (or null), or use a critic-free estimator such as grpo")
+         tr("critic.enable=false but algorithm.adv_estimator=gae needs a critic for its values; set "
+            "critic.enable=true (or null), or use a critic-free estimator such as grpo"))
     for p in (_A, "critic") if cfg.use_critic else (_A,):
         _check_batches(c, p)
         f = c.get(f"{p}.loss_scale_factor")
-        c.ok(f is None or f > 0, f"{p}.loss_scale_factor={f!r} must be > 0 (or null)")
+        c.ok(f is None or f > 0, tr("{key}={v!r} must be > 0 (or null)").format(key=f"{p}.loss_scale_factor", v=f))
         c.at_least(f"{p}.optim.lr", 0, strict=True)
         c.at_least(f"{p}.optim.clip_grad", 0, strict=True)
         c.at_least(f"{p}.optim.weight_decay", 0)
         c.at_least(f"{p}.optim.lr_warmup_steps", 0)
         betas = c.get(f"{p}.optim.betas")
         c.ok(len(betas) == 2 and all(0 <= b < 1 for b in betas),
-             f"{p}.optim.betas={betas!r} must be two numbers in [0, 1)")
+             tr("{key}={v!r} must be two numbers in [0, 1)").format(key=f"{p}.optim.betas", v=betas))
 
 
 def _check_policy_loss(c: _Checks) -> None:
