@@ -26,7 +26,6 @@ profilers, checkpoints); every number above is read from the fields ppolab share
 """
 from __future__ import annotations
 
-
 import argparse
 import sys
 from pathlib import Path

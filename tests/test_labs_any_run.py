@@ -41,7 +41,7 @@ def fresh_grpo(fresh_run) -> str:
 
 #: A code cell tagged so reads nothing of ``PPOLAB_RUN``: lab 00's cells that train the learner's own 8-step run
 #: (and one in the background) and read it back. What they do is the same on every run under test, so the matrices
-#: run them once (on grpo_tiny) and skip them on the other runs — 8 trainings of ~20 s each otherwise.
+#: run them once (on grpo_tiny) and skip them on the other five fresh runs and the realistic one (~16 s a case here).
 OWN_RUN_TAG = "own-run"
 
 

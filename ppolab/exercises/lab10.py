@@ -113,6 +113,8 @@ def rejection_what_if_case(run=None) -> dict:
     """Exercise 10.3's what-if threshold: ``token_k1`` alone at a ratio bound T chosen on the run's own first
     recorded step — the 85th percentile of its sampled tokens' max(π_old/π_rollout, π_rollout/π_old), rounded up to 3
     decimals, moved up by 0.001 while a token's ratio lies within 1e-6 of a bound (a rounding there would decide)."""
+    from ppolab.run.reader import resolve_run
+
     rec = _record(run)
     t = rec.tensors
     lr = (t["old_log_probs"] - t["rollout_log_probs"])[t["loss_mask"].bool()].double()
@@ -120,8 +122,6 @@ def rejection_what_if_case(run=None) -> dict:
     bound = max(bound, 1.001)
     while bool(((lr.abs() - math.log(bound)).abs() < 1e-6).any()):
         bound = round(bound + 0.001, 3)
-    from ppolab.run.reader import resolve_run
-
     corr = resolve_run(run, RUN).ppo_config().algorithm.rollout_correction
     return {"step": rec.step, "threshold": f"{bound:.3f}", "run_rs": corr.rollout_rs,
             "run_threshold": corr.rollout_rs_threshold}

@@ -26,8 +26,8 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ppolab.algos import aggregation, kl, losses, policy_loss, value
-from ppolab.vocab import POLICY_LOSS_MODES
 from ppolab.i18n import tr
+from ppolab.vocab import POLICY_LOSS_MODES
 
 
 class LearnerError(Exception):
@@ -104,15 +104,12 @@ def tampered() -> str | None:
     """One line naming a rebinding that reaches the grader's reference (None when there is none)."""
     import sys
 
-    what = None
     registry = policy_loss.POLICY_LOSS_REGISTRY
-    if registry.get("vanilla") is not REF.vanilla:  # the reference run trains with loss_mode=vanilla
-        what = "POLICY_LOSS_REGISTRY['vanilla']"
-    for name, fn in [*OWN_LOSSES.items(), *registry.items()]:  # ppolab's names, bound to ppolab's functions
-        if what is not None:
-            break
-        if registry.get(name) is not fn or (name in POLICY_LOSS_MODES and not _is_ppolabs(fn)):
-            what = f"POLICY_LOSS_REGISTRY[{name!r}]"
+    # the reference run trains with loss_mode=vanilla; ppolab's names must stay bound to ppolab's functions
+    rebound = ["vanilla"] if registry.get("vanilla") is not REF.vanilla else []
+    rebound += [name for name, fn in OWN_LOSSES.items() if registry.get(name) is not fn]
+    rebound += [name for name, fn in registry.items() if name in POLICY_LOSS_MODES and not _is_ppolabs(fn)]
+    what = f"POLICY_LOSS_REGISTRY[{rebound[0]!r}]" if rebound else None
     if what is None:
         for (mod, name), obj in _READS.items():
             if getattr(sys.modules.get(mod), name, None) is not obj:
