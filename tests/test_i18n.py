@@ -154,6 +154,7 @@ def _explorers():
         "mistakes_explorer": lambda: widgets.mistakes_explorer("ppo_fire_tiny"),
         "invariance_explorer": lambda: widgets.invariance_explorer("grpo_tiny"),
         "update_effect_explorer": lambda: widgets.update_effect_explorer("ppo_fire_tiny"),
+        "ablation_curves": lambda: widgets.ablation_curves("grpo_tiny"),
     }
 
 

@@ -42,8 +42,8 @@ COINCIDENCES = {
     ("09.3", 0.76): "the pooled vf_clipfrac of critic update 13 at the run's own ε_v, in the list of every update",
 }
 #: Predictions of a rough size (a tolerance of 10 % or more): any number inside the band passes by design, so a
-#: number shown elsewhere may too. Their truths — ratios of two short runs' curve means (lab 15) — are neither
-#: logged nor shown; tests/test_ablations.py checks the curves they are read from.
+#: number shown elsewhere may too. None at present: lab 15's predictions were ratios of curve means and are now
+#: verdicts ("up" / "down" / "flat", tests/test_ablations.py), which hold no number to copy.
 PREDICTIONS = {i for i, ex in REG.items() if ex.rel >= 0.1}
 
 

@@ -188,6 +188,9 @@ def test_the_shipped_recorded_plans_pass_the_check():
 
 
 # ====================================================================== killed ablation runs
+SHIPPED_BASE = ablations.SHIPPED / "base" / "seed1"
+
+
 def _fake_train(calls, fail: bool = False):
     """ppolab.train for the ablation's short runs: writes a whole short run (the shipped base's files) into its
     trainer.run_dir, or half of one and then dies."""
@@ -195,13 +198,12 @@ def _fake_train(calls, fail: bool = False):
         out = Path(next(o for o in overrides if o.startswith("trainer.run_dir=")).split("=", 1)[1])
         calls.append(out)
         out.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ablations.SHIPPED / "base" / "config.json", out)
+        shutil.copy(SHIPPED_BASE / "config.json", out)
         if fail:
-            (out / "metrics.jsonl").write_text((ablations.SHIPPED / "base" / "metrics.jsonl").read_text()
-                                               .splitlines()[0] + "\n")
+            (out / "metrics.jsonl").write_text((SHIPPED_BASE / "metrics.jsonl").read_text().splitlines()[0] + "\n")
             raise KeyboardInterrupt("killed at step 2")
         for f in ("metrics.jsonl", "summary.json"):
-            shutil.copy(ablations.SHIPPED / "base" / f, out)
+            shutil.copy(SHIPPED_BASE / f, out)
         return Run(out)
     return train
 
@@ -214,13 +216,13 @@ def test_a_killed_ablation_run_leaves_nothing_that_reads_as_a_result(tmp_path, m
     monkeypatch.setattr(importlib.import_module("ppolab.train"), "train", _fake_train(calls, fail=True))
     with pytest.raises(KeyboardInterrupt):
         ablations.ablation_runs(run, ("clip_ratio",))
-    assert not (root / "base").exists() and list(root.iterdir()) == []  # no folder, no temporary left
+    assert not (root / "base" / "seed1").exists() and list((root / "base").iterdir()) == []  # nor a temporary
     with pytest.raises(RunLacks, match="'base'"):
         ablations.ablation_runs(run, ("clip_ratio",), train=False)
     monkeypatch.setattr(importlib.import_module("ppolab.train"), "train", _fake_train(calls))
     runs = ablations.ablation_runs(run, ("clip_ratio",))
-    assert set(runs) == {"base", "clip_ratio"} and (root / "base" / ablations.DONE).is_file()
-    assert ablations.effect(runs, "clip_ratio") == pytest.approx(1.0)  # the same curves: a factor, not NaN
+    assert set(runs) == {"base", "clip_ratio"} and (root / "base" / "seed1" / ablations.DONE).is_file()
+    assert ablations.verdict(runs, "clip_ratio") == "flat"  # the same curves on every seed
     n = len(calls)
     ablations.ablation_runs(run, ("clip_ratio",))
     assert len(calls) == n  # complete: read, not trained again
@@ -230,29 +232,31 @@ def test_a_folder_a_killed_run_left_at_the_final_name_is_trained_again(tmp_path,
     monkeypatch.setenv("PPOLAB_CACHE", str(tmp_path / "cache"))
     run = copy_run("grpo_tiny", tmp_path / "mine")
     root = ablations._cache_dir(Run(run))
-    half = root / "base"  # what an older ppolab left when it was killed mid-run: metrics of one step, no marker
+    half = root / "base" / "seed1"  # what an older ppolab left when killed mid-run: one step's metrics, no marker
     half.mkdir(parents=True)
-    shutil.copy(ablations.SHIPPED / "base" / "config.json", half)
-    (half / "metrics.jsonl").write_text((ablations.SHIPPED / "base" / "metrics.jsonl").read_text().splitlines()[0]
-                                        + "\n")
+    shutil.copy(SHIPPED_BASE / "config.json", half)
+    (half / "metrics.jsonl").write_text((SHIPPED_BASE / "metrics.jsonl").read_text().splitlines()[0] + "\n")
     with pytest.raises(RunLacks, match="'base'"):
         ablations.ablation_runs(run, ("clip_ratio",), train=False)
     calls = []
     monkeypatch.setattr(importlib.import_module("ppolab.train"), "train", _fake_train(calls))
     runs = ablations.ablation_runs(run, ("clip_ratio",))
-    assert len(calls) == 2 and len(runs["base"].metrics) == len(Run(ablations.SHIPPED / "base").metrics)
+    n = ablations.N_SEEDS
+    assert len(calls) == 2 * n and len(runs["base"][0].metrics) == len(Run(SHIPPED_BASE).metrics)
 
 
-def test_a_base_curve_of_zeros_is_one_line_not_a_division(tmp_path):
-    base = tmp_path / "base"
-    shutil.copytree(ablations.SHIPPED / "base", base)
+def test_a_base_curve_of_zeros_is_a_verdict_not_a_division(tmp_path):
+    """A base whose metric is 0 at every step (a clip that never binds) gets a verdict: no ratio divides by it."""
     metric = ablations.KNOBS["clip_ratio"].metric
-    rows = [json.loads(line) for line in (base / "metrics.jsonl").read_text().splitlines()]
-    (base / "metrics.jsonl").write_text("".join(json.dumps({**r, metric: 0.0}) + "\n" for r in rows))
-    runs = {"base": Run(base), "clip_ratio": Run(ablations.SHIPPED / "clip_ratio")}
-    with pytest.raises(RunLacks) as e:
-        ablations.effect(runs, "clip_ratio")
-    assert "0 at every step: no relative effect to show" in one_line(e)
+    base = []
+    for i, src in enumerate(ablations.ablation_runs("grpo_tiny", train=False)["base"]):
+        shutil.copytree(src.path, tmp_path / f"base{i}")
+        rows = [json.loads(line) for line in (tmp_path / f"base{i}" / "metrics.jsonl").read_text().splitlines()]
+        (tmp_path / f"base{i}" / "metrics.jsonl").write_text("".join(json.dumps({**r, metric: 0.0}) + "\n"
+                                                                    for r in rows))
+        base.append(Run(tmp_path / f"base{i}"))
+    runs = {"base": tuple(base), "clip_ratio": ablations.ablation_runs("grpo_tiny", train=False)["clip_ratio"]}
+    assert ablations.verdict(runs, "clip_ratio") == "up"
 
 
 # ====================================================================== errors that name the fault

@@ -26,19 +26,35 @@ def lone_correct(unbiased=True, normalise=True, n=5):
     return float(centred / (scores.std(unbiased=unbiased) + 1e-6)) if normalise else float(centred)
 
 
-def _factors(base=None, knobs=()):
-    """The learner's reading of the curves: each knob's mean over steps 2… over the base's."""
+def _verdicts(base=None, knobs=(), paired=True):
+    """The learner's reading of the curves: on each seed, the mean over steps 2… under the knob minus its own base's;
+    "up" when every seed's difference is above 0 and their mean exceeds their spread (``paired=False``: the seeds'
+    means compared as two unpaired groups instead — "up" only when the ranges do not overlap —, which loses a small
+    effect in the noise between seeds)."""
     from ppolab.experiments import ablations
 
     r = base if base is not None else "grpo_tiny"
     runs = ablations.ablation_runs(r, knobs)  # leaves out the knobs the run cannot take
+
+    def means(rs, metric):
+        return [statistics.fmean(ablations.curve(x, metric)[1:]) for x in rs]
+
     out = {}
-    for k in runs:
-        if k != "base":
-            mine = ablations.curve(runs[k], ablations.KNOBS[k].metric)[1:]
-            base = ablations.curve(runs["base"], ablations.KNOBS[k].metric)[1:]
-            out[k] = sum(mine) / sum(base)
+    for k in (k for k in runs if k in ablations.KNOBS):
+        metric = ablations.KNOBS[k].metric
+        mine, theirs = means(runs[k], metric), means(runs.get(f"{k}.base", runs["base"]), metric)
+        if paired:
+            d = [a - b for a, b in zip(mine, theirs)]
+            spread = max(d) - min(d)
+            up, down = min(d) > 0 and statistics.fmean(d) > spread, max(d) < 0 and -statistics.fmean(d) > spread
+        else:
+            up, down = min(mine) > max(theirs), max(mine) < min(theirs)
+        out[k] = "up" if up else "down" if down else "flat"
     return out
+
+
+def _flipped(verdicts):
+    return {k: {"up": "down", "down": "up"}.get(v, "up") for k, v in verdicts.items()}
 
 
 def kl_over_pg(run=None, coef=True, reducer="median", half=True):
@@ -100,8 +116,8 @@ SOLUTIONS = {
     "15.3": "actor/entropy",
     "15.4": first_update_kl_over_pg,
     "15.5": old_entropy,
-    "15.6": lambda: _factors(None, POLICY_KNOBS),
-    "15.7": lambda: _factors(None, REGULARISER_KNOBS),
+    "15.6": lambda: _verdicts(None, POLICY_KNOBS),
+    "15.7": lambda: _verdicts(None, REGULARISER_KNOBS),
 }
 
 #: Plausible wrong answers: each must be told "not yet".
@@ -117,15 +133,16 @@ WRONG = {
     "15.4": [lambda run=None: first_update_kl_over_pg(run, coef=False),
              lambda run=None: first_update_kl_over_pg(run, reducer="mean"),
              lambda run=None: first_update_kl_over_pg(run, half=False), kl_over_pg],
+    # no knob moves anything (the null prediction); every direction flipped; "every knob raises its curve"
+    "15.6": [lambda: {k: "flat" for k in _verdicts(None, POLICY_KNOBS)},
+             lambda: _flipped(_verdicts(None, POLICY_KNOBS)),
+             lambda: {k: "up" for k in _verdicts(None, POLICY_KNOBS)}],
+    "15.7": [lambda: {k: "flat" for k in _verdicts(None, REGULARISER_KNOBS)},
+             lambda: _flipped(_verdicts(None, REGULARISER_KNOBS)),
+             lambda: {k: "up" for k in _verdicts(None, REGULARISER_KNOBS)},
+             lambda: _verdicts(None, REGULARISER_KNOBS, paired=False)],  # the seeds' spread hides two effects
     # the logged actor/entropy and actor/entropy_loss (read, not computed); the whole batch over response_mask; the
     # update's mask but its own token count as the denominator (as if rejected tokens left batch_num_tokens)
-    # no knob moves anything; each factor inverted (the base over the knob); the intuitions the runs refute
-    "15.6": [lambda: {k: 1.0 for k in _factors(None, POLICY_KNOBS)},
-             lambda: {k: 1 / v for k, v in _factors(None, POLICY_KNOBS).items()},
-             {"clip_ratio": 4.0, "ppo_epochs": 2.0, "loss_agg_mode": 1.0, "bypass_mode": 0.5}],
-    "15.7": [lambda: {k: 1 / v for k, v in _factors(None, REGULARISER_KNOBS).items()},
-             {"kl_loss_coef": 0.1, "kl_path": 1.0, "entropy_coeff": 1.0, "temperature": 0.7},
-             {"kl_loss_coef": 0.9, "kl_path": 1.0, "entropy_coeff": 2.0, "temperature": 0.7}],
     "15.5": [_logged, lambda run=None: _logged(run, "actor/entropy_loss"),
              lambda run=None: old_entropy(run, denominator="response_mask", per_step=False),
              lambda run=None: old_entropy(run, denominator="response_mask"),

@@ -530,6 +530,23 @@ def _form_line(answer: Any, expected: Any, crashed: bool) -> str | None:
     return None if problem is None else tr("  {problem}.").format(problem=problem)
 
 
+def _off_keys(answer: Any, expected: Any, rel: float, abs: float) -> tuple[list, int]:
+    """(the keys of a dict truth whose value ``answer`` — a dict — misses or gets wrong, how many keys the truth
+    has); nothing off for any other form."""
+    try:
+        expected, answer = _exact(_plain_expected(expected)), _exact(answer)
+        if not (isinstance(expected, dict) and isinstance(answer, dict)):
+            return [], 0
+        off = []
+        for key, value in expected.items():
+            keys = [k for k in answer if _matches(k, key, rel, abs)]
+            if len(keys) != 1 or not _matches(answer[keys[0]], value, rel, abs):
+                off.append(key)
+        return off, len(expected)
+    except Exception:  # noqa: BLE001 — a courtesy line: the verdict stands without it
+        return [], 0
+
+
 def _one_line(error: BaseException) -> str:
     """``error`` as ``Type: message`` on one short line."""
     text = " ".join(str(error).split())
@@ -609,5 +626,10 @@ def check(id: str, answer: Any, **context: Any) -> Verdict:
     form = oversized or _form_line(answer, expected, crashed)
     if form is not None:
         lines.append(form)
+    elif ex.kind == "predict" and not crashed:  # a prediction per knob gets a verdict per knob
+        off, keys = _off_keys(answer, expected, ex.rel, ex.abs)
+        if off:
+            lines.append((tr("  off: {keys}; the others are right.") if len(off) < keys else
+                          tr("  off: every one ({keys}).")).format(keys=", ".join(map(str, off))))
     lines += [tr("  hint {i}: {hint}").format(i=i + 1, hint=h) for i, h in enumerate(shown)]
     return Verdict(id, False, True, "\n".join(lines))

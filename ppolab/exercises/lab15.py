@@ -184,43 +184,49 @@ def _knobs_case(knobs: tuple[str, ...]):
 
         r = run if run is not None else "grpo_tiny"
         return {"knobs": ", ".join(f"{k} ({ablations.knob_label(r, k)}: {ablations.KNOBS[k].metric})"
-                                   for k in knobs if ablations.applies(r, k)), "steps": ablations.STEPS}
+                                   for k in knobs if ablations.applies(r, k)),
+                "steps": ablations.STEPS, "n_seeds": ablations.N_SEEDS}
     return case
 
 
-def _effects(base, knobs):
-    """The factors of ``knobs`` on ``base``'s short runs (default the shipped grpo_tiny's): a check on another run
+def _verdicts(base, knobs):
+    """The verdicts of ``knobs`` on ``base``'s short runs (default the shipped grpo_tiny's): a check on another run
     trains its short runs only when the lab passes that run as ``base``, never as the lab's ``run``."""
     from ppolab.experiments import ablations
 
-    return ablations.effects(base if base is not None else "grpo_tiny", knobs)  # it leaves out what the run lacks
+    return ablations.verdicts(base if base is not None else "grpo_tiny", knobs)  # it leaves out what the run lacks
 
 
-_PREDICT = ("Predict the curve: short runs of {steps} steps, each the base run with one knob changed — {knobs}. For "
-            "each knob, by what factor does it move its metric's curve: the mean over steps 2–{steps} under the "
-            "knob divided by the base's? A dict {knob: factor}; within a factor of 1.5 of the recorded one, either "
-            "way, is right.")
+_PREDICT = ("Predict the curve: short runs of {steps} steps, each the base run with one knob changed — {knobs} — "
+            "each pair trained on {n_seeds} seeds (under one seed the two share the first rollouts). For each knob, "
+            "take on every seed the mean of its metric over steps 2–{steps} with the knob minus its base's: is it "
+            "'up' (above 0 on every seed, and their mean larger than their spread), 'down' (likewise below 0) or "
+            "'flat' (anything else)? A dict {knob: 'up' | 'down' | 'flat'}; a wrong try names the knobs that are "
+            "off.")
 
 
 @exercise("15.6", _PREDICT,
           kind="predict",
           hints=("Read each mechanism, not the log: a narrower clip binds on more tokens; more epochs move π_θ further "
                  "from π_old before the next rollout; seq-mean-token-sum sums each response's tokens instead of "
-                 "averaging them; and bypass replaces π_old by π_rollout — which this engine computes how?",
-                 "factor = mean(curve(knob run)[1:]) / mean(curve(base)[1:]) — "
-                 "ppolab.experiments.ablations.effects(run) trains (or reads) the short runs; the figure after the "
-                 "exercise shows the curves."),
-          rel=1 / 3, abs=0.05, context=("base",), case=_knobs_case(POLICY_KNOBS))
-def _e6(base=None) -> dict[str, float]:
-    return _effects(base, POLICY_KNOBS)
+                 "averaging them; and bypass measures the update against π_rollout — computed by another engine or "
+                 "dtype than the trainer's — instead of π_old: how far apart are the two here?",
+                 "d = [mean(curve(knob run)[1:]) − mean(curve(its base)[1:]) for each seed] — "
+                 "ppolab.experiments.ablations.ablation_runs(run) trains (or reads) the short runs; the figure after "
+                 "the exercise draws each seed's difference."),
+          context=("base",), case=_knobs_case(POLICY_KNOBS))
+def _e6(base=None) -> dict[str, str]:
+    return _verdicts(base, POLICY_KNOBS)
 
 
 @exercise("15.7", _PREDICT,
           kind="predict",
-          hints=("How large is the KL term next to the policy-gradient term at this scale (15.4)? And which entropy "
-                 "does actor/entropy log — the update's π_θ, or π_old at the rollout temperature?",
-                 "factor = mean(curve(knob run)[1:]) / mean(curve(base)[1:]) — "
-                 "ppolab.experiments.ablations.effects(run); the figure after the exercise shows the curves."),
-          rel=1 / 3, abs=0.05, context=("base",), case=_knobs_case(REGULARISER_KNOBS))
-def _e7(base=None) -> dict[str, float]:
-    return _effects(base, REGULARISER_KNOBS)
+          hints=("Which way does each regulariser pull: a larger KL coefficient toward π_ref, an entropy bonus toward "
+                 "a flatter π? KL moved into the reward is subtracted from what critic/rewards/mean sums. And which "
+                 "entropy does actor/entropy log — π_old at the rollout temperature?",
+                 "d = [mean(curve(knob run)[1:]) − mean(curve(its base)[1:]) for each seed] — "
+                 "ppolab.experiments.ablations.ablation_runs(run); the figure after the exercise draws each seed's "
+                 "difference."),
+          context=("base",), case=_knobs_case(REGULARISER_KNOBS))
+def _e7(base=None) -> dict[str, str]:
+    return _verdicts(base, REGULARISER_KNOBS)

@@ -1,16 +1,29 @@
-"""Predict the curve: short runs that differ from one base run in one knob each (chapter §3–§7, §10, §15).
+"""Predict the curve: short runs that differ from one base run in one knob each, on three seeds (chapter §3–§7,
+§10, §15).
 
-Each knob of :data:`KNOBS` is one verl override and the metric whose curve it moves most: a narrower clip ε and
+Each knob of :data:`KNOBS` is one verl override and the metric whose curve it moves: a narrower clip ε and
 ``actor/pg_clipfrac``, more ``ppo_epochs`` and ``actor/ppo_kl``, … The base is a run's own config (the shipped
-``grpo_tiny`` or the learner's run) cut to :data:`STEPS` steps without validation or recording; every variant keeps
-its seed, data order and first rollouts, so step 1 differs only by the knob. A curve is summarised as the mean of
-the metric over steps 2 … STEPS (step 1's rollouts were sampled before any update) and a knob's effect as
-:func:`effect` — that mean under the knob over that mean of the base: above 1 the knob raises the curve.
+``grpo_tiny`` or the learner's run) cut to :data:`STEPS` steps without validation or recording, trained on the run's
+own seed and the next ones (:func:`seeds`: ``trainer.seed``; the data order stays the run's). Under one seed every
+variant keeps the base's first rollouts, so step 1 differs only by the knob; across seeds the sampling differs, so
+the spread of the seeds is the noise a knob's change must clear.
 
-The shipped base's variants ship in ``data/ablations/grpo_tiny/`` (``metrics.jsonl`` and ``config.json`` of each,
-written by ``tools/train_ablations.py``); another run's are trained on first use — one process, a few seconds each
-on the tiny model — into ``~/.cache/ppolab/ablations/<run name>-<config hash>/`` (``PPOLAB_CACHE`` moves it), never
-into the run dir.
+A run's curve is summarised as the mean of the metric over steps 2 … STEPS (step 1's rollouts were sampled before
+any update). Each seed pairs a run with the knob and a base that shares its first rollouts, so a knob's effect on one
+seed is the difference of the two means, and its :func:`verdict` reads the seeds' differences: ``up`` when every
+seed's is above 0 and their mean is larger than their spread (largest − smallest), ``down`` likewise below 0,
+``flat`` otherwise. The pairing is what makes a small effect visible: seeds differ from each other by more than a
+weak knob moves one of them. A ratio of means is no verdict: several of these metrics sit near 0 on the base (a clip
+fraction of 2e-3), where a ratio says more about the denominator than about the knob.
+
+Bypass mode (§2.2) makes π_rollout the anchor in place of π_old: a no-op where the two agree (the hf engine at the
+trainer's dtype). On such a run its pair is trained on a bf16 rollout (``rollout.dtype=bfloat16``, a real
+rollout/trainer gap, labelled): base and knob both sample in bf16, and only the anchor differs.
+
+The shipped base's runs ship in ``data/ablations/grpo_tiny/<name>/seed<k>/`` (``metrics.jsonl`` and ``config.json``
+of each, written by ``tools/train_ablations.py``); another run's are trained on first use — one process, a few
+seconds each on the tiny model — into ``~/.cache/ppolab/ablations/<run name>-<config hash>/`` (``PPOLAB_CACHE``
+moves it), never into the run dir.
 """
 from __future__ import annotations
 
@@ -22,13 +35,20 @@ from pathlib import Path
 from typing import Any
 
 from ppolab.course import DATA
+from ppolab.i18n import tr
 from ppolab.numbers.needs import RunLacks
 from ppolab.run.reader import Run, load_run, resolve_run
 from ppolab.vocab import clip_bounds
 
 #: Steps of every short run (the base's too).
 STEPS = 12
+#: Seeds of every short run: the base run's own ``trainer.seed`` and the next ones (:func:`seeds`).
+N_SEEDS = 3
 SHIPPED = DATA / "ablations" / "grpo_tiny"
+#: Verdicts of :func:`verdict`.
+VERDICTS = ("up", "down", "flat")
+#: The outcome curves the lab draws beside each knob's own metric.
+OUTCOMES = ("critic/score/mean", "response_length/mean")
 
 
 @dataclass(frozen=True)
@@ -47,26 +67,53 @@ KNOBS: dict[str, Knob] = {
     "ppo_epochs": Knob(("actor_rollout_ref.actor.ppo_epochs=4",), "actor/ppo_kl", "ppo_epochs {was} → 4"),
     "loss_agg_mode": Knob(("actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum",), "actor/grad_norm",
                           "loss_agg_mode {was} → seq-mean-token-sum"),
-    "bypass_mode": Knob(("algorithm.rollout_correction.bypass_mode=true",), "actor/pg_clipfrac",
+    "bypass_mode": Knob(("algorithm.rollout_correction.bypass_mode=true",), "actor/ppo_kl",
                         "decoupled → bypass mode (π_rollout as the anchor)"),
-    "kl_loss_coef": Knob(("actor_rollout_ref.actor.kl_loss_coef=0.1",), "actor/kl_loss", "kl_loss_coef {was} → 0.1"),
+    "kl_loss_coef": Knob(("actor_rollout_ref.actor.kl_loss_coef=1.0",), "actor/kl_loss", "kl_loss_coef {was} → 1.0"),
     "kl_path": Knob(("actor_rollout_ref.actor.use_kl_loss=false", "algorithm.use_kl_in_reward=true",
-                     "algorithm.kl_ctrl.kl_coef=0.001"), "critic/score/mean",
-                    "KL in the loss → KL in the reward (β 0.001)"),
-    "entropy_coeff": Knob(("actor_rollout_ref.actor.entropy_coeff=0.01",), "actor/entropy",
-                          "entropy_coeff {was} → 0.01"),
+                     "algorithm.kl_ctrl.kl_coef=0.1"), "critic/rewards/mean",
+                    "KL in the loss → KL in the reward (β 0.1)"),
+    "entropy_coeff": Knob(("actor_rollout_ref.actor.entropy_coeff=0.1",), "actor/entropy",
+                          "entropy_coeff {was} → 0.1"),
     "temperature": Knob(("actor_rollout_ref.rollout.temperature=0.7",), "actor/entropy",
                         "rollout temperature {was} → 0.7"),
 }
 #: What every short run changes in the base's config besides its length (STEPS): no validation, nothing recorded.
 SHORT = ("trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.record_freq=-1", "trainer.save_freq=-1",
          "trainer.resume=false")
+#: The labelled mismatch bypass mode is trained on where the run's rollout agrees with its trainer.
+BF16_ROLLOUT = ("actor_rollout_ref.rollout.dtype=bfloat16",)
+
+
+def seeds(run: Run | str | os.PathLike | None = None) -> tuple[int, ...]:
+    """The seeds of the short runs: the run's own ``trainer.seed`` and the next :data:`N_SEEDS` − 1."""
+    first = resolve_run(run).ppo_config().trainer.seed
+    return tuple(first + i for i in range(N_SEEDS))
+
+
+def _rollout_agrees(r: Run) -> bool:
+    """Whether the run's rollout computes π_old itself: the hf engine at the trainer's dtype (bypass is a no-op)."""
+    a = r.ppo_config().actor_rollout_ref
+    return a.rollout.name == "hf" and (a.rollout.dtype or a.model.dtype) == a.model.dtype
+
+
+def setting(run: Run | str | os.PathLike | None, knob: str) -> tuple[str, ...]:
+    """What both sides of ``knob``'s pair get on ``run`` — its base and its run with the knob: the bf16 rollout
+    (:data:`BF16_ROLLOUT`) for bypass mode on a run whose rollout agrees with its trainer, else nothing."""
+    return BF16_ROLLOUT if knob == "bypass_mode" and _rollout_agrees(resolve_run(run)) else ()
+
+
+def base_name(run: Run | str | os.PathLike | None, knob: str) -> str:
+    """The name of ``knob``'s base among :func:`ablation_runs`: ``base``, or ``<knob>.base`` for a knob with its own
+    :func:`setting`."""
+    return f"{knob}.base" if setting(run, knob) else "base"
 
 
 def _cache_dir(r: Run) -> Path:
     if r.path.resolve() == (DATA / "runs" / "grpo_tiny").resolve():
         return SHIPPED
-    key = json.dumps([r.config, STEPS, {k: v.overrides for k, v in KNOBS.items()}], sort_keys=True, default=str)
+    key = json.dumps([r.config, STEPS, N_SEEDS, BF16_ROLLOUT, {k: v.overrides for k, v in KNOBS.items()}],
+                     sort_keys=True, default=str)
     digest = hashlib.sha1(key.encode()).hexdigest()[:12]
     base = Path(os.environ.get("PPOLAB_CACHE", Path.home() / ".cache" / "ppolab"))
     return base / "ablations" / f"{r.path.name}-{digest}"
@@ -114,24 +161,41 @@ def _train(r: Run, name: str, overrides: tuple[str, ...], out: Path) -> Path:
     return out
 
 
-def ablation_runs(run: Run | str | os.PathLike | None = None, knobs: tuple[str, ...] | None = None,
-                  train: bool = True) -> dict[str, Run]:
-    """``{"base": …, knob: …}``: the short base run and one short run per knob (default every knob the run's config
-    can take), read from the shipped set or the cache, trained there when missing (``train=False``: raise
-    :class:`RunLacks` instead). A knob the run's config makes meaningless — ``kl_loss_coef`` without the loss-side
-    KL, ``entropy_coeff`` where it is already on — is left out."""
+def plan(run: Run | str | os.PathLike | None = None,
+         knobs: tuple[str, ...] | None = None) -> dict[str, tuple[str, ...]]:
+    """``{name: overrides}`` of every short run :func:`ablation_runs` reads for ``knobs`` on ``run`` (each trained on
+    every seed of :func:`seeds`): ``base``, each knob the run can take, and a knob's own base where it has a
+    :func:`setting`."""
     r = resolve_run(run)
-    wanted = [k for k in (knobs or KNOBS) if applies(r, k)]
+    out: dict[str, tuple[str, ...]] = {"base": ()}
+    for k in (knobs or KNOBS):
+        if applies(r, k):
+            if setting(r, k):
+                out[base_name(r, k)] = setting(r, k)
+            out[k] = (*setting(r, k), *KNOBS[k].overrides)
+    return out
+
+
+def ablation_runs(run: Run | str | os.PathLike | None = None, knobs: tuple[str, ...] | None = None,
+                  train: bool = True) -> dict[str, tuple[Run, ...]]:
+    """``{name: (run of seed 1, seed 2, …)}`` for every name of :func:`plan` — the base, one entry per knob the
+    run's config can take (default every knob) and a knob's own base —, read from the shipped set or the cache,
+    trained there when missing (``train=False``: raise :class:`RunLacks` instead). A knob the run's config makes
+    meaningless — ``kl_loss_coef`` without the loss-side KL, ``entropy_coeff`` where it is already on — is left out."""
+    r = resolve_run(run)
     root = _cache_dir(r)
     out = {}
-    for name in ("base", *wanted):
-        path = root / name
-        if not _complete(path, root == SHIPPED):  # a folder a killed run left is no result: trained again
-            if not train or root == SHIPPED:
-                raise RunLacks(f"the short ablation run {name!r} (ppolab.experiments.ablations.ablation_runs "
-                               "trains it)", r)
-            _train(r, name, () if name == "base" else KNOBS[name].overrides, path)
-        out[name] = load_run(path)
+    for name, overrides in plan(r, knobs).items():
+        rs = []
+        for seed in seeds(r):
+            path = root / name / f"seed{seed}"
+            if not _complete(path, root == SHIPPED):  # a folder a killed run left is no result: trained again
+                if not train or root == SHIPPED:
+                    raise RunLacks(f"the short ablation run {name!r} of seed {seed} "
+                                   "(ppolab.experiments.ablations.ablation_runs trains it)", r)
+                _train(r, name, (*overrides, f"trainer.seed={seed}"), path)
+            rs.append(load_run(path))
+        out[name] = tuple(rs)
     return out
 
 
@@ -139,7 +203,7 @@ def applies(run: Run | str | os.PathLike | None, knob: str) -> bool:
     """Whether ``knob`` changes something in ``run``'s config (a knob that sets what the run already has does not)."""
     a = resolve_run(run).ppo_config().actor_rollout_ref
     if knob == "kl_loss_coef":
-        return a.actor.use_kl_loss and a.actor.kl_loss_coef != 0.1
+        return a.actor.use_kl_loss and a.actor.kl_loss_coef != 1.0
     if knob == "kl_path":
         return a.actor.use_kl_loss
     if knob == "entropy_coeff":
@@ -157,13 +221,15 @@ def applies(run: Run | str | os.PathLike | None, knob: str) -> bool:
 
 def knob_label(run: Run | str | os.PathLike | None, knob: str) -> str:
     """The knob's change as it applies to ``run`` (the base of the short runs): its label with the base's own value
-    — ``ppo_epochs 1 → 4`` on a base that trains one epoch, not the shipped base's ``2 → 4``."""
+    — ``ppo_epochs 1 → 4`` on a base that trains one epoch, not the shipped base's ``2 → 4`` — and, for a knob with
+    its own :func:`setting`, what both sides of its pair share."""
     a = resolve_run(run).ppo_config().actor_rollout_ref
     low, high = clip_bounds(a.actor)
     was = {"clip_ratio": f"{low}" if low == high else f"({low}, {high})", "ppo_epochs": a.actor.ppo_epochs,
            "loss_agg_mode": a.actor.loss_agg_mode, "kl_loss_coef": a.actor.kl_loss_coef,
            "entropy_coeff": a.actor.entropy_coeff, "temperature": a.rollout.temperature}.get(knob, "")
-    return KNOBS[knob].label.format(was=was)
+    label = tr(KNOBS[knob].label).format(was=was)
+    return label + (tr(", both on a bf16 rollout") if setting(run, knob) else "")
 
 
 def curve(r: Run, metric: str) -> list[float]:
@@ -173,18 +239,45 @@ def curve(r: Run, metric: str) -> list[float]:
             for s in range(1, STEPS + 1)]
 
 
-def effect(runs: dict[str, Run], knob: str) -> float:
-    """mean over steps 2 … STEPS of the knob's metric under the knob, over the same mean of the base."""
-    metric = KNOBS[knob].metric
-    mine, base = curve(runs[knob], metric)[1:], curve(runs["base"], metric)[1:]
-    if base and all(v == 0 for v in base):  # (NaN ≠ 0: a metric not logged stays NaN, as before)
-        # a factor over 0 is no number: the one line the lab shows instead (the phrase is translated there)
-        raise RunLacks("a base curve that is not 0 at every step (the base run's curve is 0 at every step: no "
-                       "relative effect to show)", runs["base"])
-    return (sum(mine) / len(mine)) / (sum(base) / len(base))
+def means(rs: tuple[Run, ...], metric: str) -> list[float]:
+    """Each seed's mean of ``metric`` over steps 2 … STEPS (step 1's rollouts were sampled before any update)."""
+    out = []
+    for r in rs:
+        values = curve(r, metric)[1:]
+        out.append(sum(values) / len(values))
+    return out
 
 
-def effects(run: Any = None, knobs: tuple[str, ...] | None = None) -> dict[str, float]:
-    """:func:`effect` of every knob of ``knobs`` the run can take."""
+def _pair(runs: dict[str, tuple[Run, ...]], knob: str) -> tuple[tuple[Run, ...], tuple[Run, ...]]:
+    """(the knob's runs, their bases) seed by seed."""
+    return runs[knob], runs[f"{knob}.base"] if f"{knob}.base" in runs else runs["base"]
+
+
+def differences(runs: dict[str, tuple[Run, ...]], knob: str, metric: str | None = None) -> list[list[float]]:
+    """Each seed's curve of ``metric`` (default the knob's own) under the knob minus its base's, at steps 1 … STEPS."""
+    metric = metric or KNOBS[knob].metric
+    mine, base = _pair(runs, knob)
+    return [[a - b for a, b in zip(curve(m, metric), curve(t, metric))] for m, t in zip(mine, base)]
+
+
+def verdict(runs: dict[str, tuple[Run, ...]], knob: str, metric: str | None = None) -> str:
+    """``up``, ``down`` or ``flat``: each seed's mean of ``metric`` (default the knob's own) over steps 2 … STEPS
+    under the knob minus its base's — ``up`` when every difference is above 0 and their mean exceeds their spread
+    (largest − smallest), ``down`` likewise below 0, ``flat`` otherwise."""
+    metric = metric or KNOBS[knob].metric
+    mine, base = _pair(runs, knob)
+    d = [a - b for a, b in zip(means(mine, metric), means(base, metric))]
+    if any(v != v for v in d):  # NaN: the metric is not logged on one side
+        raise RunLacks(f"the metric {metric} logged by both the base and the run with {knob}", base[0])
+    spread, mean = max(d) - min(d), sum(d) / len(d)
+    if min(d) > 0 and mean > spread:
+        return "up"
+    if max(d) < 0 and -mean > spread:
+        return "down"
+    return "flat"
+
+
+def verdicts(run: Any = None, knobs: tuple[str, ...] | None = None) -> dict[str, str]:
+    """:func:`verdict` of every knob of ``knobs`` the run can take."""
     runs = ablation_runs(run, knobs)
-    return {k: effect(runs, k) for k in runs if k != "base"}
+    return {k: verdict(runs, k) for k in runs if k in KNOBS}

@@ -31,6 +31,7 @@ _WHERE = {
     # what one optimizer step did to the tokens and the parameters (lab 18)
     "update_effect_explorer": "ppolab.widgets.update_effect",
     # runs (labs 00, 15)
+    "ablation_curves": "ppolab.widgets.ablations",
     "metrics_dashboard": "ppolab.widgets.metrics",
     "live_training": "ppolab.widgets.live",
     # any explorer kept on the newest step of a run that is training (ppolab.train_in_background)
