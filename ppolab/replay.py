@@ -32,8 +32,8 @@ import torch
 from ppolab.batch import Batch
 from ppolab.errors import whole_argument
 from ppolab.run.reader import Run, cache_slot, resolve_run
-from ppolab.update_plan import RankRows, UpdatePlan, plan_update, train_batching
-from ppolab.worker import ActorWorker, build_models
+from ppolab.update_plan import InferBatching, RankRows, UpdatePlan, forward_batching, plan_update, train_batching
+from ppolab.worker import ActorWorker, ReferenceWorker, build_models
 
 #: Sentinel: keep the run's own ``actor.loss_scale_factor`` (``None`` is a meaningful value of that field).
 KEEP = object()
@@ -110,7 +110,11 @@ def replay_rows(run: Run | str | os.PathLike | None = None, step: int = 1, mini_
     in one micro-batch over ``max_logits`` logits) the first of them, a multiple of rollout.n (one group at least),
     so a replay's time and memory stay bounded. Every shipped run replays its whole mini-batch."""
     r = resolve_run(run)
-    rows = mini_batch_rows(r, step, mini_batch)
+    return _within(r, step, mini_batch_rows(r, step, mini_batch), max_logits)
+
+
+def _within(r: Run, step: int, rows: list[int], max_logits: int) -> list[int]:
+    """``rows``, or their first ones — a multiple of rollout.n, one group at least — whose logits fit ``max_logits``."""
     n = r.ppo_config().actor_rollout_ref.rollout.n
     per_row = (r.step(step).tensors["responses"].shape[1] + 1) * int(run_models(r).model.config.vocab_size)
     keep = max(n, max_logits // per_row // n * n)
@@ -178,6 +182,50 @@ def replay_actor_update(run: Run | str | os.PathLike | None = None, step: int = 
             "log_probs": history["actor_log_probs"][0], "seq_lens": batch.seq_lens(), "response_lens": r_lens.tolist(),
             "widths": [max(int(r_lens[p].max()), 1) for p in parts], "exact": exact, "settings": settings,
             "plan_recorded": step_plan(r, step).recorded}
+
+
+def replay_forward(run: Run | str | os.PathLike | None = None, *, micro_batch_size: int | None = None,
+                   max_token_len: int | None = None, reference: bool = False,
+                   max_logits: int = REPLAY_MAX_LOGITS) -> dict[str, Any]:
+    """Stage 4's π_old forward (``reference``: stage 5's π_ref) of recorded step 1, every row, rerun by the worker's
+    own forward-only pass (:meth:`ppolab.worker.Worker.infer`, what ``PPOTrainer.compute_old_log_prob`` and
+    ``compute_ref_log_prob`` call) at another micro-batching: ``micro_batch_size`` rows at a time, or packed by a
+    token budget ``max_token_len`` — the knobs ``rollout.log_prob_micro_batch_size_per_gpu`` /
+    ``log_prob_max_token_len_per_gpu`` and ``ref.log_prob_*`` (chapter §11.6). Both None: the run's own.
+
+    Step 1 only: its π_old is the seeded initial model, which :func:`run_models` holds (module docstring); π_ref is
+    the frozen base at every step. Every row of the step, or on a large run the first ones whose logits fit
+    ``max_logits`` (one group at least, as :func:`replay_rows`). Returns ``rows`` (the recorded row indices),
+    ``log_probs`` (rows, R), ``recorded`` (the step's ``old_log_probs`` or ``ref_log_prob`` of those rows),
+    ``response_mask`` and ``micro_batches`` (positions in ``rows``, in execution order). No gradient is taken and no
+    weight moves: a forward's batching changes its numbers at float rounding only."""
+    r = resolve_run(run)
+    if 1 not in r.steps:
+        raise ValueError(f"{r.path} has no recorded step 1; only step 1's π_old is the seeded initial model")
+    cfg = r.ppo_config()
+    key = "ref_log_prob" if reference else "old_log_probs"
+    tensors = r.step(1).batch_tensors()
+    if key not in tensors:
+        raise ValueError(f"{r.path}'s step 1 recorded no {key} (a run without "
+                         f"{'a reference model' if reference else 'a recomputed π_old: bypass mode'})")
+    tensors["is_pad"] = tensors["is_pad"].bool()
+    rows = _within(r, 1, list(range(len(tensors["responses"]))), max_logits)
+    batch = Batch(tensors).select(rows)
+    batch["row_id"] = torch.arange(len(rows))
+    side = cfg.actor_rollout_ref.ref if reference else cfg.actor_rollout_ref.rollout
+    if micro_batch_size is not None and max_token_len is not None:
+        raise ValueError("give micro_batch_size (fixed micro-batches) or max_token_len (packed by tokens), not both")
+    batching = (forward_batching(side, len(batch)) if micro_batch_size is None and max_token_len is None
+                else InferBatching(micro_batch_size, max_token_len))  # the run's own, as the trainer reads it
+    temperature = cfg.actor_rollout_ref.rollout.temperature
+    with REPLAY_LOCK:
+        models = run_models(r)
+        worker = (ReferenceWorker(models, temperature=temperature) if reference else
+                  ActorWorker(None, models, temperature=temperature))
+        parts = worker.micro_batches(batch, batching)
+        out = worker.infer(batch, batching)
+    return {"rows": rows, "log_probs": out["log_probs"], "recorded": batch[key],
+            "response_mask": batch["response_mask"], "micro_batches": parts}
 
 
 def require_policy_loss(r: Run, loss_mode: str | None = None) -> None:

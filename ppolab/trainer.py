@@ -33,7 +33,7 @@ from ppolab.metrics import data_metrics, signal_metrics, timer, timing_metrics
 from ppolab.rewards import reward_components, score_responses
 from ppolab.rng import load_rng_state, rng_state, seed_everything
 from ppolab.rollout import SamplingParams, make_rollout_engine, require_engine
-from ppolab.update_plan import UpdatePlan
+from ppolab.update_plan import UpdatePlan, forward_batching
 from ppolab.worker import ActorWorker, CriticWorker, InferBatching, ReferenceWorker, build_models
 
 
@@ -205,8 +205,7 @@ class PPOTrainer:
         if cfg.algorithm.rollout_correction.bypass_mode:
             batch["old_log_probs"] = batch["rollout_log_probs"].clone()
             return batch, {}
-        micro = None if rollout.log_prob_use_dynamic_bsz else rollout.log_prob_micro_batch_size_per_gpu or len(batch)
-        out = self._infer(self.actor, batch, InferBatching(micro, rollout.log_prob_max_token_len_per_gpu),
+        out = self._infer(self.actor, batch, forward_batching(rollout, len(batch)),
                           entropy=True, sum_pi_squared=actor.calculate_sum_pi_squared)
         batch["old_log_probs"], batch["entropy"] = out["log_probs"], out["entropy"]
         if actor.calculate_sum_pi_squared:  # Σ_v π(v)² per position, for the optimal-token-baseline estimators
@@ -222,9 +221,7 @@ class PPOTrainer:
         """π_ref: the same forward with LoRA disabled (or the frozen copy), same temperature (verl V1
         `trainer_base.py` stage 5)."""
         ref = self.config.actor_rollout_ref.ref
-        micro = None if ref.log_prob_use_dynamic_bsz else ref.log_prob_micro_batch_size_per_gpu or len(batch)
-        batch["ref_log_prob"] = self._infer(self.ref, batch,
-                                            InferBatching(micro, ref.log_prob_max_token_len_per_gpu))["log_probs"]
+        batch["ref_log_prob"] = self._infer(self.ref, batch, forward_batching(ref, len(batch)))["log_probs"]
         return batch
 
     def compute_values(self, batch: Batch) -> Batch:

@@ -275,6 +275,14 @@ def train_batching(config: Any, role: str) -> InferBatching:
     raise ValueError(f"role={role!r}: an update plan belongs to 'actor' or 'critic'")
 
 
+def forward_batching(config: Any, n_rows: int) -> InferBatching:
+    """How a forward-only pass cuts its ``n_rows`` rows, from its config slice — ``rollout`` for π_old (stage 4),
+    ``ref`` for π_ref (stage 5): ``log_prob_micro_batch_size_per_gpu`` rows at a time (all of them when unset), or
+    packed by ``log_prob_max_token_len_per_gpu`` when ``log_prob_use_dynamic_bsz`` (chapter §11.6)."""
+    micro = None if config.log_prob_use_dynamic_bsz else config.log_prob_micro_batch_size_per_gpu or n_rows
+    return InferBatching(micro, config.log_prob_max_token_len_per_gpu)
+
+
 def role_config(cfg: Any, role: str) -> Any:
     """The role's config slice of the full config ``cfg``: ``actor_rollout_ref.actor`` or ``critic``."""
     if role not in ("actor", "critic"):

@@ -194,3 +194,38 @@ def test_lab_03s_large_drift_replay_is_where_the_lab_says_and_no_token_passes_th
     assert [s["scale"] for s in scales] == [1.0, 10.0, 100.0, 1000.0, 10000.0] and out["rows"] > 0
     assert all(s["n_clamped"] == 0 and s["max_abs_log_ratio"] < 20 for s in scales), scales
     assert scales[0]["max_abs_log_ratio"] < scales[1]["max_abs_log_ratio"]  # a longer step drifts further
+
+
+# ------------------------------------------------------------------------ the forward passes' micro-batches (§11.6)
+@pytest.mark.parametrize("reference", [False, True], ids=["old", "ref"])
+def test_a_forward_pass_changes_with_its_micro_batching_at_rounding_only(reference):
+    """Stage 4's π_old and stage 5's π_ref rerun by the worker's forward (lab 13's §11.6 cell): at every batching
+    the recorded log-probs come back (within the cross-machine rounding), the micro-batches are the ones asked for
+    — one per row, one for all, or packed within the token budget — and no weight of the shared models moves."""
+    from ppolab.replay import replay_forward
+
+    before = [p.detach().clone() for p in run_models(RUN).actor_parameters()]
+    t = RUN.step(1).tensors
+    lengths = (t["prompt_mask"].sum(-1) + t["response_mask"].sum(-1)).tolist()
+    n = len(lengths)
+    own = replay_forward(RUN, reference=reference)
+    assert own["rows"] == list(range(n))  # a 29-token vocabulary: every row fits
+    m = own["response_mask"].bool()
+    for kw, count in (({"micro_batch_size": 1}, n), ({"micro_batch_size": n}, 1), ({"max_token_len": 100}, None)):
+        out = replay_forward(RUN, reference=reference, **kw)
+        assert sorted(i for part in out["micro_batches"] for i in part) == list(range(n))
+        if count is not None:
+            assert len(out["micro_batches"]) == count
+        else:
+            assert all(sum(lengths[i] for i in part) <= 100 for part in out["micro_batches"])
+            assert len(out["micro_batches"]) > 1
+        assert float((out["log_probs"] - own["log_probs"])[m].abs().max()) < 1e-5
+        assert float((out["log_probs"] - out["recorded"])[m].abs().max()) < CROSS_MACHINE_LOGPROB_ATOL
+    assert max_abs_diff(before, list(run_models(RUN).actor_parameters())) == 0.0
+    # a bound on the logits (a real vocabulary's) keeps the first group of rollout.n rows, and their recorded values
+    few = replay_forward(RUN, reference=reference, max_logits=1)
+    group = RUN.ppo_config().actor_rollout_ref.rollout.n
+    assert few["rows"] == list(range(group)) and few["log_probs"].shape[0] == group
+    assert torch.equal(few["recorded"], own["recorded"][:group])
+    with pytest.raises(ValueError, match="not both"):
+        replay_forward(RUN, micro_batch_size=1, max_token_len=100)
