@@ -368,6 +368,32 @@ def test_the_doctor_speaks_chinese_on_the_command_line(capsys):
         "ppo_fire_tiny", ["actor_rollout_ref.actor.ppo_mini_batch_size=7"]))
 
 
+def test_the_doctors_rollout_and_correction_checks_speak_chinese(capsys):
+    """Issue 55: ppolab's copies of verl's rollout dtype, rollout IS and rollout rejection checks say their STOP in
+    Chinese under --zh, and word for word as before without it."""
+    overrides = ["actor_rollout_ref.rollout.dtype=bf16", "algorithm.rollout_correction.rollout_is=token",
+                 "actor_rollout_ref.rollout.calculate_log_probs=false"]  # ppo_fire_tiny rejects by rollout_rs
+    assert main(["verl", "ppo_fire_tiny", "--zh", *overrides]) == 0
+    stops = [ln for ln in capsys.readouterr().out.splitlines() if "STOP" in ln]
+    dtype = "  STOP: actor_rollout_ref.rollout.dtype='bf16' 不是有效值（是不是想写 bfloat16？）；" \
+            "可选：null, float32, bfloat16, float16"
+    weights = "  STOP: algorithm.rollout_correction.rollout_is='token' 需要 " \
+              "actor_rollout_ref.rollout.calculate_log_probs=true（rollout IS 权重是 old 与 rollout 概率之比）"
+    assert dtype in stops and weights in stops, stops
+    assert any(ln.endswith("（rollout rejection 要比较 old 与 rollout 的 log-prob）") for ln in stops), stops
+    assert not any(w in ln for ln in stops for w in ("is not valid", "needs", "rejection compares")), stops
+    assert main(["verl", "ppo_fire_tiny", *overrides]) == 0
+    stops = [ln for ln in capsys.readouterr().out.splitlines() if "STOP" in ln]
+    assert stops == [
+        "  STOP: actor_rollout_ref.rollout.dtype='bf16' is not valid (did you mean bfloat16?); choose one of null, "
+        "float32, bfloat16, float16",
+        "  STOP: algorithm.rollout_correction.rollout_is='token' needs actor_rollout_ref.rollout.calculate_log_probs="
+        "true (the IS weights are old / rollout probabilities)",
+        "  STOP: algorithm.rollout_correction.rollout_rs='token_k1,seq_max_k2' needs "
+        "actor_rollout_ref.rollout.calculate_log_probs=true (rejection compares the old and the rollout log-probs)",
+    ], stops
+
+
 def test_a_megatron_batch_is_checked_as_verl_checks_it(tmp_path):
     # verl's validate_config: real_train_batch_size % (megatron_dp × ppo_micro_batch_size_per_gpu) — 63 × 2 over
     # dp 2 (TP 2 × PP 2 on 8 GPUs) × micro 2

@@ -59,13 +59,15 @@ class _Checks:
         if v not in allowed:
             names = ["null" if a is None else str(a) for a in allowed]
             close = difflib.get_close_matches(str(v), names, n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            self.errors.append(f"{key}={v!r} is not valid{hint}; choose one of {', '.join(names)}")
+            hint = tr(" (did you mean {name}?)").format(name=close[0]) if close else ""
+            self.errors.append(tr("{key}={v!r} is not valid{hint}; choose one of {names}").format(
+                key=key, v=v, hint=hint, names=", ".join(names)))
 
     def kl_name(self, key: str, allowed: tuple[str, ...]) -> None:
         if str(self.get(key)).rstrip("+") == "full":
-            self.errors.append(f"{key}='full' is not allowed: verl does not implement the full-distribution "
-                               f"KL (it raises NotImplementedError); choose one of {', '.join(allowed)}")
+            self.errors.append(tr("{key}={v!r} is not allowed: verl does not implement the full-distribution "
+                                  "KL (it raises NotImplementedError); choose one of {names}").format(
+                key=key, v="full", names=", ".join(allowed)))
         else:
             self.choice(key, allowed)
 
@@ -172,7 +174,7 @@ def _check_batches(c: _Checks, p: str) -> None:
         plan_batches(tb, n, c.get(f"{p}.ppo_mini_batch_size"), c.dp_size, fixed_micro, c.get(f"{p}.ppo_epochs"),
                      pad_to=c.cfg.padding_multiple(c.dp_size))
     except ValueError as e:  # say it with dotted keys; keep the planner's words if ours find nothing
-        c.errors.extend(_batch_errors(c, p) or [f"{p} batch sizes: {e}"])
+        c.errors.extend(_batch_errors(c, p) or [tr("{p} batch sizes: {error}").format(p=p, error=e)])
 
 
 def _check_names(c: _Checks) -> None:
@@ -182,9 +184,9 @@ def _check_names(c: _Checks) -> None:
     before = len(c.errors)
     c.choice(f"{_A}.policy_loss.loss_mode", names["loss_mode"])
     if len(c.errors) > before:  # a learner's loss is registered only in the process that plugged it in
-        c.errors[-1] += ("; a loss of your own is plugged in first, in this process: "
-                         "ppolab.experiments.capstone_grade.plug_in(your_loss, name) "
-                         "(or ppolab.algos.register_policy_loss)")
+        c.errors[-1] += tr("; a loss of your own is plugged in first, in this process: {call} (or {register})").format(
+            call="ppolab.experiments.capstone_grade.plug_in(your_loss, name)",
+            register="ppolab.algos.register_policy_loss")
     c.kl_name(f"{_A}.kl_loss_type", names["kl"])
     c.kl_name("algorithm.kl_penalty", names["kl"])
     c.choice("algorithm.adv_estimator", names["adv_estimator"])
@@ -200,28 +202,29 @@ def _check_names(c: _Checks) -> None:
 
 def _check_data_model(c: _Checks) -> None:
     cfg = c.cfg
-    c.ok(cfg.data.train_files, "data.train_files is empty: give at least one parquet file")
+    c.ok(cfg.data.train_files, tr("data.train_files is empty: give at least one {fmt} file").format(fmt="parquet"))
     c.ok(cfg.data.val_files or not (cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train),
-         "data.val_files is empty but trainer.test_freq / trainer.val_before_train ask for validation: give "
-         "val files, or set trainer.test_freq=-1 and trainer.val_before_train=false")
+         tr("data.val_files is empty but trainer.test_freq / trainer.val_before_train ask for validation: give "
+            "val files, or set trainer.test_freq=-1 and trainer.val_before_train=false"))
     for key in ("train_batch_size", "max_prompt_length", "max_response_length"):
         c.positive(f"data.{key}")
     c.positive("data.val_max_samples", optional=True)
-    c.ok(cfg.actor_rollout_ref.model.path, "actor_rollout_ref.model.path is empty: give a model directory")
+    c.ok(cfg.actor_rollout_ref.model.path, tr("actor_rollout_ref.model.path is empty: give a model directory"))
     actor_path, critic_path = cfg.actor_rollout_ref.model.path, cfg.critic.model.path
     c.ok(not (cfg.use_critic and cfg.actor_rollout_ref.model.lora_rank > 0 and critic_path and actor_path
               and os.path.realpath(critic_path) != os.path.realpath(actor_path)),
-         f"critic.model.path={critic_path!r} would be ignored: with actor_rollout_ref.model.lora_rank > 0 the "
-         "critic is a LoRA adapter on the actor's base model; unset critic.model.path, or set "
-         "actor_rollout_ref.model.lora_rank=0 for a separate critic model")
+         tr("critic.model.path={path!r} would be ignored: with actor_rollout_ref.model.lora_rank > 0 the "
+            "critic is a LoRA adapter on the actor's base model; unset critic.model.path, or set "
+            "actor_rollout_ref.model.lora_rank=0 for a separate critic model").format(path=critic_path))
     for m in ("actor_rollout_ref.model", "critic.model") if cfg.use_critic else ("actor_rollout_ref.model",):
         rank, targets = c.get(f"{m}.lora_rank"), c.get(f"{m}.target_modules")
-        if c.ok(isinstance(rank, int) and rank >= 0, f"{m}.lora_rank={rank!r} must be ≥ 0 (0 = no LoRA)") \
-                and rank > 0:
+        if c.ok(isinstance(rank, int) and rank >= 0,
+                tr("{key}={v!r} must be ≥ 0 (0 = no LoRA)").format(key=f"{m}.lora_rank", v=rank)) and rank > 0:
             c.positive(f"{m}.lora_alpha")
             names = isinstance(targets, list) and targets and all(isinstance(t, str) for t in targets)
             c.ok(targets == "all-linear" or names,
-                 f"{m}.target_modules={targets!r} must be a non-empty list of module names or 'all-linear'")
+                 tr("{key}={v!r} must be a non-empty list of module names or {all_linear}").format(
+                     key=f"{m}.target_modules", v=targets, all_linear="'all-linear'"))
 
 
 def _check_rollout(c: _Checks) -> None:
@@ -247,19 +250,22 @@ def _check_rollout(c: _Checks) -> None:
                                           "data.max_response_length = {need}").format(key=f"{_R}.max_model_len",
                                                                                       v=ro.max_model_len, need=need))
     c.ok(ro.name != "vllm" or cfg.actor_rollout_ref.model.lora_rank > 0,
-         f"{_R}.name=vllm pushes the actor to vLLM as a LoRA adapter; set actor_rollout_ref.model.lora_rank > 0 "
-         f"or use {_R}.name=hf for full fine-tuning")
+         tr("{r}.name=vllm pushes the actor to vLLM as a LoRA adapter; set actor_rollout_ref.model.lora_rank > 0 "
+            "or use {r}.name=hf for full fine-tuning").format(r=_R))
     model_dtype = cfg.actor_rollout_ref.model.dtype
     if ro.dtype is not None and ro.dtype != model_dtype:
         tool_agent = ro.multi_turn.enable and ro.agent.default_agent_loop == "tool_agent"
         c.ok(ro.name == "hf" and not tool_agent,
-             f"{_R}.dtype={ro.dtype!r} differs from actor_rollout_ref.model.dtype={model_dtype!r}: a separate "
-             f"rollout dtype is implemented for the single-turn hf engine only; leave {_R}.dtype=null")
-        c.ok(model_dtype == "float32", f"{_R}.dtype={ro.dtype!r} with actor_rollout_ref.model.dtype={model_dtype!r}: "
-             "the hf engine generates on the actor's own weights and can only lower their precision (autocast "
-             "from float32); leave it null or set model.dtype=float32")
+             tr("{key}={dtype!r} differs from actor_rollout_ref.model.dtype={model_dtype!r}: a separate "
+                "rollout dtype is implemented for the single-turn hf engine only; leave {key}=null").format(
+                 key=f"{_R}.dtype", dtype=ro.dtype, model_dtype=model_dtype))
+        c.ok(model_dtype == "float32",
+             tr("{key}={dtype!r} with actor_rollout_ref.model.dtype={model_dtype!r}: the hf engine generates on "
+                "the actor's own weights and can only lower their precision (autocast from float32); leave it null "
+                "or set model.dtype=float32").format(key=f"{_R}.dtype", dtype=ro.dtype, model_dtype=model_dtype))
     c.ok(ro.name != "vllm" or not (ro.multi_turn.enable and ro.agent.default_agent_loop == "tool_agent"),
-         f"{_R}.name=vllm with the tool agent loop: ppolab's tool agent runs on the hf engine; use {_R}.name=hf")
+         tr("{r}.name=vllm with the tool agent loop: ppolab's tool agent runs on the hf engine; use "
+            "{r}.name=hf").format(r=_R))
     # Forward-only passes: old log-probs (skipped in bypass mode), ref log-probs (when a KL path is on).
     bypass = cfg.algorithm.rollout_correction.bypass_mode
     for p in [q for q, used in ((_R, not bypass), (_REF, cfg.use_reference_policy)) if used]:
@@ -307,12 +313,14 @@ def _check_policy_loss(c: _Checks) -> None:
     ca, key = c.cfg.actor_rollout_ref.actor, f"{_A}.policy_loss"
     pl, mode = ca.policy_loss, ca.policy_loss.loss_mode
     if mode == "dro":
-        c.ok(pl.dro_beta is not None and pl.dro_beta > 0, f"{key}.dro_beta={pl.dro_beta!r} must be > 0 with "
-             f"{key}.loss_mode=dro (the weight β of the quadratic log-ratio penalty; verl raises without it)")
+        c.ok(pl.dro_beta is not None and pl.dro_beta > 0,
+             tr("{key}.dro_beta={v!r} must be > 0 with {key}.loss_mode=dro (the weight β of the quadratic "
+                "log-ratio penalty; verl raises without it)").format(key=key, v=pl.dro_beta))
     if mode == "clip_cov":
         c.at_least(f"{key}.clip_cov_ratio", 0, strict=True, why=" (share of tokens clip_cov may zero)")
-        c.ok(pl.clip_cov_lb < pl.clip_cov_ub, f"{key}.clip_cov_lb={pl.clip_cov_lb!r} must be < "
-             f"{key}.clip_cov_ub={pl.clip_cov_ub!r}: a token is a candidate when lb < cov < ub")
+        c.ok(pl.clip_cov_lb < pl.clip_cov_ub,
+             tr("{key}.clip_cov_lb={lb!r} must be < {key}.clip_cov_ub={ub!r}: a token is a candidate when "
+                "lb < cov < ub").format(key=key, lb=pl.clip_cov_lb, ub=pl.clip_cov_ub))
     if mode == "kl_cov":
         c.at_least(f"{key}.kl_cov_ratio", 0, strict=True, why=" (share of tokens kl_cov penalises)")
         c.at_least(f"{key}.ppo_kl_coef", 0)
@@ -328,19 +336,23 @@ def _check_policy_loss(c: _Checks) -> None:
             try:
                 parse_rollout_rs(rc.rollout_rs, rc.rollout_rs_threshold)
             except (ValueError, TypeError) as e:
-                c.errors.append(f"{key}.rollout_correction.rollout_rs={rc.rollout_rs!r} with rollout_rs_threshold="
-                                f"{rc.rollout_rs_threshold!r}: {e}")
+                c.errors.append(tr("{key}.rollout_correction.rollout_rs={rs!r} with rollout_rs_threshold="
+                                   "{threshold!r}: {error}").format(key=key, rs=rc.rollout_rs,
+                                                                    threshold=rc.rollout_rs_threshold, error=e))
     est, alg = c.cfg.algorithm.adv_estimator, c.cfg.algorithm
     if est == "gdpo":
         keys, weights = alg.gdpo_reward_keys, alg.gdpo_reward_weights
-        if c.ok(keys, "algorithm.gdpo_reward_keys is empty but algorithm.adv_estimator=gdpo normalises each reward "
-                "component on its own: list the keys compute_score returns, e.g. [format_reward, accuracy_reward]"):
-            c.ok(weights is None or len(weights) == len(keys), f"algorithm.gdpo_reward_weights has "
-                 f"{len(weights or [])} entries for {len(keys)} algorithm.gdpo_reward_keys: give one weight per key "
-                 "(or null for all 1)")
+        if c.ok(keys, tr("algorithm.gdpo_reward_keys is empty but algorithm.adv_estimator=gdpo normalises each "
+                         "reward component on its own: list the keys compute_score returns, e.g. [format_reward, "
+                         "accuracy_reward]")):
+            c.ok(weights is None or len(weights) == len(keys),
+                 tr("algorithm.gdpo_reward_weights has {n_weights} entries for {n_keys} algorithm.gdpo_reward_keys: "
+                    "give one weight per key (or null for all 1)").format(n_weights=len(weights or []),
+                                                                          n_keys=len(keys)))
     if est in ("optimal_token_baseline", "tir_optimal_token_baseline"):
-        c.ok(ca.calculate_sum_pi_squared, f"algorithm.adv_estimator={est} needs {_A}.calculate_sum_pi_squared=true "
-             "(its baseline weights use Σπ² from the old-log-prob forward)")
+        c.ok(ca.calculate_sum_pi_squared,
+             tr("algorithm.adv_estimator={est} needs {a}.calculate_sum_pi_squared=true (its baseline weights use "
+                "Σπ² from the old-log-prob forward)").format(est=est, a=_A))
 
 
 def _check_algorithm_trainer(c: _Checks) -> None:
@@ -348,9 +360,10 @@ def _check_algorithm_trainer(c: _Checks) -> None:
     est, n = alg.adv_estimator, cfg.actor_rollout_ref.rollout.n
     # verl gives a group of one mean 0 and std 1 (core_algos.py, `len(id2score[idx]) == 1`): the raw score is the
     # advantage — legal, a notice (_notices). Only grpo_passk raises on it, at the first step's advantages.
-    c.ok(not (est == "grpo_passk" and n == 1), f"{_R}.n=1 with algorithm.adv_estimator=grpo_passk: a group of "
-         "one has no baseline and verl raises at the first step (core_algos.py::"
-         f"compute_grpo_passk_outcome_advantage needs ≥ 2 samples a group); set {_R}.n ≥ 2 (e.g. 8)")
+    c.ok(not (est == "grpo_passk" and n == 1),
+         tr("{r}.n=1 with algorithm.adv_estimator=grpo_passk: a group of one has no baseline and verl raises at the "
+            "first step (core_algos.py::compute_grpo_passk_outcome_advantage needs ≥ 2 samples a group); set "
+            "{r}.n ≥ 2 (e.g. 8)").format(r=_R))
     c.unit("algorithm.gamma", lo_open=False)
     c.unit("algorithm.lam", lo_open=False)
     if cfg.custom_reward_function.timeout_s is not None:
@@ -360,51 +373,61 @@ def _check_algorithm_trainer(c: _Checks) -> None:
         c.at_least("algorithm.kl_ctrl.horizon", 0, strict=True, why=" for the adaptive controller")
         c.at_least("algorithm.kl_ctrl.target_kl", 0, strict=True, why=" for the adaptive controller")
     rc, logp = alg.rollout_correction, cfg.actor_rollout_ref.rollout.calculate_log_probs
-    c.ok(logp or not rc.bypass_mode, f"algorithm.rollout_correction.bypass_mode=true needs "
-         f"{_R}.calculate_log_probs=true (bypass mode uses the rollout log-probs as old log-probs)")
-    c.ok(logp or not rc.rollout_is, f"algorithm.rollout_correction.rollout_is={rc.rollout_is!r} needs {_R}."
-         "calculate_log_probs=true (the IS weights are old / rollout probabilities)")
+    c.ok(logp or not rc.bypass_mode, tr("algorithm.rollout_correction.bypass_mode=true needs "
+                                        "{r}.calculate_log_probs=true (bypass mode uses the rollout log-probs as old "
+                                        "log-probs)").format(r=_R))
+    c.ok(logp or not rc.rollout_is,
+         tr("algorithm.rollout_correction.rollout_is={v!r} needs {r}.calculate_log_probs=true (the IS weights are "
+            "old / rollout probabilities)").format(v=rc.rollout_is, r=_R))
     if isinstance(rc.rollout_is_threshold, str):  # IcePop "lower_upper": verl's parser decides
         from ppolab.algos.correction import parse_is_threshold
 
         try:
             parse_is_threshold(rc.rollout_is_threshold)
         except ValueError as e:
-            c.errors.append(f"algorithm.rollout_correction.rollout_is_threshold: {e}")
+            c.errors.append(tr("algorithm.rollout_correction.rollout_is_threshold: {error}").format(error=e))
     else:
         c.at_least("algorithm.rollout_correction.rollout_is_threshold", 0, strict=True)
-    c.ok(rc.loss_type == "ppo_clip", f"algorithm.rollout_correction.loss_type={rc.loss_type!r} has no effect (verl V1 "
-         f"reads it only under loss_mode=bypass_mode): set {_A}.policy_loss.rollout_correction.loss_type instead")
+    c.ok(rc.loss_type == "ppo_clip",
+         tr("algorithm.rollout_correction.loss_type={v!r} has no effect (verl V1 reads it only under "
+            "loss_mode=bypass_mode): set {a}.policy_loss.rollout_correction.loss_type instead").format(
+             v=rc.loss_type, a=_A))
     c.ok(not cfg.actor_rollout_ref.actor.policy_loss.rollout_correction.bypass_mode,
-         f"{_A}.policy_loss.rollout_correction.bypass_mode has no effect (the loss never reads it): set "
-         "algorithm.rollout_correction.bypass_mode=true for V1 bypass, or policy_loss.loss_mode=bypass_mode")
+         tr("{a}.policy_loss.rollout_correction.bypass_mode has no effect (the loss never reads it): set "
+            "algorithm.rollout_correction.bypass_mode=true for V1 bypass, or policy_loss.loss_mode=bypass_mode").format(
+             a=_A))
     if rc.rollout_rs is not None:
         _check_rollout_rs(c, logp)
     t = cfg.trainer
     c.positive("trainer.total_training_steps", optional=True)
     c.positive("trainer.total_epochs", optional=True)
-    c.ok(t.total_training_steps is not None or t.total_epochs is not None, "trainer.total_training_steps and "
-         "trainer.total_epochs are both null: give at least one (the run would never stop)")
+    c.ok(t.total_training_steps is not None or t.total_epochs is not None,
+         tr("trainer.total_training_steps and trainer.total_epochs are both null: give at least one (the run would "
+            "never stop)"))
     for key in ("trainer.save_freq", "trainer.test_freq", "trainer.record_freq"):
         c.ok(c.get(key) == -1 or c.get(key) >= 1,
-             f"{key}={c.get(key)!r} is not valid: use a step interval ≥ 1, or -1 for never (not 0)")
+             tr("{key}={v!r} is not valid: use a step interval ≥ 1, or -1 for never (not 0)").format(key=key,
+                                                                                                    v=c.get(key)))
     c.at_least("trainer.critic_warmup", 0)
     c.positive("trainer.n_gpus_per_node", optional=True)
     c.positive("trainer.nnodes", optional=True)
     if t.n_gpus_per_node is not None or t.nnodes is not None:
         nodes, per_node = t.nnodes or 1, t.n_gpus_per_node or 1
-        c.ok(nodes * per_node == c.world_size, f"trainer.nnodes × trainer.n_gpus_per_node = {nodes} × {per_node} "
-             f"= {nodes * per_node}, but {c.world_size} process(es) were launched: start "
-             f"torchrun --nnodes {nodes} --nproc_per_node {per_node} (or leave both null to take the launcher's)")
-    c.ok(not cfg.actor_rollout_ref.actor.global_batch_info, f"{_A}.global_batch_info is set per mini-batch by the "
-         "worker (verl writes it at run time); it is not a config key — remove it")
+        c.ok(nodes * per_node == c.world_size,
+             tr("trainer.nnodes × trainer.n_gpus_per_node = {nodes} × {per_node} = {total}, but {world} process(es) "
+                "were launched: start {command} (or leave both null to take the launcher's)").format(
+                 nodes=nodes, per_node=per_node, total=nodes * per_node, world=c.world_size,
+                 command=f"torchrun --nnodes {nodes} --nproc_per_node {per_node}"))
+    c.ok(not cfg.actor_rollout_ref.actor.global_batch_info,
+         tr("{a}.global_batch_info is set per mini-batch by the worker (verl writes it at run time); it is not a "
+            "config key — remove it").format(a=_A))
 
 
 def _check_rollout_rs(c: _Checks, logp: bool) -> None:
     """``rollout_rs`` / ``rollout_rs_threshold``: verl's own parser decides, the message names both keys."""
     rc, key = c.cfg.algorithm.rollout_correction, "algorithm.rollout_correction.rollout_rs"
-    c.ok(logp, f"{key}={rc.rollout_rs!r} needs {_R}.calculate_log_probs=true (rejection compares the old and the "
-         "rollout log-probs)")
+    c.ok(logp, tr("{key}={v!r} needs {r}.calculate_log_probs=true (rejection compares the old and the rollout "
+                  "log-probs)").format(key=key, v=rc.rollout_rs, r=_R))
     try:
         from ppolab.algos.correction import parse_rollout_rs
     except ImportError:  # the formula core is not importable: nothing more can be checked here
@@ -412,14 +435,15 @@ def _check_rollout_rs(c: _Checks, logp: bool) -> None:
     for option in (o.strip() for o in str(rc.rollout_rs).split(",") if o.strip()):
         if option not in ROLLOUT_RS_OPTIONS:
             close = difflib.get_close_matches(option, ROLLOUT_RS_OPTIONS, n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            c.errors.append(f"{key}: option {option!r} is not valid{hint}; choose a comma list of "
-                            f"{', '.join(ROLLOUT_RS_OPTIONS)}")
+            hint = tr(" (did you mean {name}?)").format(name=close[0]) if close else ""
+            c.errors.append(tr("{key}: option {option!r} is not valid{hint}; choose a comma list of {options}").format(
+                key=key, option=option, hint=hint, options=", ".join(ROLLOUT_RS_OPTIONS)))
             return
     try:
         parse_rollout_rs(rc.rollout_rs, rc.rollout_rs_threshold)
     except (ValueError, TypeError) as e:
-        c.errors.append(f"{key}={rc.rollout_rs!r} with {key}_threshold={rc.rollout_rs_threshold!r}: {e}")
+        c.errors.append(tr("{key}={v!r} with {key}_threshold={threshold!r}: {error}").format(
+            key=key, v=rc.rollout_rs, threshold=rc.rollout_rs_threshold, error=e))
 
 
 def _notices(c: _Checks) -> None:
@@ -520,7 +544,8 @@ def check_config(cfg: PPOConfig, world_size: int = 1, dp_size: int | None = None
     ``megatron``: a verl job's data-parallel size and engine, where the doctor reads them
     (:func:`ppolab.verl_config.data_parallel`); ppolab's own trainer is data parallel on every rank."""
     c = _Checks(cfg, world_size, dp_size, megatron)
-    c.ok(isinstance(world_size, int) and world_size > 0, f"world_size={world_size!r} must be a positive int")
+    c.ok(isinstance(world_size, int) and world_size > 0,
+         tr("world_size={v!r} must be a positive int").format(v=world_size))
     for check in (_check_names, _check_data_model, _check_rollout, _check_actor_critic, _check_policy_loss,
                   _check_algorithm_trainer, _notices):
         check(c)
