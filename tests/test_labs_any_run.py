@@ -45,7 +45,107 @@ def fresh_grpo(fresh_run) -> str:
 OWN_RUN_TAG = "own-run"
 
 
-def run_lab(lab: str | tuple[str, ...], run: str, skip_own_run: bool = False) -> str:
+#: Run first in a kernel whose labs are checked for copyable answers (:func:`run_lab`): ``ppolab.exercises.check``
+#: wrapped so every call also computes its exercise's truth with the call's own context — at the cell that asks —
+#: and keeps the numbers it holds. The labs import ``check`` after it.
+RECORD_TRUTHS = """\
+import ppolab.exercises
+
+
+def _install(ex):  # closures, not globals: each lab's %reset -f empties the user namespace
+    plain = ex.check
+
+    def numbers(x):
+        if hasattr(x, "tolist"):
+            x = x.tolist()
+        if isinstance(x, bool) or x is None or isinstance(x, str):
+            return []
+        if isinstance(x, (int, float)):
+            return [float(x)]
+        if isinstance(x, dict):
+            return [v for y in x.values() for v in numbers(y)]
+        if isinstance(x, (list, tuple)):
+            return [v for y in x for v in numbers(y)]
+        return []
+
+    def check(id, answer, **context):
+        verdict = plain(id, answer, **context)
+        try:
+            e = ex.registry()[id]
+            value = e.compute(**ex._accepted(e.compute, context))
+        except Exception:  # a run that lacks the mechanism: no truth to copy
+            return verdict
+        ex._truths_seen.append({"id": id, "values": numbers(value)})
+        return verdict
+
+    ex._truths_seen = []
+    ex.check = check
+
+
+if not hasattr(ppolab.exercises, "_truths_seen"):
+    _install(ppolab.exercises)
+"""
+TRUTHS_MARK = "TRUTHS-SEEN:"
+#: (exercise, printed number to 4 decimals) → why a number the executed lab printed before the exercise is another
+#: quantity that happens to lie within the exercise's tolerance on the run of the matrix (as
+#: tests/test_no_copyable_answers.py's COINCIDENCES for the stored outputs).
+EXECUTED_COINCIDENCES = {
+    ("15.5", 0.2322): "the fresh grpo_tiny run's advantage mean per token at step 3 (lab 15's signal table) lies "
+                      "0.07 % from ppo_fire_tiny's truth 0.23206 — 15.5 reads ppo_fire_tiny where the learner's run "
+                      "logs no actor/entropy_loss",
+}
+
+
+def copyable_answers(combined, owner: list[tuple[str, int]]) -> list[str]:
+    """Each exercise a lab asked (its truth recorded by :data:`RECORD_TRUTHS`) that a number printed before it — in the
+    outputs of the lab's earlier cells, or in its markdown above — answers within the exercise's tolerance (an answer
+    of several values only when every one of them is printed; integers are not offered: counts appear in any text
+    about a run; the COINCIDENCES of tests/test_no_copyable_answers.py and :data:`EXECUTED_COINCIDENCES` excepted).
+    The check the stored-outputs test cannot make for a lab that stores none (lab 18), on the run the lab ran on."""
+    import json as _json
+
+    import nbformat
+    from test_no_copyable_answers import COINCIDENCES, NUMBER
+
+    from ppolab.exercises import matches, registry
+
+    reg = registry()
+    last = "".join(o.get("text", "") for o in combined.cells[-1].get("outputs", []))
+    seen = _json.loads(last.split(TRUTHS_MARK, 1)[1]) if TRUTHS_MARK in last else []
+    markdown: dict[str, list[str]] = {}
+    out = []
+    for rec in seen:
+        # the cell that asks: the one whose code calls check on the exercise
+        calls = (f'check("{rec["id"]}"', f"check('{rec['id']}'")
+        j = next((i for i, c in enumerate(combined.cells) if any(k in c.source for k in calls)), None)
+        if j is None:
+            continue
+        lab, cell = owner[j]
+        if lab not in markdown:
+            markdown[lab] = [c.source if c.cell_type == "markdown" else ""
+                             for c in nbformat.read(ROOT / "labs" / f"{lab}.ipynb", as_version=4).cells]
+        text = "".join(markdown[lab][:max(cell, 0)])
+        for k in range(j):
+            if owner[k][0] == lab:
+                for o in combined.cells[k].get("outputs", []):
+                    data = o.get("data", {})
+                    text += "".join(o.get("text", "")) + "".join(data.get(m, "") for m in
+                                                                  ("text/plain", "text/markdown", "text/html"))
+        shown = {float(m) for m in NUMBER.findall(text)}
+        ex = reg[rec["id"]]
+        values = [v for v in rec["values"] if abs(v - round(v)) > 1e-6]
+        accepted = {v: [c for c in shown if (rec["id"], c) not in COINCIDENCES
+                        and (rec["id"], round(c, 4)) not in EXECUTED_COINCIDENCES and matches(c, v, ex.rel, ex.abs)]
+                    for v in values}
+        # an answer of several values (a dict, a pair, a tensor) is checked as a whole: copyable when every one is
+        if values and (all(accepted.values()) if len(rec["values"]) > 1 else any(accepted.values())):
+            printed = sorted({c for a in accepted.values() for c in a})[:3]
+            out.append(f"{rec['id']} ({lab}, cell {cell}): printed before it {printed} answer its truth {values[:3]}")
+    return out
+
+
+def run_lab(lab: str | tuple[str, ...], run: str, skip_own_run: bool = False,
+            copy_check: bool = False) -> str:
     """Every code cell of ``labs/<lab>.ipynb`` (or of each lab of a tuple, in order) executed with
     ``PPOLAB_RUN=run`` in one kernel, the user namespace emptied (``%reset -f``) before each lab: fails with the lab,
     the cell and its traceback at the first cell that raises; returns one line per lab (its wall time).
@@ -55,7 +155,8 @@ def run_lab(lab: str | tuple[str, ...], run: str, skip_own_run: bool = False) ->
     paid them 150 times. What this matrix checks is that no cell raises on a run the lab was not written for (the
     root conftest makes every cell lax under ``PPOLAB_RUN``: the saved outputs are the lab's own run's); that each
     lab runs in a kernel of its own, from a clean start, the README command's nbval pass checks on the shipped runs.
-    ``skip_own_run``: leave out the cells tagged :data:`OWN_RUN_TAG`."""
+    ``skip_own_run``: leave out the cells tagged :data:`OWN_RUN_TAG`. ``copy_check``: fail if a number printed
+    before an exercise answers it (:func:`copyable_answers`)."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
@@ -63,6 +164,9 @@ def run_lab(lab: str | tuple[str, ...], run: str, skip_own_run: bool = False) ->
     labs = (lab,) if isinstance(lab, str) else tuple(lab)
     combined = nbformat.v4.new_notebook()
     owner = []  # combined cell index → (lab, its cell index)
+    if copy_check:
+        combined.cells.append(nbformat.v4.new_code_cell(RECORD_TRUTHS))
+        owner.append((labs[0], -1))
     for name in labs:
         nb = nbformat.read(ROOT / "labs" / f"{name}.ipynb", as_version=4)
         combined.cells.append(nbformat.v4.new_code_cell("%reset -f\nimport time as _t\n_T0_ = _t.time()"))
@@ -73,6 +177,10 @@ def run_lab(lab: str | tuple[str, ...], run: str, skip_own_run: bool = False) ->
                 owner.append((name, i))
         combined.cells.append(nbformat.v4.new_code_cell(f"print('{name}: %.0f s' % (_t.time() - _T0_))"))
         owner.append((name, -1))
+    if copy_check:
+        combined.cells.append(nbformat.v4.new_code_cell(
+            f"import json, ppolab.exercises\nprint({TRUTHS_MARK!r} + json.dumps(ppolab.exercises._truths_seen))"))
+        owner.append((labs[-1], -1))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
     env["PPOLAB_RUN"] = run
     client = NotebookClient(combined, timeout=1200, resources={"metadata": {"path": str(ROOT / "labs")}})
@@ -83,6 +191,9 @@ def run_lab(lab: str | tuple[str, ...], run: str, skip_own_run: bool = False) ->
         name, cell = owner[ran[-1]] if ran else (labs[0], -1)
         text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))  # the traceback's colours
         pytest.fail(f"{name} on {run}, cell {cell}:\n{text[-6000:]}")
+    if copy_check:
+        copied = copyable_answers(combined, owner)
+        assert not copied, f"on {run}, a number printed before an exercise answers it:\n" + "\n".join(copied)
     return "".join(o.get("text", "") for c in combined.cells if "_T0_" in c.source and "print" in c.source
                    for o in c.get("outputs", []))
 
@@ -143,8 +254,10 @@ def test_every_lab_on_a_fresh_run(preset, lab, fresh_run, request):
     if "anyrun" not in (request.config.getoption("markexpr") or ""):
         pytest.skip("every lab on six fresh runs (about 12 min on 2 cores): select it with -m anyrun")
     t = time.time()
+    # the grpo_tiny case also executes the anti-copy check (every number printed before an exercise against its
+    # truth on that run): the stored-outputs test cannot see a lab that stores none
     run_lab(lab, request.getfixturevalue("fresh_llama_run") if preset == "random_llama" else fresh_run(preset),
-            skip_own_run=preset != "grpo_tiny")
+            skip_own_run=preset != "grpo_tiny", copy_check=preset == "grpo_tiny")
     print(f"{', '.join(lab)} on a fresh {preset} run: {time.time() - t:.0f} s")
 
 
@@ -252,3 +365,37 @@ def test_a_labs_first_cell_lists_every_shipped_run_where_it_lists_them():
         if "A shipped run (" in first and "…)" not in first:  # "(…, …)": a few named for the lab, on purpose
             missing = [name for name in SHIPPED_RUNS if f'"{name}"' not in first]
             assert not missing, f"{path.name}'s first cell lists shipped runs but not {missing}"
+
+
+def test_the_executed_copy_check_fails_on_a_planted_printed_answer():
+    """Issue 52: the anti-copy check of the executed labs (``run_lab(…, copy_check=True)``) names an exercise whose
+    truth a cell before it printed — here a planted print in front of lab 18's 18.4 — and passes when nothing
+    printed answers it."""
+    import json
+
+    import nbformat
+
+    from ppolab.exercises import registry
+
+    def executed(printed: str, truth: float) -> tuple:
+        nb = nbformat.v4.new_notebook()
+        cells = [("", None), (printed, 1), ("check('18.4', ...)", 2),
+                 ("", json.dumps([{"id": "18.4", "values": [truth]}]))]
+        for i, (text, extra) in enumerate(cells):
+            cell = nbformat.v4.new_code_cell("check('18.4', answer, run=RUN)" if i == 2 else "")
+            if i in (1, 2):
+                cell["execution_count"] = extra
+                cell["outputs"] = [nbformat.v4.new_output("stream", name="stdout", text=text + "\n")]
+            if i == 3:
+                cell["outputs"] = [nbformat.v4.new_output("stream", name="stdout", text=TRUTHS_MARK + extra + "\n")]
+            nb.cells.append(cell)
+        lab = "18_where_the_update_went"
+        return nb, [(lab, -1), (lab, 3), (lab, 4), (lab, -1)]
+
+    tol = registry()["18.4"]
+    value = 0.4137
+    planted = executed(f"loss of the step: {value * (1 + tol.rel / 10):.6g}", value)
+    found = copyable_answers(*planted)
+    assert len(found) == 1 and found[0].startswith("18.4 (18_where_the_update_went, cell 4)"), found
+    assert copyable_answers(*executed("loss of the step: 0.9", value)) == []
+    assert copyable_answers(*executed("40 rows, 7 optimizer steps", 7.0)) == []  # an integer truth is not offered
