@@ -248,15 +248,16 @@ def means(rs: tuple[Run, ...], metric: str) -> list[float]:
     return out
 
 
-def _pair(runs: dict[str, tuple[Run, ...]], knob: str) -> tuple[tuple[Run, ...], tuple[Run, ...]]:
-    """(the knob's runs, their bases) seed by seed."""
+def pair(runs: dict[str, tuple[Run, ...]], knob: str) -> tuple[tuple[Run, ...], tuple[Run, ...]]:
+    """(the knob's runs, their bases) seed by seed, from :func:`ablation_runs`: its own base where the knob has one
+    (``<knob>.base``), else ``base``."""
     return runs[knob], runs[f"{knob}.base"] if f"{knob}.base" in runs else runs["base"]
 
 
 def differences(runs: dict[str, tuple[Run, ...]], knob: str, metric: str | None = None) -> list[list[float]]:
     """Each seed's curve of ``metric`` (default the knob's own) under the knob minus its base's, at steps 1 … STEPS."""
     metric = metric or KNOBS[knob].metric
-    mine, base = _pair(runs, knob)
+    mine, base = pair(runs, knob)
     return [[a - b for a, b in zip(curve(m, metric), curve(t, metric))] for m, t in zip(mine, base)]
 
 
@@ -265,7 +266,7 @@ def verdict(runs: dict[str, tuple[Run, ...]], knob: str, metric: str | None = No
     under the knob minus its base's — ``up`` when every difference is above 0 and their mean exceeds their spread
     (largest − smallest), ``down`` likewise below 0, ``flat`` otherwise."""
     metric = metric or KNOBS[knob].metric
-    mine, base = _pair(runs, knob)
+    mine, base = pair(runs, knob)
     d = [a - b for a, b in zip(means(mine, metric), means(base, metric))]
     if any(v != v for v in d):  # NaN: the metric is not logged on one side
         raise RunLacks(f"the metric {metric} logged by both the base and the run with {knob}", base[0])

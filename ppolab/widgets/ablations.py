@@ -65,7 +65,7 @@ def ablation_curves(run="grpo_tiny", knob: str | None = None) -> W.VBox:
     def update(*_):
         k = controls["knob"].value
         fig = figs["knob"]
-        mine, base = runs[k], runs[ablations.base_name(run, k)]
+        mine, base = ablations.pair(runs, k)
         with fig.batch_update():
             fig.data = ()
             for col, metric in enumerate((ablations.KNOBS[k].metric, *ablations.OUTCOMES), start=1):
