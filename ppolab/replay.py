@@ -204,14 +204,11 @@ def replay_forward(run: Run | str | os.PathLike | None = None, *, micro_batch_si
         raise ValueError(f"{r.path} has no recorded step 1; only step 1's π_old is the seeded initial model")
     cfg = r.ppo_config()
     key = "ref_log_prob" if reference else "old_log_probs"
-    tensors = r.step(1).batch_tensors()
-    if key not in tensors:
+    if key not in r.step(1).tensors:
         raise ValueError(f"{r.path}'s step 1 recorded no {key} (a run without "
                          f"{'a reference model' if reference else 'a recomputed π_old: bypass mode'})")
-    tensors["is_pad"] = tensors["is_pad"].bool()
-    rows = _within(r, 1, list(range(len(tensors["responses"]))), max_logits)
-    batch = Batch(tensors).select(rows)
-    batch["row_id"] = torch.arange(len(rows))
+    rows = _within(r, 1, list(range(r.step(1).tensors["responses"].shape[0])), max_logits)
+    batch = _rows_batch(r, 1, rows)
     side = cfg.actor_rollout_ref.ref if reference else cfg.actor_rollout_ref.rollout
     if micro_batch_size is not None and max_token_len is not None:
         raise ValueError("give micro_batch_size (fixed micro-batches) or max_token_len (packed by tokens), not both")
@@ -256,12 +253,18 @@ def _replay_batch(r: Run, step: int, mini_batch: int) -> tuple[list[int], Batch]
     key = cache_slot(_BATCHES, r.identity(step), mini_batch)
     if key not in _BATCHES:
         rows = replay_rows(r, step, mini_batch)
-        tensors = r.step(step).batch_tensors()
-        tensors["is_pad"] = tensors["is_pad"].bool()
-        batch = Batch(tensors).select(rows)
-        batch["row_id"] = torch.arange(len(rows))
-        _BATCHES[key] = rows, batch
+        _BATCHES[key] = rows, _rows_batch(r, step, rows)
     return _BATCHES[key]
+
+
+def _rows_batch(r: Run, step: int, rows: list[int]) -> Batch:
+    """The recorded ``rows`` of ``step`` as a batch whose ``row_id`` are their positions (what a worker's plan and
+    its outputs are indexed by)."""
+    tensors = r.step(step).batch_tensors()
+    tensors["is_pad"] = tensors["is_pad"].bool()
+    batch = Batch(tensors).select(rows)
+    batch["row_id"] = torch.arange(len(rows))
+    return batch
 
 
 def _replay_config(r: Run, n_rows: int, micro_batch_size, use_dynamic_bsz, max_token_len, loss_agg_mode,
