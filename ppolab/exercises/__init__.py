@@ -394,13 +394,7 @@ def _matches(answer: Any, expected: Any, rel: float, abs: float) -> bool:
         kl = canonical_kl_name(e)  # verl's aliases of a KL estimator (low_var_kl = k3), and only of those
         return canonical_kl_name(a) == kl if kl is not None else a == e
     if kind == "dict":
-        if not isinstance(answer, dict) or len(answer) != len(expected):
-            return False
-        for key, value in expected.items():
-            keys = [k for k in answer if _matches(k, key, rel, abs)]
-            if len(keys) != 1 or not _matches(answer[keys[0]], value, rel, abs):
-                return False
-        return True
+        return isinstance(answer, dict) and len(answer) == len(expected) and not _dict_off(answer, expected, rel, abs)
     if kind == "sequence":
         return (isinstance(answer, (list, tuple)) and len(answer) == len(expected)
                 and all(_matches(a, e, rel, abs) for a, e in zip(answer, expected)))
@@ -530,6 +524,16 @@ def _form_line(answer: Any, expected: Any, crashed: bool) -> str | None:
     return None if problem is None else tr("  {problem}.").format(problem=problem)
 
 
+def _dict_off(answer: dict, expected: dict, rel: float, abs: float) -> list:
+    """The keys of ``expected`` that ``answer`` misses (no key, or two, match it loosely) or gets the value of wrong."""
+    off = []
+    for key, value in expected.items():
+        keys = [k for k in answer if _matches(k, key, rel, abs)]
+        if len(keys) != 1 or not _matches(answer[keys[0]], value, rel, abs):
+            off.append(key)
+    return off
+
+
 def _off_keys(answer: Any, expected: Any, rel: float, abs: float) -> tuple[list, int]:
     """(the keys of a dict truth whose value ``answer`` — a dict — misses or gets wrong, how many keys the truth
     has); nothing off for any other form."""
@@ -537,12 +541,7 @@ def _off_keys(answer: Any, expected: Any, rel: float, abs: float) -> tuple[list,
         expected, answer = _exact(_plain_expected(expected)), _exact(answer)
         if not (isinstance(expected, dict) and isinstance(answer, dict)):
             return [], 0
-        off = []
-        for key, value in expected.items():
-            keys = [k for k in answer if _matches(k, key, rel, abs)]
-            if len(keys) != 1 or not _matches(answer[keys[0]], value, rel, abs):
-                off.append(key)
-        return off, len(expected)
+        return _dict_off(answer, expected, rel, abs), len(expected)
     except Exception:  # noqa: BLE001 — a courtesy line: the verdict stands without it
         return [], 0
 
