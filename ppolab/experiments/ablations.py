@@ -21,8 +21,8 @@ trainer's dtype). On such a run its pair is trained on a bf16 rollout (``rollout
 rollout/trainer gap, labelled): base and knob both sample in bf16, and only the anchor differs.
 
 The shipped base's runs ship in ``data/ablations/grpo_tiny/<name>/seed<k>/`` (``metrics.jsonl`` and ``config.json``
-of each, written by ``tools/train_ablations.py``); another run's are trained on first use — one process, a few
-seconds each on the tiny model — into ``~/.cache/ppolab/ablations/<run name>-<config hash>/`` (``PPOLAB_CACHE``
+of each, written by ``tools/train_ablations.py``); another run's are trained on first use — one process, 10–30 s
+each on the tiny model — into ``~/.cache/ppolab/ablations/<run name>-<config hash>/`` (``PPOLAB_CACHE``
 moves it), never into the run dir.
 """
 from __future__ import annotations
@@ -239,15 +239,6 @@ def curve(r: Run, metric: str) -> list[float]:
             for s in range(1, STEPS + 1)]
 
 
-def means(rs: tuple[Run, ...], metric: str) -> list[float]:
-    """Each seed's mean of ``metric`` over steps 2 … STEPS (step 1's rollouts were sampled before any update)."""
-    out = []
-    for r in rs:
-        values = curve(r, metric)[1:]
-        out.append(sum(values) / len(values))
-    return out
-
-
 def pair(runs: dict[str, tuple[Run, ...]], knob: str) -> tuple[tuple[Run, ...], tuple[Run, ...]]:
     """(the knob's runs, their bases) seed by seed, from :func:`ablation_runs`: its own base where the knob has one
     (``<knob>.base``), else ``base``."""
@@ -266,10 +257,9 @@ def verdict(runs: dict[str, tuple[Run, ...]], knob: str, metric: str | None = No
     under the knob minus its base's — ``up`` when every difference is above 0 and their mean exceeds their spread
     (largest − smallest), ``down`` likewise below 0, ``flat`` otherwise."""
     metric = metric or KNOBS[knob].metric
-    mine, base = pair(runs, knob)
-    d = [a - b for a, b in zip(means(mine, metric), means(base, metric))]
+    d = [sum(x[1:]) / len(x[1:]) for x in differences(runs, knob, metric)]  # step 1 precedes any update
     if any(v != v for v in d):  # NaN: the metric is not logged on one side
-        raise RunLacks(f"the metric {metric} logged by both the base and the run with {knob}", base[0])
+        raise RunLacks(f"the metric {metric} logged by both the base and the run with {knob}", pair(runs, knob)[1][0])
     spread, mean = max(d) - min(d), sum(d) / len(d)
     if min(d) > 0 and mean > spread:
         return "up"
