@@ -25,6 +25,7 @@ from transformers.utils import logging as hf_logging
 from ppolab.algos import calculate_sum_pi_squared_from_logits, entropy_from_logits, logprobs_from_logits, scale_logits
 from ppolab.algos.fused_head import fused_head_logprobs_entropy
 from ppolab.algos.logprob import chunked_logprobs_entropy, logit_rows_per_pass, use_chunked_logits
+from ppolab.algos.remove_padding import pack_rows, pad_responses
 from ppolab.course import COURSE_ROOT, DATA
 
 hf_logging.set_verbosity_error()
@@ -320,6 +321,19 @@ def check_vocab_fits(model: torch.nn.Module, tokenizer: Any, key: str, path: Any
                           "tokenizer (the same vocabulary)")
 
 
+def check_packing_supported(keys: list[str]) -> None:
+    """Refuse, before any weight loads, packed rows (``keys``: the ``use_remove_padding`` keys set) where this
+    transformers' mask builder cannot tell packed sequences apart: without ``find_packed_sequence_indices`` a packed
+    row would be one long sequence, each response attending to the rows before it."""
+    from ppolab.config import ConfigError
+
+    masking = getattr(transformers, "masking_utils", None)
+    if keys and not hasattr(masking, "find_packed_sequence_indices"):
+        raise ConfigError(f"{', '.join(keys)}=true needs a transformers whose attention masks follow packed position "
+                          f"ids (transformers {transformers.__version__} has no masking_utils."
+                          f"find_packed_sequence_indices): upgrade transformers, or set {keys[0]}=false")
+
+
 # ====================================================================== the forward pass
 @dataclass
 class ResponseOutputs:
@@ -348,6 +362,7 @@ def forward_response(
     want_sum_pi_squared: bool = False,
     chunked: bool | None = None,
     fused: bool | None = None,
+    remove_padding: bool = False,
 ) -> ResponseOutputs:
     """Run ``model`` on prompt ‖ response and read the response positions.
 
@@ -369,12 +384,20 @@ def forward_response(
     (a reading, an inference pass) the rows go through the model a few at a time
     (:func:`ppolab.algos.logprob.logit_rows_per_pass`), so no pass holds more than 2^27 logits (512 MiB in fp32);
     the shipped model never needs more than one pass.
+
+    ``remove_padding`` (verl ``actor_rollout_ref.model.use_remove_padding``, ``critic.model.use_remove_padding``):
+    the rows' real tokens go through the model packed end to end in one row, position ids restarting with each
+    sequence (:func:`_forward_packed`); the same outputs to float rounding, with no slot spent on padding, and 0
+    in the padded slots of the (bs, R) results.
     """
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     if chunked is None and vocab:
         chunked = use_chunked_logits(input_ids.shape[0], response_length, int(vocab))
     wanted = (want_log_probs or want_entropy) and not want_sum_pi_squared
     head = _fusable_head(model) if chunked and wanted and fused is not False else None
+    if remove_padding:
+        return _forward_packed(model, head, input_ids, attention_mask, response_length, temperature, want_log_probs,
+                               want_entropy, value_head, want_sum_pi_squared, bool(chunked))
     if head is not None:  # the fused path makes no logits at all: no pass needs to be split by rows
         return _forward_fused(model, head, input_ids, attention_mask, response_length, temperature, want_log_probs,
                               want_entropy, value_head)
@@ -391,24 +414,27 @@ def forward_response(
     responses = input_ids[:, -response_length:]
     if chunked is None:
         chunked = use_chunked_logits(input_ids.shape[0], response_length, out.logits.shape[-1])
-    if chunked and (want_log_probs or want_entropy or want_sum_pi_squared):
-        # the model's logits as they are (R+1 positions, model dtype): the function reads the first R
-        log_probs, entropy, spi2 = chunked_logprobs_entropy(out.logits, responses, temperature, want_entropy,
-                                                            want_sum_pi_squared)
+    if want_log_probs or want_entropy or want_sum_pi_squared:
+        log_probs, result.entropy, result.sum_pi_squared = _read_logits(out.logits, responses, temperature, chunked,
+                                                                        want_entropy, want_sum_pi_squared)
         result.log_probs = log_probs if want_log_probs else None
-        result.entropy, result.sum_pi_squared = entropy, spi2
-    elif want_log_probs or want_entropy or want_sum_pi_squared:
-        logits = scale_logits(out.logits[:, :-1, :].float(), temperature)
-        if want_log_probs:
-            result.log_probs = logprobs_from_logits(logits, responses)
-        if want_entropy:
-            result.entropy = entropy_from_logits(logits)
-        if want_sum_pi_squared:  # logits are already temperature-scaled
-            result.sum_pi_squared = calculate_sum_pi_squared_from_logits(logits)
     if value_head is not None:
         hidden = out.hidden_states[-1][:, -response_length - 1 : -1, :]
         result.values = value_head(hidden.to(value_head.weight.dtype)).squeeze(-1)
     return result
+
+
+def _read_logits(logits: torch.Tensor, labels: torch.Tensor, temperature: float | torch.Tensor, chunked: bool,
+                 want_entropy: bool, want_sum_pi_squared: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(log π(label), entropy, Σπ²) of logits (B, T' ≥ T, V) read at their first T positions, labels (B, T) — the
+    model's logits as they are (model dtype, no temperature): a chunk of positions at a time where ``chunked``,
+    else through one float32 copy scaled by the temperature. The entropy and Σπ² None unless asked for."""
+    if chunked:
+        return chunked_logprobs_entropy(logits, labels, temperature, want_entropy, want_sum_pi_squared)
+    scaled = scale_logits(logits[:, :labels.shape[1], :].float(), temperature)
+    return (logprobs_from_logits(scaled, labels), entropy_from_logits(scaled) if want_entropy else None,
+            calculate_sum_pi_squared_from_logits(scaled) if want_sum_pi_squared else None)  # already scaled
 
 
 def _fusable_head(model: nn.Module) -> nn.Linear | None:
@@ -444,6 +470,49 @@ def _forward_fused(model: nn.Module, head: nn.Linear, input_ids: torch.Tensor, a
     result = ResponseOutputs(log_probs=log_probs if want_log_probs else None, entropy=entropy)
     if value_head is not None:
         result.values = value_head(hidden.to(value_head.weight.dtype)).squeeze(-1)
+    return result
+
+
+def _forward_packed(model: nn.Module, head: nn.Linear | None, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    response_length: int, temperature: float, want_log_probs: bool, want_entropy: bool,
+                    value_head: nn.Module | None, want_sum_pi_squared: bool, chunked: bool) -> ResponseOutputs:
+    """:func:`forward_response` on packed rows (:func:`ppolab.algos.remove_padding.pack_rows`): the real tokens end
+    to end, no attention mask, position ids restarting at 0 per sequence — from which transformers' mask builder
+    makes the block-diagonal causal mask (``find_packed_sequence_indices``) for sdpa and eager attention on CPU and
+    GPU, and flash-attention's variable-length kernel reads the same position ids. A micro-batch of up to 4,096
+    tokens is one packed row, verl's layout; a larger one is cut into rows of that many, so an attention that
+    computes every pair of a row stays bounded. The LM head (or the fused head, or the value head) runs on the
+    positions that score a real response token (verl computes the head on every packed token; the outputs read are
+    the same)."""
+    packed = pack_rows(input_ids, attention_mask, response_length)
+    if torch.is_tensor(temperature) and temperature.dim() == 1:  # one per row → one per packed position scored
+        temperature = temperature[:, None].expand(packed.real.shape)[packed.real]
+    width = packed.input_ids.shape[1]
+    result = ResponseOutputs()
+    if head is not None:  # the fused path: decoder only, the head's weight applied in vocabulary chunks
+        out = model.get_decoder()(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
+        hidden = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])[packed.scoring]
+        log_probs, entropy = fused_head_logprobs_entropy(hidden, head.weight, packed.labels, temperature,
+                                                         want_entropy, head.bias)
+        result.log_probs = pad_responses(log_probs, packed.real) if want_log_probs else None
+        result.entropy = pad_responses(entropy, packed.real) if entropy is not None else None
+    else:  # the model's own head, on the slots some packed row scores at (one row: exactly the scoring slots)
+        slots, where = torch.unique(packed.scoring % width, return_inverse=True)
+        out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
+                    output_hidden_states=value_head is not None, logits_to_keep=slots)
+        hidden = None
+        if value_head is not None:
+            last = out.hidden_states[-1]
+            hidden = last.reshape(-1, last.shape[-1])[packed.scoring]
+        if want_log_probs or want_entropy or want_sum_pi_squared:
+            logits = out.logits[packed.scoring // width, where].unsqueeze(1)  # (n, 1, V): positions as rows
+            log_probs, entropy, spi2 = (None if x is None else x.squeeze(1) for x in _read_logits(
+                logits, packed.labels.unsqueeze(1), temperature, chunked, want_entropy, want_sum_pi_squared))
+            result.log_probs = pad_responses(log_probs, packed.real) if want_log_probs else None
+            result.entropy = pad_responses(entropy, packed.real) if entropy is not None else None
+            result.sum_pi_squared = pad_responses(spi2, packed.real) if spi2 is not None else None
+    if value_head is not None:
+        result.values = pad_responses(value_head(hidden.to(value_head.weight.dtype)).squeeze(-1), packed.real)
     return result
 
 

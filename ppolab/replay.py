@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-from ppolab.batch import Batch
+from ppolab.algos.remove_padding import padded_slots
+from ppolab.batch import Batch, trimmed_inputs
 from ppolab.errors import whole_argument
 from ppolab.run.reader import Run, cache_slot, resolve_run
 from ppolab.update_plan import InferBatching, RankRows, UpdatePlan, forward_batching, plan_update, train_batching
@@ -125,13 +126,15 @@ def replay_actor_update(run: Run | str | os.PathLike | None = None, step: int = 
                         micro_batch_size: int | None = None, use_dynamic_bsz: bool = False,
                         max_token_len: int | None = None, loss_agg_mode: str | None = None,
                         loss_scale_factor: Any = KEEP, mini_batch: int = 0, strict: bool = True,
-                        loss_mode: str | None = None) -> dict[str, Any]:
+                        loss_mode: str | None = None, remove_padding: bool | None = None) -> dict[str, Any]:
     """One optimizer step of the actor worker's update on the recorded rows of ``mini_batch`` of ``step``.
 
     Settings default to the run's own (``micro_batch_size=None`` → ``ppo_micro_batch_size_per_gpu``;
     ``max_token_len=None`` → ``ppo_max_token_len_per_gpu``; ``loss_scale_factor`` omitted → the run's value,
     ``None`` → the padded-width fallback; ``loss_mode=None`` → the run's ``policy_loss.loss_mode``, else another
-    registered one, e.g. a learner's loss plugged in by ``ppolab.experiments.capstone_grade.plug_in``). ``strict``: only
+    registered one, e.g. a learner's loss plugged in by ``ppolab.experiments.capstone_grade.plug_in``;
+    ``remove_padding=None`` → the run's ``actor.use_remove_padding``, else packed (True) or padded (False) forwards,
+    chapter §9). ``strict``: only
     step 1, mini-batch 0 replays the run's real state (module docstring); anything else raises ``ValueError`` unless
     ``strict=False``.
 
@@ -158,11 +161,11 @@ def replay_actor_update(run: Run | str | os.PathLike | None = None, step: int = 
     batch = Batch(dict(batch.tensors))  # a shallow copy: the batch cached for later replays is never written into
     cfg = r.ppo_config()
     a, n = _replay_config(r, len(rows), micro_batch_size, use_dynamic_bsz, max_token_len, loss_agg_mode,
-                          loss_scale_factor, loss_mode)
+                          loss_scale_factor, loss_mode, remove_padding)
     micro = None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu
     settings = {"micro_batch_size": micro, "use_dynamic_bsz": a.use_dynamic_bsz,
                 "max_token_len": a.ppo_max_token_len_per_gpu, "loss_agg_mode": a.loss_agg_mode,
-                "loss_scale_factor": a.loss_scale_factor}
+                "loss_scale_factor": a.loss_scale_factor, "remove_padding": bool(a.use_remove_padding)}
     with REPLAY_LOCK:
         models = run_models(r)
         params = models.actor_parameters()
@@ -186,19 +189,23 @@ def replay_actor_update(run: Run | str | os.PathLike | None = None, step: int = 
 
 def replay_forward(run: Run | str | os.PathLike | None = None, *, micro_batch_size: int | None = None,
                    max_token_len: int | None = None, reference: bool = False,
-                   max_logits: int = REPLAY_MAX_LOGITS) -> dict[str, Any]:
+                   max_logits: int = REPLAY_MAX_LOGITS, remove_padding: bool | None = None) -> dict[str, Any]:
     """Stage 4's π_old forward (``reference``: stage 5's π_ref) of recorded step 1, every row, rerun by the worker's
     own forward-only pass (:meth:`ppolab.worker.Worker.infer`, what ``PPOTrainer.compute_old_log_prob`` and
     ``compute_ref_log_prob`` call) at another micro-batching: ``micro_batch_size`` rows at a time, or packed by a
     token budget ``max_token_len`` — the knobs ``rollout.log_prob_micro_batch_size_per_gpu`` /
     ``log_prob_max_token_len_per_gpu`` and ``ref.log_prob_*`` (chapter §11.6). Both None: the run's own.
+    ``remove_padding``: packed (True) or padded (False) forwards; None: the run's own (chapter §9).
 
     Step 1 only: its π_old is the seeded initial model, which :func:`run_models` holds (module docstring); π_ref is
     the frozen base at every step. Every row of the step, or on a large run the first ones whose logits fit
     ``max_logits`` (one group at least, as :func:`replay_rows`). Returns ``rows`` (the recorded row indices),
     ``log_probs`` (rows, R), ``recorded`` (the step's ``old_log_probs`` or ``ref_log_prob`` of those rows),
-    ``response_mask`` and ``micro_batches`` (positions in ``rows``, in execution order). No gradient is taken and no
-    weight moves: a forward's batching changes its numbers at float rounding only."""
+    ``response_mask``, ``micro_batches`` (positions in ``rows``, in execution order), ``packed`` (whether the
+    forwards ran packed) and ``slots``: for each micro-batch, (token slots its padded forward computes — rows ×
+    (longest prompt + longest response) —, slots of its packed rows, real tokens; §11.5's budgets count the real
+    ones). No gradient is taken and no weight moves: a forward's batching and layout change its numbers at float
+    rounding only."""
     r = resolve_run(run)
     if 1 not in r.steps:
         raise ValueError(f"{r.path} has no recorded step 1; only step 1's π_old is the seeded initial model")
@@ -217,12 +224,19 @@ def replay_forward(run: Run | str | os.PathLike | None = None, *, micro_batch_si
     temperature = cfg.actor_rollout_ref.rollout.temperature
     with REPLAY_LOCK:
         models = run_models(r)
-        worker = (ReferenceWorker(models, temperature=temperature) if reference else
-                  ActorWorker(None, models, temperature=temperature))
+        own = cfg.actor_rollout_ref.model if reference else cfg.actor_rollout_ref.actor
+        packs = own.use_remove_padding if remove_padding is None else remove_padding
+        worker = (ReferenceWorker(models, temperature=temperature, remove_padding=packs) if reference else
+                  ActorWorker(None, models, temperature=temperature, remove_padding=packs))
         parts = worker.micro_batches(batch, batching)
         out = worker.infer(batch, batching)
+    slots = []
+    for part in parts:
+        mask = trimmed_inputs(batch.select(part))[1]
+        (padded, real), (packed, _) = padded_slots(mask), padded_slots(mask, packed=True)
+        slots.append((padded, packed, real))
     return {"rows": rows, "log_probs": out["log_probs"], "recorded": batch[key],
-            "response_mask": batch["response_mask"], "micro_batches": parts}
+            "response_mask": batch["response_mask"], "micro_batches": parts, "packed": bool(packs), "slots": slots}
 
 
 def require_policy_loss(r: Run, loss_mode: str | None = None) -> None:
@@ -268,7 +282,7 @@ def _rows_batch(r: Run, step: int, rows: list[int]) -> Batch:
 
 
 def _replay_config(r: Run, n_rows: int, micro_batch_size, use_dynamic_bsz, max_token_len, loss_agg_mode,
-                   loss_scale_factor, loss_mode=None):
+                   loss_scale_factor, loss_mode=None, remove_padding=None):
     """(the replay's actor config: a changed copy of the recorded one, rollout.n)."""
     cfg = r.ppo_config()
     a, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
@@ -287,6 +301,8 @@ def _replay_config(r: Run, n_rows: int, micro_batch_size, use_dynamic_bsz, max_t
         changes["loss_scale_factor"] = loss_scale_factor
     if loss_mode is not None:
         changes["policy_loss"] = dataclasses.replace(a.policy_loss, loss_mode=loss_mode)
+    if remove_padding is not None:
+        changes["use_remove_padding"] = bool(remove_padding)
     return dataclasses.replace(a, **changes), n
 
 

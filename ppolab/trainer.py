@@ -69,7 +69,7 @@ class PPOTrainer:
         self.actor = ActorWorker(arr.actor, self.models, rollout_n=arr.rollout.n, **roles)
         self.critic = CriticWorker(cfg.critic, self.models, rollout_n=arr.rollout.n, **roles) \
             if self.use_critic else None
-        self.ref = ReferenceWorker(self.models, **roles) if self.use_ref else None
+        self.ref = ReferenceWorker(self.models, remove_padding=m.use_remove_padding, **roles) if self.use_ref else None
         self.train_data = load_rl_dataset(cfg.data.train_files, self.tokenizer, cfg.data.max_prompt_length)
         val = (load_rl_dataset(cfg.data.val_files, self.tokenizer, cfg.data.max_prompt_length)
                if cfg.data.val_files else [])

@@ -24,7 +24,7 @@ from ppolab.algos import GlobalBatchInfo
 from ppolab.distributed import DistInfo
 from ppolab.batch import Batch, pad_right, to_device, trimmed_inputs
 from ppolab.metrics import accumulate_micro_metrics, reduce_metrics
-from ppolab.models import MODEL_LOCK
+from ppolab.models import MODEL_LOCK, check_packing_supported
 from ppolab.roles import PolicyModels
 from ppolab.models import forward_response
 from ppolab.update_plan import (InferBatching, OptimizerStep, RankRows, UpdatePlan, micro_batches, plan_update,
@@ -41,6 +41,10 @@ def build_models(cfg: Any, dist: DistInfo | None = None) -> PolicyModels:
     device, _ = distributed.select_device(cfg.trainer.device, dist.local_rank, torch.cuda.is_available(),
                                           dist.world_size)
     arr = cfg.actor_rollout_ref
+    packed = {"actor_rollout_ref.model.use_remove_padding": arr.model.use_remove_padding,
+              "actor_rollout_ref.actor.use_remove_padding": arr.actor.use_remove_padding,
+              "critic.model.use_remove_padding": cfg.use_critic and cfg.critic.model.use_remove_padding}
+    check_packing_supported([key for key, on in packed.items() if on])
     with MODEL_LOCK:  # its loads, seed and adapter init: never beside another thread's load (ppolab.models)
         return PolicyModels(
             arr.model.path, arr.model.lora_rank, arr.model.lora_alpha, arr.model.target_modules, arr.model.dtype,
@@ -90,14 +94,18 @@ class Worker:
     ``loss_agg_mode`` and ``loss_scale_factor``); ``temperature``: the rollout's, which every forward divides the
     logits by; ``rollout_n``: responses per prompt (a mini-batch holds ``ppo_mini_batch_size × n`` rows);
     ``optimizer``: None builds AdamW + warm-up from ``config.optim``; a replay passes its own.
+    ``remove_padding``: whether every forward runs on packed rows (verl ``use_remove_padding``,
+    :func:`ppolab.models.forward_response`); None reads it from the config slice (:meth:`packs`).
     """
 
     prefix = "worker"  # metric prefix: actor/… or critic/…
 
     def __init__(self, config: Any, models: PolicyModels, *, temperature: float, rollout_n: int = 1,
-                 dist: DistInfo | None = None, optimizer: torch.optim.Optimizer | None = None):
+                 dist: DistInfo | None = None, optimizer: torch.optim.Optimizer | None = None,
+                 remove_padding: bool | None = None):
         self.config, self.models = config, models
         self.temperature, self.rollout_n = temperature, rollout_n
+        self.remove_padding = self.packs(config) if remove_padding is None else bool(remove_padding)
         self.dist = dist or DistInfo()
         self.device = models.device
         if optimizer is not None or config is None:  # a replay's own optimizer, or a frozen role (no config)
@@ -106,6 +114,11 @@ class Worker:
             self.optimizer, self.scheduler = make_optimizer(self.parameters(), config.optim)
 
     # ------------------------------------------------------------------ per role
+    @staticmethod
+    def packs(config: Any) -> bool:
+        """The role's ``use_remove_padding`` in its config slice (the actor's, resolved from the model's)."""
+        return bool(getattr(config, "use_remove_padding", None))
+
     def model(self) -> contextlib.AbstractContextManager[torch.nn.Module]:
         raise NotImplementedError
 
@@ -150,7 +163,7 @@ class Worker:
                 mb = to_device(batch.select(rows), self.device)
                 ids, mask, r_len = trimmed_inputs(mb)
                 out = forward_response(model, ids, mask, r_len, self.temperature, log_probs, entropy, value_head,
-                                       sum_pi_squared)
+                                       sum_pi_squared, remove_padding=self.remove_padding)
                 rows_seen += rows
                 for key in results:
                     value = getattr(out, key)
@@ -268,7 +281,7 @@ class ActorWorker(Worker):
         ids, mask, r_len = trimmed_inputs(mb)
         with self.model() as model:
             out = forward_response(model, ids, mask, r_len, self.temperature, True,
-                                   c.calculate_entropy or c.entropy_coeff != 0)
+                                   c.calculate_entropy or c.entropy_coeff != 0, remove_padding=self.remove_padding)
         cut = lambda key: mb[key][:, :r_len] if key in mb else None  # noqa: E731
         loss, metrics = algos.ppo_loss(
             c, old_log_prob=cut("old_log_probs"), log_prob=out.log_probs, advantages=cut("advantages"),
@@ -292,6 +305,11 @@ class CriticWorker(Worker):
     def parameters(self) -> list[torch.nn.Parameter]:
         return self.models.critic_parameters()
 
+    @staticmethod
+    def packs(config: Any) -> bool:
+        """``critic.model.use_remove_padding``: verl's critic has its own key."""
+        return bool(getattr(getattr(config, "model", None), "use_remove_padding", None))
+
     def engine_batching(self) -> InferBatching:
         """The critic engine's micro-batching, the same for its value forward (stage 6) and its update (stage 8):
         token-budget packing with ``critic.ppo_infer_max_token_len_per_gpu``. verl V1 `trainer_base.py` writes that
@@ -305,7 +323,7 @@ class CriticWorker(Worker):
         ids, mask, r_len = trimmed_inputs(mb)
         with self.model() as model:
             vpreds = forward_response(model, ids, mask, r_len, self.temperature, False, False,
-                                      self.models.value_head).values
+                                      self.models.value_head, remove_padding=self.remove_padding).values
         loss, metrics = algos.value_loss(vpreds, mb["returns"][:, :r_len], mb["values"][:, :r_len],
                                          mb["response_mask"][:, :r_len], c.cliprange_value, c.loss_agg_mode, info)
         return loss, metrics, {"critic_vpreds": vpreds}
@@ -316,8 +334,9 @@ class ReferenceWorker(Worker):
 
     prefix = "ref"
 
-    def __init__(self, models: PolicyModels, *, temperature: float, dist: DistInfo | None = None):
-        super().__init__(None, models, temperature=temperature, dist=dist)
+    def __init__(self, models: PolicyModels, *, temperature: float, dist: DistInfo | None = None,
+                 remove_padding: bool = False):
+        super().__init__(None, models, temperature=temperature, dist=dist, remove_padding=remove_padding)
 
     @contextlib.contextmanager
     def model(self) -> Iterator[torch.nn.Module]:

@@ -137,6 +137,9 @@ class ActorConfig:
     """Pack micro-batches by token budget instead of a fixed row count (chapter §11.5)."""
     ppo_max_token_len_per_gpu: int = 16384
     """Token budget per micro-batch per rank when use_dynamic_bsz."""
+    use_remove_padding: Optional[bool] = None
+    """The actor's forwards on packed rows; None = ``actor_rollout_ref.model.use_remove_padding`` (verl's
+    ``actor/dp_actor.yaml`` interpolates it from there the same way)."""
     ppo_epochs: int = 1
     """Passes over the rollout batch per training step."""
     shuffle: bool = False

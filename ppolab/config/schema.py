@@ -78,6 +78,12 @@ class ModelConfig:
     """Recompute each decoder layer's activations in backward instead of storing them (non-reentrant): activation
     memory of the actor (and a full-fine-tuning critic) drops to one layer's input per layer, for ~30% more compute.
     Gradients are unchanged. verl's key, default off."""
+    use_remove_padding: bool = False
+    """verl's key: the actor's and the reference's forwards run on packed rows — a micro-batch's real tokens end to
+    end in one row, position ids restarting with each sequence — so no slot is spent on padding (chapter §9,
+    §11.5; ``ppolab.algos.remove_padding``). The same numbers as the padded forward to float rounding. verl 0.9.1's
+    default is true (``model/hf_model.yaml``); ppolab's stays false until its shipped runs are re-recorded packed,
+    since a run replays with the setting it was trained with."""
 
 
 @dataclass
@@ -199,6 +205,10 @@ class CriticModelConfig:
     """Critic LoRA alpha; None = the actor's lora_alpha."""
     target_modules: Any = None
     """Critic LoRA targets; None = the actor's target_modules."""
+    use_remove_padding: bool = False
+    """The critic's forwards on packed rows, as ``actor_rollout_ref.model.use_remove_padding`` for the actor: verl's
+    own key, set apart from the actor's (verl 0.9.1's default is true there too; ppolab's false for the same
+    reason)."""
 
 
 @dataclass
@@ -400,7 +410,8 @@ class PPOConfig:
         return bool(self.actor_rollout_ref.actor.use_kl_loss or self.algorithm.use_kl_in_reward)
 
     def resolve(self) -> PPOConfig:
-        """Fill inherited ``None`` fields (critic ← actor, data.seed ← trainer.seed) in place; idempotent."""
+        """Fill inherited ``None`` fields (critic ← actor, actor ← model, data.seed ← trainer.seed) in place;
+        idempotent."""
         actor, model, critic = self.actor_rollout_ref.actor, self.actor_rollout_ref.model, self.critic
         # Chapter §8: the critic's batching and loss assembly default to the actor's, so PPO with a
         # critic updates both on the same mini-batch grid unless the user says otherwise.
@@ -410,6 +421,8 @@ class PPOConfig:
         for name in ("path", "lora_rank", "lora_alpha", "target_modules"):
             if getattr(critic.model, name) is None:
                 setattr(critic.model, name, copy.deepcopy(getattr(model, name)))
+        if actor.use_remove_padding is None:
+            actor.use_remove_padding = model.use_remove_padding
         if self.data.seed is None:
             self.data.seed = self.trainer.seed
         return self

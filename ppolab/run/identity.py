@@ -20,10 +20,13 @@ from ppolab.run.files import read_json
 
 #: Fields that may differ on a resume: how long and where the run goes on, what it logs, saves and records, and
 #: knobs that only change memory use (micro-batching and inference batching: the update is the same, chapter §13,
-#: up to float rounding; gradient checkpointing recomputes the same activations). Validation-only settings too.
+#: up to float rounding; gradient checkpointing recomputes the same activations; packed rows compute the same
+#: outputs). Validation-only settings too.
 RESUMABLE_FIELDS = frozenset({
     "data.val_files", "data.val_max_samples",
-    "actor_rollout_ref.model.enable_gradient_checkpointing",
+    "actor_rollout_ref.model.enable_gradient_checkpointing", "actor_rollout_ref.model.use_remove_padding",
+    "actor_rollout_ref.actor.use_remove_padding",
+    "critic.model.use_remove_padding",
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.actor.use_dynamic_bsz",
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
