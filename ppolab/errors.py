@@ -82,6 +82,14 @@ class RewardWarning(UserWarning):
     """Rewards that train nothing: the same score for every response in the first steps."""
 
 
+def flag_argument(name: str, value, what: str):
+    """``value`` when it is True, False or None (an optional switch: None keeps the run's own setting); else
+    :class:`ArgumentError` in one line — ``remove_padding="no"`` would otherwise count as true."""
+    if value is None or isinstance(value, bool):
+        return value
+    raise ArgumentError(f"{name}={value!r} is not True, False or None: {name} is {what}")
+
+
 def whole_argument(name: str, value, valid, what: str) -> int:
     """``value`` as an ``int`` when it is a whole number (an int or numpy integer, never a bool, float or string)
     among ``valid`` (a ``range`` or a list of ints; None: any whole number, the caller checks the range); else

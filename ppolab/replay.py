@@ -31,7 +31,7 @@ import torch
 
 from ppolab.algos.remove_padding import padded_slots
 from ppolab.batch import Batch, trimmed_inputs
-from ppolab.errors import whole_argument
+from ppolab.errors import flag_argument, whole_argument
 from ppolab.run.reader import Run, cache_slot, resolve_run
 from ppolab.update_plan import InferBatching, RankRows, UpdatePlan, forward_batching, plan_update, train_batching
 from ppolab.worker import ActorWorker, ReferenceWorker, build_models
@@ -122,6 +122,10 @@ def _within(r: Run, step: int, rows: list[int], max_logits: int) -> list[int]:
     return rows[:keep] if keep < len(rows) else rows
 
 
+#: What ``remove_padding`` of a replay chooses (its one-line error says so).
+PACKING = "whether the forwards run on packed rows (True), padded (False) or as the run did (None)"
+
+
 def replay_actor_update(run: Run | str | os.PathLike | None = None, step: int = 1, *,
                         micro_batch_size: int | None = None, use_dynamic_bsz: bool = False,
                         max_token_len: int | None = None, loss_agg_mode: str | None = None,
@@ -149,6 +153,7 @@ def replay_actor_update(run: Run | str | os.PathLike | None = None, step: int = 
     r = resolve_run(run)
     step = whole_argument("step", step, None, "a recorded step's number")
     mini_batch = whole_argument("mini_batch", mini_batch, None, "a mini-batch of the first epoch")
+    remove_padding = flag_argument("remove_padding", remove_padding, PACKING)
     if 1 not in r.steps:
         raise ValueError(f"{r.path} has no recorded step 1; only step 1 can be replayed from the seeded adapter")
     exact = step == 1 and mini_batch == 0
@@ -206,6 +211,7 @@ def replay_forward(run: Run | str | os.PathLike | None = None, *, micro_batch_si
     (longest prompt + longest response) —, slots of its packed rows, real tokens; §11.5's budgets count the real
     ones). No gradient is taken and no weight moves: a forward's batching and layout change its numbers at float
     rounding only."""
+    remove_padding = flag_argument("remove_padding", remove_padding, PACKING)
     r = resolve_run(run)
     if 1 not in r.steps:
         raise ValueError(f"{r.path} has no recorded step 1; only step 1's π_old is the seeded initial model")

@@ -226,3 +226,42 @@ def test_a_run_trained_packed_logs_the_padded_runs_metrics(preset, tmp_path):
                 assert b == pytest.approx(a, rel=1e-3, abs=1e-5), key
                 compared += 1
     assert compared > 40
+
+
+@pytest.mark.parametrize("replay", [replay_actor_update, replay_forward])
+def test_a_replays_layout_switch_is_a_bool_or_none(replay):
+    from ppolab.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match=r"remove_padding='no' is not True, False or None"):
+        replay(GRPO, remove_padding="no")
+
+
+def _tiny(arch: str):
+    import transformers
+
+    small = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+    return {"llama": lambda: transformers.LlamaConfig(**small, num_key_value_heads=2),
+            "gpt_neox": lambda: transformers.GPTNeoXConfig(**small),
+            "gpt2": lambda: transformers.GPT2Config(vocab_size=300, n_embd=64, n_layer=2, n_head=4),
+            "gemma2": lambda: transformers.Gemma2Config(**small, num_key_value_heads=2, head_dim=16)}[arch]()
+
+
+@pytest.mark.parametrize("arch, attention", [("llama", "sdpa"), ("llama", "eager"), ("gpt_neox", "sdpa"),
+                                             ("gpt2", "sdpa"), ("gemma2", "eager")])
+def test_packing_holds_for_other_architectures_and_attentions(arch, attention):
+    """An own model is not Qwen2: each architecture reads the packed position ids through transformers' mask builder
+    (GPT-2's learned positions too; Gemma 2's soft-capped logits take the logits path, not the fused head)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(_tiny(arch), attn_implementation=attention).eval()
+    ids = torch.randint(1, 300, (6, 20))
+    mask = torch.ones_like(ids)
+    for b, (p, r) in enumerate([(8, 12), (5, 3), (8, 1), (2, 7), (6, 12), (3, 4)]):
+        mask[b, :8 - p], mask[b, 8 + r:] = 0, 0
+    real = mask[:, 8:].bool()
+    with torch.no_grad():
+        padded = forward_response(model, ids, mask, 12, 0.9, True, True)
+        packed = forward_response(model, ids, mask, 12, 0.9, True, True, remove_padding=True)
+    assert (padded.log_probs - packed.log_probs)[real].abs().max() <= ATOL
+    assert (padded.entropy - packed.entropy)[real].abs().max() <= ATOL
