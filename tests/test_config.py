@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -501,3 +502,56 @@ def test_a_lower_clip_bound_below_zero_is_a_notice_not_a_stop():
     assert [n for n in notices if "clip_ratio_low=10" in n] == [
         f"{A}.clip_ratio_low=10.0 ≥ 1: the ratio's lower bound 1 − ε_low = -9 is never reached, so no token is "
         "clipped from below (verl runs it; its CISPO example sets clip_ratio_low=10 for exactly this)"], notices
+
+
+def test_config_notices_speak_chinese():
+    """Issue 55: validate()'s notices are whole i18n templates — Chinese under set_language("zh") (config keys,
+    numbers and the glossary's English terms stay), and word for word as before in English."""
+    from test_i18n import english_words
+    from test_zh_terms import punct_problems
+
+    from ppolab import i18n
+
+    cases = [(G, [f"{A}.clip_ratio=0.1"]),
+             (G, [f"{R}.n=1", "algorithm.adv_estimator=rloo", f"{A}.ppo_micro_batch_size_per_gpu=8"]),
+             (G, ["data.train_batch_size=12", "algorithm.use_kl_in_reward=true"]),
+             (P, ["critic.ppo_micro_batch_size_per_gpu=2"]),
+             (G, [f"{A}.policy_loss.loss_mode=dppo_tv", "algorithm.kl_ctrl.type=adaptive"])]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConfigNotice)
+        cfgs = [load_config(preset, overrides) for preset, overrides in cases]
+    before = i18n.missing()
+    en = [validate(cfg) for cfg in cfgs]
+    i18n.set_language("zh")
+    try:
+        zh = [validate(cfg) for cfg in cfgs]
+    finally:
+        i18n.set_language("en")
+    assert i18n.missing() == before, i18n.missing() - before
+    assert [len(n) for n in en] == [len(n) for n in zh] == [1, 1, 2, 1, 2], en
+    assert en == [validate(cfg) for cfg in cfgs]  # the language is English again
+    assert en[0] == [f"{A}.clip_ratio=0.1 is not the clip window: clip_ratio_low and clip_ratio_high are set "
+                     "(0.2/0.2; verl's defaults are 0.2/0.2) and clip_ratio is read only where they are null "
+                     "(chapter §4.4); set those two for the window you mean"]
+    assert en[2] == [
+        "both KL paths are on (algorithm.use_kl_in_reward and actor_rollout_ref.actor.use_kl_loss): the reference KL "
+        "shapes the rewards AND is added to the loss, so it is applied twice (chapter §7.4); turn one off unless this "
+        "is intended",
+        f"data.train_batch_size × {R}.n = 12×8 = 96 rows is not a multiple of lcm(world_size, mini-batch × n) = 64: "
+        "every step adds 32 synthetic padding rows (response_mask 0, is_pad; verl V1 padding_utils, chapter §9) that "
+        "count in seq-mean denominators"]
+    assert en[3] == [
+        "critic.ppo_micro_batch_size_per_gpu=2 (with critic.use_dynamic_bsz=false) is ignored: verl V1 does not pass "
+        "it to the critic engine, which cuts both the value forward (stage 6) and the critic update (stage 8) by the "
+        "token budget critic.ppo_infer_max_token_len_per_gpu=32768 (on verl's command line "
+        "+critic.ppo_infer_max_token_len_per_gpu=…; chapter §11.6); the critic's mini-batches of 16 rows are not cut "
+        "into 2-row micro-batches"]
+    assert en[4][1] == ("algorithm.kl_ctrl.type=adaptive has no effect: the controller only drives the reward-side KL "
+                        "and algorithm.use_kl_in_reward=false")
+    assert zh[4][1] == ("algorithm.kl_ctrl.type=adaptive 不起作用：controller 只驱动 reward-side KL，而 "
+                        "algorithm.use_kl_in_reward=false")
+    assert "本章 §11.6" in zh[3][0] and "第 6 阶段" in zh[3][0] and "96 行" in zh[2][1], zh
+    for e, z in zip(sum(en, []), sum(zh, [])):
+        assert re.search(r"[\u4e00-\u9fff]", z) and not english_words(z), (z, english_words(z))
+        assert not punct_problems(z, en=e), (z, punct_problems(z, en=e))
+        assert z.split("=")[0] == e.split("=")[0] or z.startswith("两条 KL"), (e, z)  # the dotted key leads

@@ -446,72 +446,86 @@ def _check_rollout_rs(c: _Checks, logp: bool) -> None:
             key=key, v=rc.rollout_rs, threshold=rc.rollout_rs_threshold, error=e))
 
 
+#: The notice of both KL paths on (chapter §7.4): an i18n template, so that ppolab.widgets.mistakes can find it among
+#: the notices in either language (:func:`kl_twice_notice`).
+KL_TWICE = ("both KL paths are on (algorithm.use_kl_in_reward and {a}.use_kl_loss): the reference KL shapes the "
+            "rewards AND is added to the loss, so it is applied twice (chapter §7.4); turn one off unless this is "
+            "intended")
+
+
+def kl_twice_notice() -> str:
+    """The notice :func:`check_config` gives when both KL paths are on, in the current language."""
+    return tr(KL_TWICE).format(a=_A)
+
+
 def _notices(c: _Checks) -> None:
     """Legal combinations that are usually unintended."""
     cfg, alg = c.cfg, c.cfg.algorithm
     actor = cfg.actor_rollout_ref.actor
     if clip_ratio_unread(actor):
         low, high = clip_bounds(actor)
-        c.notices.append(f"{_A}.clip_ratio={actor.clip_ratio} is not the clip window: clip_ratio_low and "
-                         f"clip_ratio_high are set ({low}/{high}; verl's defaults are 0.2/0.2) and clip_ratio is read "
-                         "only where they are null (chapter §4.4); set those two for the window you mean")
+        c.notices.append(tr("{a}.clip_ratio={eps} is not the clip window: clip_ratio_low and clip_ratio_high are set "
+                            "({low}/{high}; verl's defaults are 0.2/0.2) and clip_ratio is read only where they are "
+                            "null (chapter §4.4); set those two for the window you mean").format(
+            a=_A, eps=actor.clip_ratio, low=low, high=high))
     n = cfg.actor_rollout_ref.rollout.n
     if alg.adv_estimator in GROUP_ADV_ESTIMATORS and alg.adv_estimator != "grpo_passk" and n == 1:
-        c.notices.append(f"{_R}.n=1 with algorithm.adv_estimator={alg.adv_estimator}: a group of one has no "
-                         "baseline — verl gives it mean 0 and std 1, so the raw score is the advantage (chapter "
-                         f"§2); set {_R}.n ≥ 2 (e.g. 8) for a group baseline")
+        c.notices.append(tr("{r}.n=1 with algorithm.adv_estimator={est}: a group of one has no baseline — verl gives "
+                            "it mean 0 and std 1, so the raw score is the advantage (chapter §2); set {r}.n ≥ 2 "
+                            "(e.g. 8) for a group baseline").format(r=_R, est=alg.adv_estimator))
     if actor.use_kl_loss and alg.use_kl_in_reward:
-        c.notices.append(f"both KL paths are on (algorithm.use_kl_in_reward and {_A}.use_kl_loss): the "
-                         "reference KL shapes the rewards AND is added to the loss, so it is applied twice "
-                         "(chapter §7.4); turn one off unless this is intended")
+        c.notices.append(kl_twice_notice())
     for p in (_A, "critic") if cfg.use_critic else (_A,):
         mode, factor = c.get(f"{p}.loss_agg_mode"), c.get(f"{p}.loss_scale_factor")
         if mode == "seq-mean-token-sum-norm" and factor is None:
-            c.notices.append(f"{p}.loss_agg_mode=seq-mean-token-sum-norm with {p}.loss_scale_factor=null "
-                             "divides by the micro-batch's padded width, so the loss changes with the "
-                             "micro-batch split (chapter §13); set loss_scale_factor (e.g. the max response "
-                             "length)")
+            c.notices.append(tr("{p}.loss_agg_mode=seq-mean-token-sum-norm with {p}.loss_scale_factor=null divides "
+                                "by the micro-batch's padded width, so the loss changes with the micro-batch split "
+                                "(chapter §13); set loss_scale_factor (e.g. the max response length)").format(p=p))
     if cfg.use_critic:
         _critic_v1_notices(c)
     if cfg.critic.enable and alg.adv_estimator != "gae":
-        c.notices.append(f"critic.enable=true with algorithm.adv_estimator={alg.adv_estimator}: the critic "
-                         "is trained but the advantages do not use its values")
+        c.notices.append(tr("critic.enable=true with algorithm.adv_estimator={est}: the critic is trained but the "
+                            "advantages do not use its values").format(est=alg.adv_estimator))
     if alg.rollout_correction.bypass_mode and alg.rollout_correction.rollout_is:
-        c.notices.append("algorithm.rollout_correction.rollout_is is ignored in bypass mode (old = rollout "
-                         "log-probs, so there is nothing to correct)")
+        c.notices.append(tr("algorithm.rollout_correction.rollout_is is ignored in bypass mode (old = rollout "
+                            "log-probs, so there is nothing to correct)"))
     if alg.rollout_correction.bypass_mode and alg.rollout_correction.rollout_rs:
-        c.notices.append("algorithm.rollout_correction.rollout_rs is ignored in bypass mode (old = rollout "
-                         "log-probs, so nothing can be rejected)")
+        c.notices.append(tr("algorithm.rollout_correction.rollout_rs is ignored in bypass mode (old = rollout "
+                            "log-probs, so nothing can be rejected)"))
     tb, n = cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n
     if not c.errors and tb > 0 and n > 0 and c.dp_size > 0:
         multiple = c.cfg.padding_multiple(c.dp_size)
         if (tb * n) % multiple:
-            c.notices.append(f"data.train_batch_size × {_R}.n = {tb}×{n} = {tb * n} rows is not a multiple of "
-                             f"lcm({c.dp_name}, mini-batch × n) = {multiple}: every step adds "
-                             f"{(-tb * n) % multiple} synthetic padding rows (response_mask 0, is_pad; verl V1 "
-                             "padding_utils, chapter §9) that count in seq-mean denominators")
+            c.notices.append(tr("data.train_batch_size × {r}.n = {tb}×{n} = {rows} rows is not a multiple of "
+                                "lcm({dp_name}, mini-batch × n) = {multiple}: every step adds {pad} synthetic padding "
+                                "rows (response_mask 0, is_pad; verl V1 padding_utils, chapter §9) that count in "
+                                "seq-mean denominators").format(r=_R, tb=tb, n=n, rows=tb * n, dp_name=c.dp_name,
+                                                                multiple=multiple, pad=(-tb * n) % multiple))
     actor = cfg.actor_rollout_ref.actor
     low = "clip_ratio_low" if actor.clip_ratio_low is not None else "clip_ratio"
     if getattr(actor, low) >= 1 and actor.policy_loss.loss_mode in ("vanilla", "cispo"):
-        c.notices.append(f"{_A}.{low}={getattr(actor, low)} ≥ 1: the ratio's lower bound 1 − ε_low = "
-                         f"{1 - getattr(actor, low):.3g} is never reached, so no token is clipped from below "
-                         "(verl runs it; its CISPO example sets clip_ratio_low=10 for exactly this)")
+        c.notices.append(tr("{a}.{low}={eps} ≥ 1: the ratio's lower bound 1 − ε_low = {bound:.3g} is never reached, "
+                            "so no token is clipped from below (verl runs it; its CISPO example sets "
+                            "clip_ratio_low=10 for exactly this)").format(a=_A, low=low, eps=getattr(actor, low),
+                                                                          bound=1 - getattr(actor, low)))
     mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
     if mode == "geo_mean":
-        c.notices.append(f"{_A}.policy_loss.loss_mode=geo_mean averages its sequence losses with a plain mean over "
-                         f"the micro-batch rows and ignores {_A}.loss_agg_mode and the global batch counts (as verl), "
-                         "so the loss changes with the micro-batch split and the number of ranks")
+        c.notices.append(tr("{a}.policy_loss.loss_mode=geo_mean averages its sequence losses with a plain mean over "
+                            "the micro-batch rows and ignores {a}.loss_agg_mode and the global batch counts (as "
+                            "verl), so the loss changes with the micro-batch split and the number of ranks").format(
+            a=_A))
     if mode in ("dppo_tv", "dppo_kl") and cfg.actor_rollout_ref.actor.clip_ratio_c == 3.0:
-        c.notices.append(f"{_A}.policy_loss.loss_mode={mode} truncates the IS ratio at {_A}.clip_ratio_c=3.0 (the "
-                         "config default wins over DPPO's own fallback of 20, as in verl); set clip_ratio_c to change "
-                         f"it. clip_ratio / clip_ratio_low / clip_ratio_high are {mode}'s divergence thresholds here")
+        c.notices.append(tr("{a}.policy_loss.loss_mode={mode} truncates the IS ratio at {a}.clip_ratio_c=3.0 (the "
+                            "config default wins over DPPO's own fallback of 20, as in verl); set clip_ratio_c to "
+                            "change it. clip_ratio / clip_ratio_low / clip_ratio_high are {mode}'s divergence "
+                            "thresholds here").format(a=_A, mode=mode))
     if mode == "bypass_mode" and not alg.rollout_correction.bypass_mode:
-        c.notices.append(f"{_A}.policy_loss.loss_mode=bypass_mode expects old_log_prob = the rollout log-probs, but "
-                         "algorithm.rollout_correction.bypass_mode=false: the loss will treat the recomputed old "
-                         "log-probs as rollout log-probs")
+        c.notices.append(tr("{a}.policy_loss.loss_mode=bypass_mode expects old_log_prob = the rollout log-probs, but "
+                            "algorithm.rollout_correction.bypass_mode=false: the loss will treat the recomputed old "
+                            "log-probs as rollout log-probs").format(a=_A))
     if alg.kl_ctrl.type == "adaptive" and not alg.use_kl_in_reward:
-        c.notices.append("algorithm.kl_ctrl.type=adaptive has no effect: the controller only drives the "
-                         "reward-side KL and algorithm.use_kl_in_reward=false")
+        c.notices.append(tr("algorithm.kl_ctrl.type=adaptive has no effect: the controller only drives the "
+                            "reward-side KL and algorithm.use_kl_in_reward=false"))
 
 
 #: verl's CriticConfig default of ``critic.ppo_max_token_len_per_gpu``: a changed value is one the user set.
@@ -525,17 +539,18 @@ def _critic_v1_notices(c: _Checks) -> None:
     and is what verl's CriticConfig requires unless use_dynamic_bsz, so it passes silently."""
     critic, n = c.cfg.critic, c.cfg.actor_rollout_ref.rollout.n
     budget = f"critic.ppo_infer_max_token_len_per_gpu={critic.ppo_infer_max_token_len_per_gpu}"
-    why = (f"verl V1 does not pass it to the critic engine, which cuts both the value forward (stage 6) and the "
-           f"critic update (stage 8) by the token budget {budget} (on verl's command line "
-           "+critic.ppo_infer_max_token_len_per_gpu=…; chapter §11.6)")
+    why = tr("verl V1 does not pass it to the critic engine, which cuts both the value forward (stage 6) and the "
+             "critic update (stage 8) by the token budget {budget} (on verl's command line "
+             "+critic.ppo_infer_max_token_len_per_gpu=…; chapter §11.6)").format(budget=budget)
     micro = critic.ppo_micro_batch_size_per_gpu
     local = critic.ppo_mini_batch_size * n // c.dp_size if c.dp_size > 0 else 0
     if not critic.use_dynamic_bsz and isinstance(micro, int) and 0 < micro < local:
-        c.notices.append(f"critic.ppo_micro_batch_size_per_gpu={micro} (with critic.use_dynamic_bsz=false) is "
-                         f"ignored: {why}; the critic's mini-batches of {local} rows are not cut into {micro}-row "
-                         "micro-batches")
+        c.notices.append(tr("critic.ppo_micro_batch_size_per_gpu={micro} (with critic.use_dynamic_bsz=false) is "
+                            "ignored: {why}; the critic's mini-batches of {local} rows are not cut into {micro}-row "
+                            "micro-batches").format(micro=micro, why=why, local=local))
     if critic.ppo_max_token_len_per_gpu not in (CRITIC_TOP_LEVEL_BUDGET, critic.ppo_infer_max_token_len_per_gpu):
-        c.notices.append(f"critic.ppo_max_token_len_per_gpu={critic.ppo_max_token_len_per_gpu} is ignored: {why}")
+        c.notices.append(tr("critic.ppo_max_token_len_per_gpu={v} is ignored: {why}").format(
+            v=critic.ppo_max_token_len_per_gpu, why=why))
 
 
 def check_config(cfg: PPOConfig, world_size: int = 1, dp_size: int | None = None,

@@ -33,6 +33,7 @@ from ppolab.algos import (
 )
 from ppolab.batching import padding_multiple, plan_batches
 from ppolab.config import validate
+from ppolab.config.validation import kl_twice_notice
 from ppolab.run.reader import Run
 from ppolab.run.step import StepRecord
 from ppolab.update_plan import micro_batches
@@ -164,7 +165,7 @@ def _m3_kl_twice(run=None, step=None, opt_step=None) -> Effect:
         cfg = r.ppo_config()  # a fresh copy on every call
         cfg.actor_rollout_ref.actor.use_kl_loss = True
         cfg.algorithm.use_kl_in_reward = on
-        notices[on] = [n for n in validate(cfg) if "both KL paths" in n]
+        notices[on] = [n for n in validate(cfg) if n == kl_twice_notice()]  # in the notebook's language
     a = actor_config(r, use_kl_loss=True)
     _, m = ppo_loss(a, old_log_prob=b["old_log_probs"], log_prob=b["log_prob"], advantages=b["advantages"],
                     response_mask=b["response_mask"], ref_log_prob=b["ref_log_prob"])
@@ -485,11 +486,11 @@ def reproduce(key: str, run=None, step: int | None = None, opt_step: int | None 
 
 def _detail(key: str, v: Any) -> str:
     """One value of Effect.details as HTML: numbers as they are, names and flags (``adaptive``, ``True``) in code font,
-    and the one value that is prose, validate()'s notice, in the notebook's language."""
+    and the one value that is prose, validate()'s notice, as validate() wrote it: in the notebook's language."""
     if isinstance(v, float):
         return f"{v:.6g}"
     if key == "notice":
-        return tr(v)
+        return v
     if isinstance(v, bool) or (isinstance(v, str) and v and not any(c.isspace() for c in v)):
         return f"<code>{v}</code>"
     return str(v)
