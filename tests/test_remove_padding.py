@@ -58,7 +58,7 @@ def test_packed_rows_of_a_capacity_hold_whole_sequences_longest_first():
     p = pack_rows(ids, mask, r, capacity=7)  # rows of 6, 4 and 3 tokens: [6] and [4, 3]
     assert p.input_ids.tolist() == [[11, 12, 21, 22, 23, 24, 0], [13, 14, 15, 25, 16, 26, 27]]
     # the filler slot comes after every real token of its row: no real token attends to it
-    assert p.position_ids.tolist() == [[0, 1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 0, 1, 2]]
+    assert p.position_ids.tolist() == [[0, 1, 2, 3, 4, 5, 0], [0, 1, 2, 3, 0, 1, 2]]
     assert p.scoring.tolist() == [1, 2, 3, 4, 9, 11, 12]
     assert p.input_ids.flatten()[p.scoring + 1].tolist() == p.labels.tolist()
 
@@ -265,3 +265,25 @@ def test_packing_holds_for_other_architectures_and_attentions(arch, attention):
         packed = forward_response(model, ids, mask, 12, 0.9, True, True, remove_padding=True)
     assert (padded.log_probs - packed.log_probs)[real].abs().max() <= ATOL
     assert (padded.entropy - packed.entropy)[real].abs().max() <= ATOL
+
+
+def test_filler_slots_stay_within_a_learned_position_table(monkeypatch):
+    """GPT-2 looks its positions up in a table of n_positions rows: a packed row may be longer than any sequence, so
+    the filler that ends it must not carry a position past the longest sequence's."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setattr(remove_padding, "PACKED_ROW_TOKENS", 30)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(transformers.GPT2Config(vocab_size=300, n_embd=64, n_layer=2, n_head=4,
+                                                                     n_positions=24)).eval()
+    ids = torch.randint(1, 300, (6, 20))
+    mask = torch.ones_like(ids)
+    for b, (p, r) in enumerate([(8, 12), (5, 3), (8, 1), (2, 7), (6, 12), (3, 4)]):
+        mask[b, :8 - p], mask[b, 8 + r:] = 0, 0
+    packed = pack_rows(ids, mask, 12)
+    assert packed.input_ids.shape[1] > 24 > int(packed.position_ids.max())  # rows longer than the table, positions not
+    with torch.no_grad():
+        a = forward_response(model, ids, mask, 12, 1.0)
+        b = forward_response(model, ids, mask, 12, 1.0, remove_padding=True)
+    assert (a.log_probs - b.log_probs)[mask[:, 8:].bool()].abs().max() <= ATOL

@@ -32,10 +32,10 @@ class Packed:
 
     ``input_ids``, ``position_ids``: (k, C) — the real tokens sequence after sequence, positions restarting at 0
     with each sequence (what tells the attention where a sequence ends: transformers builds the block-diagonal
-    causal mask from them); a packed row shorter than C ends in filler slots, which no real token attends to (they
-    come after it). ``scoring``: (n,) the flat positions (row · C + slot) whose output scores a real response token
-    (the one-token shift: position i predicts token i + 1). ``labels``: (n,) those tokens. ``real``: (bs, R) bool,
-    where the n outputs go back on the padded grid (row-major, the order of ``scoring``)."""
+    causal mask from them); a packed row shorter than C ends in filler slots (token 0, position 0), which no real
+    token attends to (they come after it). ``scoring``: (n,) the flat positions (row · C + slot) whose output scores
+    a real response token (the one-token shift: position i predicts token i + 1). ``labels``: (n,) those tokens.
+    ``real``: (bs, R) bool, where the n outputs go back on the padded grid (row-major, the order of ``scoring``)."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
@@ -91,7 +91,9 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_le
         start[rows] = k * width + offsets
     flat_index = start[:, None] + position_ids  # slot (b, t) → its place, for the real slots
     packed_ids = input_ids.new_zeros(len(bins) * width)
-    packed_pos = torch.arange(width, device=input_ids.device).repeat(len(bins))  # filler: after every real token
+    # filler: after every real token of its row, position 0 (a model with learned positions has no index past its
+    # longest sequence, and a packed row can be longer)
+    packed_pos = torch.zeros(len(bins) * width, dtype=torch.long, device=input_ids.device)
     packed_ids[flat_index[keep]] = input_ids[keep]
     packed_pos[flat_index[keep]] = position_ids[keep]
     real = keep[:, -response_length:]
