@@ -235,3 +235,95 @@ def test_the_explorer_offers_every_replayable_step(kept):
     assert w.state["step"] == 2 and w.state["effect"]["step"] == 2 and w.state["opt_step"] == 3
     torch.testing.assert_close(w.state["effect"]["delta"], step_effect(kept, 2, 3)["delta"], equal_nan=True)
     assert "step" not in update_effect_explorer("grpo_tiny").controls  # only step 1 replays there: no control
+
+
+def test_adams_step_splits_exactly_into_decay_momentum_and_gain(several):
+    """Δθ = decay + momentum + gain ⊙ g on every tensor of every optimizer step (torch's AdamW, read back from its
+    state); at the first step Adam carries nothing (momentum 0) and every gain entry is negative."""
+    for k in range(4):
+        e = step_effect(several, 1, k)
+        parts = e["adam"]
+        for d, m, gain, g, u in zip(parts["decay"], parts["momentum"], parts["gain"], e["grads"], e["update"]):
+            torch.testing.assert_close(d + m + gain * g, u, rtol=0, atol=1e-7)
+            assert (gain < 0).all()
+            if k == 0:
+                assert float(m.abs().max()) < 1e-9
+        assert k == 0 or any(float(m.abs().max()) > 1e-6 for m in parts["momentum"])
+
+
+def test_a_tokens_first_order_move_is_its_gradient_along_the_step(several):
+    """token_moves' first order (∇ log π · Δθ from one backward per token) equals log π's difference quotient along
+    the step, measured by two forwards at θ ± h·Δθ; the realised move is close to it; the parts add up to it; a
+    token's own part has its advantage's sign and is 0 where its coefficient is."""
+    from ppolab.numbers.token_moves import token_moves
+    from ppolab.replay import REPLAY_LOCK, restore, run_models
+    from ppolab.numbers.update_effect import step_batch
+    from ppolab.update_plan import InferBatching
+    from ppolab.worker import ActorWorker
+
+    k = 1
+    e = step_effect(several, 1, k)
+    real = (e["mask"] > 0).nonzero().tolist()
+    moves = token_moves(several, 1, k, [tuple(t) for t in real])
+    cfg = several.ppo_config()
+    batch = step_batch(several, 1)
+    h = 0.1
+    with REPLAY_LOCK:
+        models = run_models(several)
+        params = models.actor_parameters()
+        saved = [p.detach().clone() for p in params]
+        worker = ActorWorker(cfg.actor_rollout_ref.actor, models, temperature=cfg.actor_rollout_ref.rollout.temperature)
+        try:
+            side = []
+            for s in (h, -h):
+                restore(params, [b + s * u for b, u in zip(e["before"], e["update"])])
+                side.append(worker.infer(batch, InferBatching(len(batch)))["log_probs"])
+        finally:
+            restore(params, saved)
+    quotient = (side[0] - side[1]) / (2 * h)
+    assert len(moves) == len(real) > 4
+    for m in moves:
+        assert m["first_order"] == pytest.approx(float(quotient[m["row"], m["pos"]]), rel=2e-2, abs=2e-5)
+        assert m["own"] + m["rest"] + m["momentum"] + m["decay"] == pytest.approx(m["first_order"], rel=1e-4,
+                                                                                     abs=1e-8)
+        if m["coefficient"] == 0:
+            assert m["own"] == 0
+        elif m["advantage"] != 0:
+            assert (m["own"] > 0) == (m["advantage"] > 0)
+    assert any(m["own"] != 0 for m in moves) and any(m["clip_state"] == -2 for m in moves)
+    realised = torch.tensor([m["realised"] for m in moves])
+    first = torch.tensor([m["first_order"] for m in moves])
+    moved = first.abs() > 1e-4  # (a token at probability ≈ 1 moves by ~1e-7: float rounding of log π)
+    assert int(moved.sum()) > 4
+    assert float(torch.corrcoef(torch.stack([realised, first]))[0, 1]) > 0.95
+    assert float(((realised - first).abs() / first.abs())[moved].median()) < 0.2
+
+
+def test_the_telling_tokens_and_what_token_moves_refuses():
+    """On a shipped run the step lab 18 shows has a token of every kind, each the kind's largest move; a token that
+    is not a (row, position) of the step's response is one line naming it."""
+    from ppolab.numbers.token_moves import KINDS, telling_step, token_moves
+
+    k = telling_step("grpo_tiny", 1)
+    e = step_effect("grpo_tiny", 1, k)
+    moves = token_moves("grpo_tiny", 1, k)
+    assert [m["kind"] for m in moves] == list(KINDS)
+    clipped = next(m for m in moves if m["kind"] == "clipped")
+    assert clipped["own"] == 0 and clipped["clip_state"] > 0 and abs(clipped["realised"]) > 1e-3
+    trained = (e["mask"] > 0) & e["in_mini_batch"].unsqueeze(-1) & (e["clip_state"] > 0)
+    assert abs(clipped["realised"]) == pytest.approx(float(e["delta"][trained].abs().max()))
+    n, width = e["mask"].shape
+    for bad, words in ((["x"], "tokens[0]='x' is not a (row, position) pair"), ([(n, 0)], "tokens[0] row"),
+                       ([(0, 1.5)], "tokens[0] position")):
+        with pytest.raises((ValueError, TypeError), match=re_escape(words)):
+            token_moves("grpo_tiny", 1, k, bad)
+    pad = (e["mask"][0] == 0).nonzero()
+    if len(pad):
+        with pytest.raises(ValueError, match="response_mask is 0"):
+            token_moves("grpo_tiny", 1, k, [(0, int(pad[0]))])
+
+
+def re_escape(text: str) -> str:
+    import re
+
+    return re.escape(text)

@@ -18,10 +18,12 @@ the ranks averaged (up to float rounding).
     e["params"]           # per trainable tensor: ‖grad‖, ‖Δθ‖, ‖lr·grad‖ (a plain SGD step), cos(Δθ, −grad)
     e["terms"]            # loss term → per-tensor gradients of that term alone (the entropy bonus and the KL loss:
                           # backward passes of their own; pg: the step's gradient minus theirs)
+    e["adam"]             # AdamW's step split per tensor: decay + momentum + gain ⊙ grads (adamw_step_parts)
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from typing import Any
@@ -201,6 +203,8 @@ def _replay_update(r: Run, step: int, opt_step: int, entry: dict[str, Any]) -> N
                 lr = float(worker.optimizer.param_groups[0]["lr"])
                 measured[k] = _measure(r, step, k, plan, batch, names, before, after, used, terms, lp_before,
                                        lp_after, lr, metrics)
+                measured[k]["adam"] = adamw_step_parts(worker.optimizer, params, used, before,
+                                                       stepped=math.isfinite(float(metrics["actor/grad_norm"])))
                 lp_before = lp_after
             # one call replaces both, so an interruption lands before it or after it, never between them
             entry.update(steps={**done, **measured}, worker=copy.deepcopy(worker.state_dict()))
@@ -269,6 +273,38 @@ def _measure(r, step, opt_step, plan, batch, names, before, after, used, terms, 
         "term_norms": term_norms, "term_cosines": cosines,
         "grad_norm": raw_norm, "loss": float(metrics["actor/loss"]), "lr": lr, "metrics": metrics,
     }
+
+
+def adamw_step_parts(optimizer: torch.optim.AdamW, params: list[torch.nn.Parameter], grads: list[torch.Tensor],
+                     before: list[torch.Tensor], stepped: bool = True) -> dict[str, list[torch.Tensor]]:
+    """The step ``optimizer`` (torch's AdamW, just stepped) took, split exactly into three parts per tensor:
+
+        Δθ = decay + momentum + gain ⊙ g
+        decay    = −lr·wd·θ                        (θ before the step: AdamW decays first)
+        momentum = −(lr/bc₁)·β₁·m_{t−1} / d         (the earlier steps' gradients Adam still carries)
+        gain     = −(lr/bc₁)·(1 − β₁) / d            (what one unit of this step's gradient moves an entry by)
+
+    with m_t = β₁m_{t−1} + (1 − β₁)g and v_t Adam's moments after step t, bc₁ = 1 − β₁ᵗ, bc₂ = 1 − β₂ᵗ,
+    d = √(v_t / bc₂) + ε, and g (``grads``) the gradient AdamW consumed (after the global-norm clip). ``gain`` is
+    negative: the step runs against the gradient, entry by entry scaled by 1/d (lab 18's first-order account of a
+    token's move, :mod:`ppolab.numbers.token_moves`). A step skipped for a non-finite gradient norm
+    (``stepped=False``) and a tensor AdamW did not step are all zeros."""
+    parts: dict[str, list[torch.Tensor]] = {"decay": [], "momentum": [], "gain": []}
+    group = optimizer.param_groups[0]
+    lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+    for p, g, theta in zip(params, grads, before):
+        state = optimizer.state.get(p, {})
+        if not stepped or "exp_avg" not in state:
+            for key in parts:
+                parts[key].append(torch.zeros_like(theta))
+            continue
+        t = float(state["step"])
+        bc1, bc2 = 1 - b1 ** t, 1 - b2 ** t
+        d = (state["exp_avg_sq"].detach().sqrt() / math.sqrt(bc2)).add_(eps)
+        parts["decay"].append(-lr * wd * theta)
+        parts["momentum"].append(-(lr / bc1) * (state["exp_avg"].detach() - (1 - b1) * g) / d)
+        parts["gain"].append(-(lr / bc1) * (1 - b1) / d)
+    return parts
 
 
 def tensor_steps(names: list[str], before: list[torch.Tensor], after: list[torch.Tensor], used: list[torch.Tensor],
