@@ -136,7 +136,7 @@ def step_record(trainer, batch, histories: dict, metrics: dict, plans: dict | No
 
 # ====================================================================== the loop
 def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequence[str] | dict | None = None, *,
-          on_step: OnStep | None = None, progress: bool = True) -> Run:
+          on_step: OnStep | None = None, progress: bool = True, value_loss: Callable | None = None) -> Run:
     """Train with verl's semantics and return the run directory as a :class:`Run`.
 
     ``config``: a :class:`PPOConfig`, a preset name (``grpo_tiny`` default, ``ppo_gae_tiny``, …) or a YAML path;
@@ -148,10 +148,14 @@ def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequen
     KeyboardInterrupt whose ``run`` is that run), so a loop of trainings stops. A ``trainer.run_dir`` that already
     holds a run is refused unless ``trainer.resume=true`` (before any model loads; nothing in it changes).
     :func:`ppolab.train_in_background` runs this in a thread, so a lab can follow the run while it trains.
+    ``value_loss``: the critic trains with this function instead of verl's clipped value loss (lab 17's part II;
+    ``algos.value_loss``'s ``loss_fn`` form). verl has no such hook, so the run records no step (its critic would
+    replay with verl's loss): pass ``trainer.record_freq=-1``.
     """
     check_train_arguments(config, overrides, on_step, progress)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))  # set by torchrun / accelerate launch
     cfg = resolve_config(config, overrides, world_size=world_size)
+    check_value_loss(value_loss, cfg)
     typed = _as_list(overrides) if overrides else []
     device = distributed.requested_device(cfg.trainer.device, typed)
     if device != cfg.trainer.device:  # PPOLAB_DEVICE: part of building the config, before anything runs
@@ -177,7 +181,7 @@ def train(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequen
         raise problem if problem is not None else RunDirError(shared[1])
     run_dir = Path(shared[0])
     try:
-        return _train_claimed(cfg, info, run_dir, claim, on_step, progress)
+        return _train_claimed(cfg, info, run_dir, claim, on_step, progress, value_loss)
     finally:
         if claim is not None:
             claim.release()
@@ -223,7 +227,26 @@ def check_train_arguments(config: Any, overrides: Any, on_step: Any, progress: A
         raise TypeError(f"ppolab.train(progress={progress!r}): expected True or False")
 
 
-def _train_claimed(cfg: PPOConfig, info, run_dir: Path, claim, on_step: OnStep | None, progress: bool) -> Run:
+def check_value_loss(value_loss: Any, cfg: PPOConfig) -> None:
+    """``ppolab.train(value_loss=…)``, checked before anything loads: a function, on a run with a critic that
+    records no step and resumes nothing (a record or a checkpoint would stand for verl's loss)."""
+    if value_loss is None:
+        return
+    if not callable(value_loss):
+        raise TypeError(f"ppolab.train(value_loss={value_loss!r}): expected a function (vpreds, returns, values, "
+                        "response_mask, cliprange_value, loss_agg_mode, *, global_batch_info) -> (vf_loss, "
+                        "vf_clipfrac), or None")
+    if not cfg.use_critic:
+        raise ValueError("ppolab.train(value_loss=…): this config trains no critic (algorithm.adv_estimator="
+                         f"{cfg.algorithm.adv_estimator}); use a GAE preset such as ppo_gae_tiny")
+    if cfg.trainer.record_freq > 0 or cfg.trainer.resume:
+        raise ValueError("ppolab.train(value_loss=…): a critic trained with a loss verl does not have records no "
+                         "step and resumes nothing (a replay or a resume would use verl's loss): pass "
+                         "trainer.record_freq=-1 and leave trainer.resume false")
+
+
+def _train_claimed(cfg: PPOConfig, info, run_dir: Path, claim, on_step: OnStep | None, progress: bool,
+                   value_loss: Callable | None = None) -> Run:
     """The loop of :func:`train` in a run dir this process has claimed (rank 0) or its rank 0 claimed."""
     from ppolab.errors import RewardWarning, RunWarning
     from ppolab.trainer import PPOTrainer
@@ -250,7 +273,7 @@ def _train_claimed(cfg: PPOConfig, info, run_dir: Path, claim, on_step: OnStep |
             summary.pop(key, None)
     shown = Progress(progress and info.is_main)  # what it is doing from its first second (ppolab.progress)
     shown.say(f"{'resuming' if checkpoint is not None else 'training'} {t.experiment_name} into {run_dir}")
-    trainer = PPOTrainer(cfg, info, say=shown.say)
+    trainer = PPOTrainer(cfg, info, say=shown.say, value_loss=value_loss)
     if checkpoint is not None:
         load_checkpoint(trainer, checkpoint)  # a failure leaves the run dir (config.json too) as it was
     # Only rank 0 writes the run directory; the other ranks compute and log nothing.

@@ -41,8 +41,9 @@ class PPOTrainer:
     """Builds models, workers, data and the rollout engine from a validated :class:`PPOConfig`; runs steps."""
 
     def __init__(self, config: PPOConfig, dist_info: DistInfo | None = None,
-                 say: Callable[[str], None] | None = None):
-        """``say``: told each phase of the build as it starts (``ppolab.progress``: the main job's first lines)."""
+                 say: Callable[[str], None] | None = None, value_loss: Callable | None = None):
+        """``say``: told each phase of the build as it starts (``ppolab.progress``: the main job's first lines);
+        ``value_loss``: the critic's loss instead of verl's (:class:`ppolab.worker.CriticWorker`; lab 17)."""
         from ppolab.data import check_data_files, load_rl_dataset
         from ppolab.rewards import get_reward_fn
 
@@ -67,7 +68,7 @@ class PPOTrainer:
         self.device, self.tokenizer = self.models.device, self.models.tokenizer
         roles = dict(temperature=arr.rollout.temperature, dist=self.dist)
         self.actor = ActorWorker(arr.actor, self.models, rollout_n=arr.rollout.n, **roles)
-        self.critic = CriticWorker(cfg.critic, self.models, rollout_n=arr.rollout.n, **roles) \
+        self.critic = CriticWorker(cfg.critic, self.models, rollout_n=arr.rollout.n, value_loss=value_loss, **roles) \
             if self.use_critic else None
         self.ref = ReferenceWorker(self.models, remove_padding=m.use_remove_padding, **roles) if self.use_ref else None
         self.train_data = load_rl_dataset(cfg.data.train_files, self.tokenizer, cfg.data.max_prompt_length)

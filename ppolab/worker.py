@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -295,9 +295,14 @@ class ActorWorker(Worker):
 
 
 class CriticWorker(Worker):
-    """The value model: base + ``critic`` adapter + value head. Its loss is ``algos.value_loss``."""
+    """The value model: base + ``critic`` adapter + value head. Its loss is ``algos.value_loss`` — verl's clipped
+    value loss, or ``value_loss`` when given (``algos.value_loss``'s ``loss_fn``: lab 17's part II)."""
 
     prefix = "critic"
+
+    def __init__(self, config: Any, models: PolicyModels, *, value_loss: Callable | None = None, **kw: Any):
+        super().__init__(config, models, **kw)
+        self.value_loss = value_loss
 
     def model(self) -> contextlib.AbstractContextManager[torch.nn.Module]:
         return self.models.critic()
@@ -325,7 +330,8 @@ class CriticWorker(Worker):
             vpreds = forward_response(model, ids, mask, r_len, self.temperature, False, False,
                                       self.models.value_head, remove_padding=self.remove_padding).values
         loss, metrics = algos.value_loss(vpreds, mb["returns"][:, :r_len], mb["values"][:, :r_len],
-                                         mb["response_mask"][:, :r_len], c.cliprange_value, c.loss_agg_mode, info)
+                                         mb["response_mask"][:, :r_len], c.cliprange_value, c.loss_agg_mode, info,
+                                         loss_fn=self.value_loss)
         return loss, metrics, {"critic_vpreds": vpreds}
 
 

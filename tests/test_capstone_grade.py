@@ -79,10 +79,51 @@ def test_the_replayed_step_grades_the_gradient_the_worker_computes():
 
 @pytest.mark.slow
 def test_the_short_run_passes_the_reference_and_refuses_a_wrong_loss(tmp_path):
+    """(c) and (d) pass the reference losses — (d): ppo_gae_tiny's critic trained by the learner's value loss through
+    ppolab.train(value_loss=…), the same critic as verl's — and refuse wrong ones; the curves are drawn."""
     g = cl.grade(*sol.loss_set(), run="grpo_tiny")
-    assert g and len(g.lines) == 3 and g.lines[2].startswith("(c) right"), repr(g)
+    assert g and len(g.lines) == 4 and g.lines[2].startswith("(c) right"), repr(g)
+    assert g.lines[3].startswith("(d) right"), repr(g)  # the critic trained with the learner's value loss
+    d = g.results["d"]
+    assert d["first"]["critic/vf_clipfrac"][1] > 0.1  # the value clip binds from step 1 on: (d) can see it
     c = cl.grade_training(sol.make_policy_loss("sign"), root=tmp_path)
     assert not c["ok"] and "step 1 actor/pg_loss" in c["line"], c["line"]
+    # (d) against a value clip centred on the return, and a value loss that exits: one line each (the process then
+    # trains on, as the right loss's (d) above did)
+    wrong = cl.grade_critic_training(sol.make_value_loss("value_clip"), root=tmp_path)
+    assert not wrong["ok"] and "step 1 critic/vf_clipfrac: yours 0" in wrong["line"], wrong["line"]
+
+    def exits(vpreds, *args, **kwargs):
+        raise SystemExit(3)
+
+    out = cl.grade_critic_training(exits, root=tmp_path)
+    assert not out["ok"] and "SystemExit" in out["line"], out["line"]
+    from ppolab.widgets import capstone_curves
+
+    fig = capstone_curves(g).figures["curves"]
+    assert {t.name for t in fig.data} == {"vanilla", "verl's value loss", "your run"}
+    assert len(fig.data) == 2 * (len(g.results["c"]["curves"]) + len(cl.CRITIC_CURVES))
+
+
+def test_train_takes_a_value_loss_only_where_it_can_stand(tmp_path):
+    """ppolab.train(value_loss=…) is checked before any model loads: a function, a config with a critic, a run that
+    records no step — each refusal one line naming what to pass."""
+    from ppolab.train import train
+
+    loss = sol.make_value_loss()
+    base = ["trainer.total_training_steps=1", f"trainer.run_dir={tmp_path / 'r'}"]
+    with pytest.raises(TypeError, match="value_loss=3"):
+        train("ppo_gae_tiny", [*base, "trainer.record_freq=-1"], value_loss=3, progress=False)
+    with pytest.raises(ValueError, match="trains no critic"):
+        train("grpo_tiny", [*base, "trainer.record_freq=-1"], value_loss=loss, progress=False)
+    with pytest.raises(ValueError, match="trainer.record_freq=-1"):
+        train("ppo_gae_tiny", base, value_loss=loss, progress=False)
+    assert not (tmp_path / "r").exists()
+    from ppolab.widgets import capstone_curves
+
+    with pytest.raises(TypeError, match="capstone_grade.grade"):
+        capstone_curves(None)
+    assert capstone_curves(cl.Grade(False, [], {})).figures == {}
 
 
 # ------------------------------------------------------------------------------- the work graded is the learner's

@@ -7,6 +7,8 @@ mini-batch objective (chapter §13).
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from ppolab.algos.aggregation import GlobalBatchInfo, agg_loss, batch_info_kwargs
@@ -110,14 +112,23 @@ def value_loss(
     cliprange_value: float,
     loss_agg_mode: str,
     global_batch_info: GlobalBatchInfo | None = None,
+    loss_fn: Callable | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """One micro-batch of the critic loss (chapter §8): clipped value loss with global normalisation.
 
     Metrics: ``critic/vf_loss``, ``critic/vf_clipfrac`` and ``critic/vpred_mean`` = masked mean of vpreds.
+    ``loss_fn``: None — verl's :func:`compute_value_loss`; else a value loss of lab 17's form, called as
+    ``loss_fn(vpreds, returns, values, response_mask, cliprange_value, loss_agg_mode,
+    global_batch_info=global_batch_info) -> (vf_loss, vf_clipfrac)`` (verl has no registry for the value loss;
+    this is how lab 17's part II trains a critic with the learner's).
     """
-    info = global_batch_info.as_kwargs() if global_batch_info is not None else {}
-    loss, clipfrac = compute_value_loss(vpreds, returns, values, response_mask, cliprange_value, loss_agg_mode,
-                                        **info)
+    if loss_fn is None:
+        info = global_batch_info.as_kwargs() if global_batch_info is not None else {}
+        loss, clipfrac = compute_value_loss(vpreds, returns, values, response_mask, cliprange_value, loss_agg_mode,
+                                            **info)
+    else:
+        loss, clipfrac = loss_fn(vpreds, returns, values, response_mask, cliprange_value, loss_agg_mode,
+                                 global_batch_info=global_batch_info)
     return loss, {
         "critic/vf_loss": float(loss.detach()),
         "critic/vf_clipfrac": float(clipfrac),

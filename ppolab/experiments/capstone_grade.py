@@ -21,7 +21,10 @@ Three grades, each stopping at the first case that differs and naming the part o
     actor worker (:func:`ppolab.replay.replay_actor_update`, the seeded adapter of step 1): the learner's gradient
     against the worker's own, tensor by tensor;
 (c) :func:`grade_training` — a short ``grpo_tiny`` run trained with the learner's loss against the same run
-    trained with ``vanilla``: step 1 equal, the curves within stated bands.
+    trained with ``vanilla``: step 1 equal, the curves within stated bands;
+(d) :func:`grade_critic_training` — a short ``ppo_gae_tiny`` run (value clip binding) whose critic trains with the
+    learner's value loss (``ppolab.train(value_loss=…)``: verl keeps no registry for it) against verl's: step 1
+    equal, the critic's curves within stated bands.
 """
 from __future__ import annotations
 
@@ -503,7 +506,85 @@ def grade_training(policy_loss: Callable, name: str = LEARNER, steps: int = TRAI
     return {"ok": not bad, "first": first, "curves": curves, "line": line}
 
 
-# ---------------------------------------------------------------------------------------------- all three, in order
+# ---------------------------------------------------------------------------------------------- (d) the critic trains
+#: (d) the critic's short run: step 1 equal (same rollouts and values: the loss decides), then the critic/vf_loss
+#: curve within ``VF_BAND`` of the reference's on average (relative to its mean) and critic/vf_explained_var within
+#: ``EXPLAINED_BAND`` on average (sampling diverges once the weights differ in the last bit).
+CRITIC_STEPS, VF_BAND, EXPLAINED_BAND = 20, 0.25, 0.15
+CRITIC_CURVES = ("critic/vf_loss", "critic/vf_explained_var")
+#: ppo_gae_tiny's critic with a window that binds (verl's ε_v 0.5 never does on values in [0, 1]; ppo_fire_tiny's
+#: 0.1) and two critic epochs: the value clip fires from step 1 on, so a loss without it, or with it misplaced, trains
+#: another critic.
+CRITIC_FIRES = ("critic.cliprange_value=0.1", "critic.ppo_epochs=2")
+_CRITIC_REFERENCE: dict[tuple, Path] = {}
+
+
+def _reference_value_loss(vpreds, returns, values, response_mask, cliprange_value, loss_agg_mode, *,
+                          global_batch_info=None):
+    """verl's clipped value loss in the learner's form — the function captured at import (:data:`REF`), never a
+    module attribute a learner's cell can rebind."""
+    info = global_batch_info.as_kwargs() if global_batch_info is not None else {}
+    return REF.compute_value_loss(vpreds, returns, values, response_mask, cliprange_value, loss_agg_mode, **info)
+
+
+def short_critic_run(value_loss: Callable, out: Path, steps: int = CRITIC_STEPS):
+    """``ppo_gae_tiny`` for ``steps`` steps with its critic trained by ``value_loss``, no validation, no recording,
+    into ``out``: the same seed, data order and first rollouts whatever the loss."""
+    from ppolab.train import train
+
+    return train("ppo_gae_tiny", [*CRITIC_FIRES, f"trainer.total_training_steps={steps}", "trainer.test_freq=-1",
+                                  "trainer.val_before_train=false", "trainer.record_freq=-1",
+                                  f"trainer.run_dir={out}"], progress=False, value_loss=value_loss)
+
+
+def grade_critic_training(value_loss: Callable, steps: int = CRITIC_STEPS, root: Path | None = None) -> dict[str, Any]:
+    """(d): ``ppo_gae_tiny``'s critic trained ``steps`` steps with the learner's value loss and with verl's (trained
+    once per process). Step 1 — the same rollouts and values, so the loss alone decides — must agree within
+    ``STEP1_REL`` on critic/vf_loss, critic/vf_clipfrac and critic/vpred_mean; afterwards the curves of
+    :data:`CRITIC_CURVES` must stay within their bands. Returns ``ok``, ``first``, ``curves`` ({metric: (yours,
+    verl's)}) and ``line``."""
+    refused = tampered()
+    if refused:
+        return {"ok": False, "first": {}, "curves": {}, "line": "(d) " + refused}
+    root = Path(root or tempfile.mkdtemp(prefix="ppolab-capstone-"))
+    key = (steps,)
+    if key not in _CRITIC_REFERENCE or not _CRITIC_REFERENCE[key].exists():
+        _CRITIC_REFERENCE[key] = Path(short_critic_run(_reference_value_loss, root / "verl-critic", steps).path)
+    from ppolab.run.reader import load_run
+
+    def guarded(vpreds, *args: Any, **kwargs: Any) -> Any:
+        out = call(value_loss, "value_loss", vpreds, *args, **kwargs)
+        check_returned(out, "value_loss", vpreds)
+        return out
+
+    ref = load_run(_CRITIC_REFERENCE[key]).metrics
+    try:
+        mine_path = short_critic_run(guarded, root / f"critic-{len(list(root.glob('critic-*')))}", steps).path
+    except Exception as e:  # noqa: BLE001 — the learner's code inside the trainer: one line
+        return {"ok": False, "first": {}, "curves": {}, "line": tr("(d) not yet — ") + _raised(e)}
+    mine = load_run(mine_path).metrics
+    first = {k: (float(mine.loc[1, k]), float(ref.loc[1, k]))
+             for k in ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean")}
+    curves = {k: (mine[k].dropna().tolist(), ref[k].dropna().tolist()) for k in CRITIC_CURVES}
+    vf_mine, vf_ref = curves["critic/vf_loss"]
+    vf_gap = sum(abs(a - b) for a, b in zip(vf_mine, vf_ref)) / steps / max(sum(vf_ref) / len(vf_ref), 1e-12)
+    ev_gap = sum(abs(a - b) for a, b in zip(*curves["critic/vf_explained_var"])) / steps
+    bad = [tr("step 1 {key}: yours {got}, verl's {want}").format(key=k, got=f"{a:.6g}", want=f"{b:.6g}")
+           for k, (a, b) in first.items() if not _close(a, b, STEP1_REL, 1e-7)]
+    if vf_gap > VF_BAND:
+        bad.append(tr("critic/vf_loss is {gap} of its mean apart on average (band {band})").format(
+            gap=f"{vf_gap:.0%}", band=f"{VF_BAND:.0%}"))
+    if ev_gap > EXPLAINED_BAND:
+        bad.append(tr("critic/vf_explained_var is {gap} apart on average (band {band})").format(
+            gap=f"{ev_gap:.3f}", band=EXPLAINED_BAND))
+    line = (tr("(d) right: {steps} steps of ppo_gae_tiny with your value loss training the critic — step 1 equal, "
+               "critic/vf_loss {vf} of its mean apart on average, critic/vf_explained_var {ev}").format(
+                steps=steps, vf=f"{vf_gap:.0%}", ev=f"{ev_gap:.3f}")
+            if not bad else tr("(d) not yet — ") + "; ".join(bad))
+    return {"ok": not bad, "first": first, "curves": curves, "line": line}
+
+
+# ---------------------------------------------------------------------------------------------- all of them, in order
 @dataclasses.dataclass
 class Grade:
     """What :func:`grade` found: truthy when every grade it ran is right; shows as its lines in a notebook."""
@@ -528,7 +609,8 @@ def _unanswered(fn: Callable | None, what: str) -> str | None:
 def grade(policy_loss: Callable, actor_loss: Callable | None = None, value_loss: Callable | None = None, *,
           run: Any = None, train: bool = True) -> Grade:
     """Grade the learner's losses: (a) on the hidden cases; if right, (b) one replayed optimizer step of ``run``
-    (its recorded step 1; skipped, with a line, on a run without one); if right and ``train``, (c) a short run. A
+    (its recorded step 1; skipped, with a line, on a run without one); if right and ``train``, (c) a short run, and
+    if that is right, (d) a short run whose critic trains with the learner's value loss. A
     later grade runs only when the earlier ones are right, so the first line that says "not yet" names the part to
     fix. Each of the three functions is required: one left out (None) is named, and the verdict is not right. Never
     raises for the learner's code."""
@@ -550,6 +632,9 @@ def grade(policy_loss: Callable, actor_loss: Callable | None = None, value_loss:
             if b["ok"] and train:
                 results["c"] = c = grade_training(policy_loss)
                 lines.append(c["line"])
+                if c["ok"] and value_loss is not None:
+                    results["d"] = d = grade_critic_training(value_loss)
+                    lines.append(d["line"])
     missing = [name for fn, name in ((actor_loss, "actor_loss"), (value_loss, "value_loss")) if fn is None]
     if missing:  # lab 17 asks for all three: a verdict of right needs every one graded
         lines.append(tr("not right yet: {names} not given — lab 17 asks for all three functions; pass {them} to "

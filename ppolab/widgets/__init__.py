@@ -30,6 +30,8 @@ _WHERE = {
     "invariance_explorer": "ppolab.widgets.invariance",
     # what one optimizer step did to the tokens and the parameters (lab 18)
     "update_effect_explorer": "ppolab.widgets.update_effect",
+    # the curves lab 17's part II trains with the learner's losses
+    "capstone_curves": "ppolab.widgets.capstone",
     # runs (labs 00, 15)
     "ablation_curves": "ppolab.widgets.ablations",
     "metrics_dashboard": "ppolab.widgets.metrics",
