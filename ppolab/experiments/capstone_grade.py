@@ -54,6 +54,13 @@ REPLAY_REL = 1e-4
 #: (c) the short run: step 1 (same rollouts, the loss decides) and the bands of the curves after it (sampling
 #: diverges once the weights differ in the last bit, so later steps agree in distribution, not exactly).
 TRAIN_STEPS, STEP1_REL, SCORE_BAND, ENTROPY_REL = 20, 1e-4, 0.15, 0.15
+#: grpo_tiny's window narrowed (ε 0.07, as ppo_fire_tiny's) and the dual clip brought to 1.1: the clip binds on 1–4 %
+#: of the tokens at every step of the short run, from step 1 on, and the dual clip on some steps — so (c) trains
+#: where the learner's clip and dual clip act, and draws their fractions.
+ACTOR_FIRES = ("actor_rollout_ref.actor.clip_ratio_low=0.07", "actor_rollout_ref.actor.clip_ratio_high=0.07",
+               "actor_rollout_ref.actor.clip_ratio_c=1.1")
+#: (c)'s curves: the outcome, the entropy and the two clip fractions.
+ACTOR_CURVES = ("critic/score/mean", "actor/entropy", "actor/pg_clipfrac", "actor/pg_clipfrac_lower")
 
 
 def plug_in(fn: Callable, name: str = LEARNER) -> str:
@@ -452,11 +459,12 @@ _REFERENCE: dict[tuple, Path] = {}
 
 
 def short_run(loss_mode: str, out: Path, steps: int = TRAIN_STEPS):
-    """``grpo_tiny`` for ``steps`` steps with ``actor.policy_loss.loss_mode = loss_mode``, no validation, no
-    recording, into ``out``; the same seed, data order and first rollouts whatever the loss."""
+    """``grpo_tiny`` for ``steps`` steps with ``actor.policy_loss.loss_mode = loss_mode`` and the clips of
+    :data:`ACTOR_FIRES`, no validation, no recording, into ``out``; the same seed, data order and first rollouts
+    whatever the loss."""
     from ppolab.train import train
 
-    return train("grpo_tiny", [f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}",
+    return train("grpo_tiny", [*ACTOR_FIRES, f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}",
                                f"trainer.total_training_steps={steps}", "trainer.test_freq=-1",
                                "trainer.val_before_train=false", "trainer.record_freq=-1",
                                f"trainer.run_dir={out}"], progress=False)
@@ -488,7 +496,7 @@ def grade_training(policy_loss: Callable, name: str = LEARNER, steps: int = TRAI
     mine = load_run(mine_path).metrics
     first = {k: (float(mine.loc[1, k]), float(ref.loc[1, k]))
              for k in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl")}
-    curves = {k: (mine[k].dropna().tolist(), ref[k].dropna().tolist()) for k in ("critic/score/mean", "actor/entropy")}
+    curves = {k: (mine[k].dropna().tolist(), ref[k].dropna().tolist()) for k in ACTOR_CURVES}
     score_gap = sum(abs(a - b) for a, b in zip(*curves["critic/score/mean"])) / steps
     ent_mine, ent_ref = (sum(c) / len(c) for c in curves["actor/entropy"])
     bad = [tr("step 1 {key}: yours {got}, vanilla {want}").format(key=k, got=f"{a:.6g}", want=f"{b:.6g}")

@@ -25,20 +25,23 @@ def capstone_curves(grade: Any) -> W.VBox:
     results = getattr(grade, "results", None)
     if not isinstance(results, dict):
         raise TypeError(f"capstone_curves(grade={grade!r}): pass what capstone_grade.grade(...) returned")
-    panels = [(part, ref, metric, pair) for part, ref in PARTS for metric, pair in
-              results.get(part, {}).get("curves", {}).items()]
-    if not panels:
+    parts = [(part, ref, results[part]["curves"]) for part, ref in PARTS if results.get(part, {}).get("curves")]
+    if not parts:
         return _box([W.HTML(tr("No curve yet: grades (c) and (d) train once (a) and (b) are right."))], {}, {})
-    fig = make_subplots(rows=1, cols=len(panels), horizontal_spacing=0.06,
-                        subplot_titles=[f"({part}) {metric}" for part, _, metric, _ in panels])
-    for col, (part, ref, metric, (mine, theirs)) in enumerate(panels, start=1):
-        for ys, colour, name, dash in ((theirs, THEIRS, tr(ref, may_stay=True), "solid"),
-                                       (mine, YOURS, tr("your run"), "dash")):
-            fig.add_scatter(x=list(range(1, len(ys) + 1)), y=ys, mode="lines+markers", marker_size=3, name=name,
-                            line={"color": colour, "dash": dash}, legendgroup=f"{part}{name}",
-                            showlegend=metric == next(m for p, _, m, _ in panels if p == part), row=1, col=col)
-        fig.update_xaxes(title_text=tr("step"), row=1, col=col)
-    fig.update_layout(height=320, margin={"t": 60}, legend={"orientation": "h", "y": -0.25},
+    cols = max(len(curves) for _, _, curves in parts)
+    titles = [f"({part}) {metric}" if j < len(curves) else "" for part, _, curves in parts
+              for j, metric in enumerate([*curves, *[""] * (cols - len(curves))])]
+    fig = make_subplots(rows=len(parts), cols=cols, horizontal_spacing=0.06, vertical_spacing=0.22,
+                        subplot_titles=titles)
+    for row, (part, ref, curves) in enumerate(parts, start=1):
+        for col, (metric, (mine, theirs)) in enumerate(curves.items(), start=1):
+            for ys, colour, name, dash in ((theirs, THEIRS, tr(ref, may_stay=True), "solid"),
+                                           (mine, YOURS, tr("your run"), "dash")):
+                fig.add_scatter(x=list(range(1, len(ys) + 1)), y=ys, mode="lines+markers", marker_size=3,
+                                name=name, line={"color": colour, "dash": dash}, legendgroup=f"{part}{name}",
+                                showlegend=col == 1, row=row, col=col)
+            fig.update_xaxes(title_text=tr("step"), row=row, col=col)
+    fig.update_layout(height=300 * len(parts), margin={"t": 60}, legend={"orientation": "h", "y": -0.15},
                       title=tr("your losses training the model, beside ppolab's"))
     fig.update_annotations(font_size=11)
     figs = {"curves": go.FigureWidget(fig)}
