@@ -555,3 +555,51 @@ def test_config_notices_speak_chinese():
         assert re.search(r"[\u4e00-\u9fff]", z) and not english_words(z), (z, english_words(z))
         assert not punct_problems(z, en=e), (z, punct_problems(z, en=e))
         assert z.split("=")[0] == e.split("=")[0] or z.startswith("两条 KL"), (e, z)  # the dotted key leads
+
+
+#: Settings verl's threshold parsers refuse (ppolab.algos.correction), one per refusal a config can reach.
+REFUSED_THRESHOLDS = [
+    ["algorithm.rollout_correction.rollout_rs_threshold='1.02,0.002,3'"],
+    ["algorithm.rollout_correction.rollout_rs_threshold='1.02,2x'"],
+    ["algorithm.rollout_correction.rollout_rs_threshold='1.02,0.5_2'"],
+    ["algorithm.rollout_correction.rollout_rs_threshold='1.02,-1'"],
+    ["algorithm.rollout_correction.rollout_rs_threshold='2_1.5,0.002'"],
+    ["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold='3_2'"],
+    ["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold='x_2'"],
+    ["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold='-1_2'"],
+]
+
+
+def test_verls_threshold_refusals_speak_chinese():
+    """Issue 55: a rollout-correction threshold verl's parser refuses is quoted in verl's words in English and
+    wholly in Chinese under set_language("zh") — the parser's message was English inside the Chinese line."""
+    from test_i18n import english_words
+
+    from ppolab import i18n
+    from ppolab.algos.correction import SpecError, parse_is_threshold, parse_rollout_rs
+
+    def refusal(overrides):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConfigNotice)
+            with pytest.raises(ConfigError) as e:
+                load_config("ppo_fire_tiny", overrides)
+        return str(e.value)
+
+    before = i18n.missing()
+    en = [refusal(o) for o in REFUSED_THRESHOLDS]
+    i18n.set_language("zh")
+    try:
+        zh = [refusal(o) for o in REFUSED_THRESHOLDS]
+    finally:
+        i18n.set_language("en")
+    assert i18n.missing() == before, i18n.missing() - before
+    assert len(set(en)) == len(REFUSED_THRESHOLDS)
+    for e_line, z_line in zip(en, zh):
+        assert not english_words(z_line), (z_line, english_words(z_line))
+        assert english_words(e_line)  # the English line is prose, so the check above can fail
+    # the English is verl's wording, as the parsers raise it
+    with pytest.raises(SpecError) as e:
+        parse_rollout_rs("token_k1,seq_max_k2", "1.02,2x")
+    assert str(e.value) == "Invalid numeric threshold '2x' for option 'seq_max_k2'." and str(e.value) in en[1]
+    with pytest.raises(ValueError, match=re.escape("rollout_is_threshold lower bound must be <= upper bound.")):
+        parse_is_threshold("3_2")

@@ -22,6 +22,23 @@ from ppolab.vocab import ROLLOUT_IS_LEVELS, ROLLOUT_RS_OPTIONS  # noqa: F401 (re
 IS_LOG_RATIO_CLAMP = 20.0
 
 
+class _Spec:
+    """A setting verl's parser refuses, in verl's words (``str(error)``), keeping the ``template`` and its ``fields``
+    so a config check can say it in the learner's language (``ppolab.config.validation``)."""
+
+    def __init__(self, template: str, **fields: object):
+        super().__init__(template.format(**fields))
+        self.template, self.fields = template, fields
+
+
+class SpecError(_Spec, ValueError):
+    """A threshold or option verl refuses with a ValueError."""
+
+
+class SpecTypeError(_Spec, TypeError):
+    """A threshold of a type verl refuses with a TypeError."""
+
+
 def parse_is_threshold(spec: float | str) -> tuple[float, float | None]:
     """``rollout_is_threshold`` → (upper, lower): a number or ``"2.0"`` is TIS (lower None), ``"lo_hi"`` IcePop.
 
@@ -29,14 +46,14 @@ def parse_is_threshold(spec: float | str) -> tuple[float, float | None]:
     ValueError for an empty or non-numeric string, a non-positive bound or lower > upper.
     """
     if isinstance(spec, bool):
-        raise TypeError("rollout_is_threshold must be specified as a float or a string threshold specification, "
-                        "not a boolean.")
+        raise SpecTypeError("rollout_is_threshold must be specified as a float or a string threshold specification, "
+                            "not a boolean.")
     if isinstance(spec, (int, float)):
         upper, lower = float(spec), None
     elif isinstance(spec, str):
         text = spec.strip()
         if not text:
-            raise ValueError("rollout_is_threshold must not be an empty string.")
+            raise SpecError("rollout_is_threshold must not be an empty string.")
         try:
             if "_" in text:
                 lo, hi = text.split("_", 1)
@@ -44,15 +61,15 @@ def parse_is_threshold(spec: float | str) -> tuple[float, float | None]:
             else:
                 upper, lower = float(text), None
         except ValueError as exc:
-            raise ValueError(f"Invalid rollout_is_threshold '{spec}'.") from exc
+            raise SpecError("Invalid rollout_is_threshold '{spec}'.", spec=spec) from exc
     else:
-        raise TypeError("rollout_is_threshold must be a float or a string threshold specification.")
+        raise SpecTypeError("rollout_is_threshold must be a float or a string threshold specification.")
     if upper <= 0:
-        raise ValueError(f"rollout_is_threshold upper bound must be positive, got {upper}.")
+        raise SpecError("rollout_is_threshold upper bound must be positive, got {upper}.", upper=upper)
     if lower is not None and lower <= 0:
-        raise ValueError(f"rollout_is_threshold lower bound must be positive, got {lower}.")
+        raise SpecError("rollout_is_threshold lower bound must be positive, got {lower}.", lower=lower)
     if lower is not None and lower > upper:
-        raise ValueError("rollout_is_threshold lower bound must be <= upper bound.")
+        raise SpecError("rollout_is_threshold lower bound must be <= upper bound.")
     return upper, lower
 
 
@@ -122,45 +139,51 @@ def parse_rollout_rs(rollout_rs: str,
     verl's wording for anything else (verl `rollout_corr_helper.py::_parse_rollout_rs_thresholds`).
     """
     if rollout_rs is None or not isinstance(rollout_rs, str):
-        raise ValueError("rollout_rs must be a non-empty string (comma separated for multiple options).")
+        raise SpecError("rollout_rs must be a non-empty string (comma separated for multiple options).")
     if rollout_rs_threshold is None:
-        raise ValueError("rollout_rs_threshold must be provided for rejection sampling.")
+        raise SpecError("rollout_rs_threshold must be provided for rejection sampling.")
     options = list(dict.fromkeys(o.strip() for o in rollout_rs.split(",") if o.strip()))
     if not options:
-        raise ValueError("rollout_rs must contain at least one valid option.")
+        raise SpecError("rollout_rs must contain at least one valid option.")
     for option in options:
         if option not in ROLLOUT_RS_OPTIONS:
-            raise ValueError(f"Invalid rollout_rs option: {option}. Must be one of {sorted(ROLLOUT_RS_OPTIONS)}.")
+            raise SpecError("Invalid rollout_rs option: {option}. Must be one of {options}.", option=option,
+                            options=sorted(ROLLOUT_RS_OPTIONS))
     if isinstance(rollout_rs_threshold, bool):
-        raise TypeError("rollout_rs_threshold must be a string or numeric value specifying per-option thresholds.")
+        raise SpecTypeError("rollout_rs_threshold must be a string or numeric value specifying per-option "
+                            "thresholds.")
     if isinstance(rollout_rs_threshold, (int, float)):
         specs = [str(rollout_rs_threshold)]
     elif isinstance(rollout_rs_threshold, str):
         specs = [s.strip() for s in rollout_rs_threshold.split(",") if s.strip()]
     else:
-        raise TypeError("rollout_rs_threshold must be a string or numeric value specifying per-option thresholds.")
+        raise SpecTypeError("rollout_rs_threshold must be a string or numeric value specifying per-option "
+                            "thresholds.")
     if not specs:
-        raise ValueError("rollout_rs_threshold must contain at least one threshold value.")
+        raise SpecError("rollout_rs_threshold must contain at least one threshold value.")
     if len(specs) not in (1, len(options)):
-        raise ValueError(f"rollout_rs_threshold expects either one threshold shared by all options or exactly "
-                         f"{len(options)} thresholds to match the provided rollout_rs options.")
+        raise SpecError("rollout_rs_threshold expects either one threshold shared by all options or exactly "
+                        "{n} thresholds to match the provided rollout_rs options.", n=len(options))
     specs = specs * len(options) if len(specs) == 1 else specs
     out: dict[str, tuple[float | None, float]] = {}
     for option, spec in zip(options, specs):
         if not option.endswith("k1") and "_" in spec:
-            raise ValueError(f"rollout_rs_threshold for option '{option}' must provide a single upper bound "
-                             f"without '_'. Received '{spec}'.")
+            raise SpecError("rollout_rs_threshold for option '{option}' must provide a single upper bound "
+                            "without '_'. Received '{spec}'.", option=option, spec=spec)
         lo_text, hi_text = spec.split("_", 1) if "_" in spec else (None, spec)
         try:
             lower, upper = (float(lo_text) if lo_text is not None else None), float(hi_text)
         except ValueError:
-            raise ValueError(f"Invalid numeric threshold '{spec}' for option '{option}'.") from None
+            raise SpecError("Invalid numeric threshold '{spec}' for option '{option}'.", spec=spec,
+                            option=option) from None
         if option.endswith("k1") and lower is None and upper > 0:
             lower = 1.0 / upper  # a single number u: [1/u, u]
         if upper <= 0 or (lower is not None and lower <= 0):
-            raise ValueError(f"Thresholds for option '{option}' must be positive, got {spec}.")
+            raise SpecError("Thresholds for option '{option}' must be positive, got {spec}.", option=option,
+                            spec=spec)
         if lower is not None and lower > upper:
-            raise ValueError(f"Thresholds for option '{option}' must be lower <= upper, got {spec}.")
+            raise SpecError("Thresholds for option '{option}' must be lower <= upper, got {spec}.",
+                            option=option, spec=spec)
         out[option] = (lower, upper)
     return out
 

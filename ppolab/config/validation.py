@@ -338,7 +338,8 @@ def _check_policy_loss(c: _Checks) -> None:
             except (ValueError, TypeError) as e:
                 c.errors.append(tr("{key}.rollout_correction.rollout_rs={rs!r} with rollout_rs_threshold="
                                    "{threshold!r}: {error}").format(key=key, rs=rc.rollout_rs,
-                                                                    threshold=rc.rollout_rs_threshold, error=e))
+                                                                    threshold=rc.rollout_rs_threshold,
+                                                                    error=spec_error(e)))
     est, alg = c.cfg.algorithm.adv_estimator, c.cfg.algorithm
     if est == "gdpo":
         keys, weights = alg.gdpo_reward_keys, alg.gdpo_reward_weights
@@ -385,7 +386,8 @@ def _check_algorithm_trainer(c: _Checks) -> None:
         try:
             parse_is_threshold(rc.rollout_is_threshold)
         except ValueError as e:
-            c.errors.append(tr("algorithm.rollout_correction.rollout_is_threshold: {error}").format(error=e))
+            c.errors.append(tr("algorithm.rollout_correction.rollout_is_threshold: {error}").format(
+                error=spec_error(e)))
     else:
         c.at_least("algorithm.rollout_correction.rollout_is_threshold", 0, strict=True)
     c.ok(rc.loss_type == "ppo_clip",
@@ -443,7 +445,14 @@ def _check_rollout_rs(c: _Checks, logp: bool) -> None:
         parse_rollout_rs(rc.rollout_rs, rc.rollout_rs_threshold)
     except (ValueError, TypeError) as e:
         c.errors.append(tr("{key}={v!r} with {key}_threshold={threshold!r}: {error}").format(
-            key=key, v=rc.rollout_rs, threshold=rc.rollout_rs_threshold, error=e))
+            key=key, v=rc.rollout_rs, threshold=rc.rollout_rs_threshold, error=spec_error(e)))
+
+
+def spec_error(e: Exception) -> str:
+    """A refusal of verl's threshold parsers (``ppolab.algos.correction``) in the learner's language: its template
+    through ``tr`` where it keeps one, else its text."""
+    template, fields = getattr(e, "template", None), getattr(e, "fields", None)
+    return tr(template).format(**fields) if template is not None and fields is not None else str(e)
 
 
 #: The notice of both KL paths on (chapter §7.4): an i18n template, so that ppolab.widgets.mistakes can find it among
