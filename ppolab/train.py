@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 if __name__ == "__main__":  # the main job's first line, before torch and transformers load (seconds, cold)
+    _LAUNCHED = time.perf_counter()  # what "s after the command started" counts from
     print("ppolab: starting python -m ppolab.train — loading torch and transformers …", file=sys.stderr, flush=True)
 
 import torch  # noqa: E402
@@ -400,6 +401,20 @@ def _tensorboard(cfg: PPOConfig, run_dir: Path):
     return SummaryWriter(str(tensorboard_dir(cfg, run_dir)))
 
 
+def time_to_accuracy(validated: list[tuple[int, float, float]], before: float, after: float,
+                     within: float = 0.02) -> str | None:
+    """The main job's last line: the first validated step whose accuracy came within ``within`` of the final one,
+    and how long after the command started — how soon the job had learned, not only how long it ran. None when
+    no validation after step 0 got there (or the run learned nothing)."""
+    goal = after - within
+    hit = next(((s, a, t) for s, a, t in validated if s > 0 and a >= goal), None)
+    if hit is None or after - before <= within:
+        return None
+    step, acc, seconds = hit
+    return (f"learned: {acc:.3f} ({100 * (acc - before):+.1f} points, within {100 * within:.0f} of the final) first "
+            f"at step {step}, {seconds:.0f} s after the command started\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ppolab.train", description=__doc__.splitlines()[0])
     from ppolab.config import list_presets
@@ -421,10 +436,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ppolab.errors import PpolabError
 
     start = time.perf_counter()
+    launched = globals().get("_LAUNCHED", start)
     from ppolab.errors import TrainingInterrupted
 
+    validated: list[tuple[int, float, float]] = []  # (step, val/accuracy, seconds since the command started)
+
+    def note(step: int, metrics: dict, record: Any) -> None:
+        if "val/accuracy" in metrics:
+            validated.append((step, float(metrics["val/accuracy"]), time.perf_counter() - launched))
+
     try:  # the preset and the typed overrides, not the resolved cfg: what was typed outranks PPOLAB_DEVICE
-        run = train(args.preset, args.overrides)
+        run = train(args.preset, args.overrides, on_step=note)
     except TrainingInterrupted as e:  # the run is whole up to its last logged step: report it, exit 130
         run = e.run
     except (ConfigError, PpolabError) as e:  # a run dir, data file, model file or reward mistake: one line
@@ -440,6 +462,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"validation accuracy ({cfg.data.val_max_samples or 'all'} test prompts, greedy): "
               f"before {before:.3f} → after {after:.3f} "
               f"({100 * (after - before):+.1f} points)")
+        print(time_to_accuracy(validated, before, after) or "", end="")
     return 130 if "interrupted_at_step" in summary else 0
 
 

@@ -204,3 +204,17 @@ def test_the_main_job_says_what_it_does_from_its_first_line_and_never_redraws_in
                   "training steps 1–2"):
         assert phase in said, f"{phase!r} not said: {said}"
     assert "\r" not in rest, "a redraw in a log"
+
+
+def test_the_main_job_says_how_soon_it_learned():
+    """The main job's last line: the first validated step within 2 points of the final accuracy and the seconds
+    since the command started (``+50 points by step 20`` on grpo_tiny), not only how long all 100 steps took."""
+    from ppolab.train import time_to_accuracy
+
+    seen = [(0, 0.36, 3.0), (5, 0.72, 6.0), (10, 0.84, 9.0), (15, 0.85, 12.0), (20, 0.862, 15.0), (25, 0.87, 18.0),
+            (30, 0.85, 21.0), (100, 0.88, 60.0)]
+    line = time_to_accuracy(seen, 0.36, 0.88)
+    assert line == "learned: 0.862 (+50.2 points, within 2 of the final) first at step 20, 15 s after the command " \
+                   "started\n"
+    assert time_to_accuracy(seen, 0.36, 0.37) is None  # learned nothing: nothing to time
+    assert time_to_accuracy([(0, 0.36, 3.0)], 0.36, 0.88) is None  # validated only before training
