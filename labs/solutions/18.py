@@ -69,11 +69,28 @@ def own_mode(run=None):
     return e["loss"], e["grad_norm"]
 
 
+def sgd_pull(run=None, norm=False, adam=False):
+    """18.5: −lr · clip · c · ‖∇ log π‖² of the token (``norm``: ‖∇ log π‖ unsquared; ``adam``: AdamW's own part,
+    token_moves' ``own``)."""
+    from ppolab.exercises.lab18 import sgd_pull_case
+    from ppolab.numbers.token_moves import token_gradients, token_moves
+
+    c = sgd_pull_case(run)
+    if adam:
+        return token_moves(run, 1, c["opt_step"], [(c["row"], c["pos"])])[0]["own"]
+    e = step_effect(run, 1, c["opt_step"])
+    (g,) = token_gradients(resolve_run(run), 1, e, [(c["row"], c["pos"])])
+    squared = sum(float((x ** 2).sum()) for x in g)
+    size = squared ** 0.5 if norm else squared
+    return -e["lr"] * e["clip_coef"] * float(e["coefficient"][c["row"], c["pos"]]) * size
+
+
 SOLUTIONS = {
     "18.1": which_rises,
     "18.2": coefficient,
     "18.3": adam_norm,
     "18.4": counterfactual_loss,
+    "18.5": sgd_pull,
 }
 
 #: Plausible wrong answers: each must be told "not yet".
@@ -91,4 +108,8 @@ WRONG = {
     # own gradient norm
     "18.4": [own_mode, lambda run=None: (0.0, 0.0),
              lambda run=None: (counterfactual_loss(run)[0], own_mode(run)[1])],
+    # AdamW's own part (token_moves' own, not the SGD what-if); the norm unsquared; the sign flipped (the
+    # coefficient's sign, not the step's: the step runs against the gradient)
+    "18.5": [lambda run=None: sgd_pull(run, adam=True), lambda run=None: sgd_pull(run, norm=True),
+             lambda run=None: -sgd_pull(run)],
 }

@@ -179,3 +179,41 @@ def _e4(run=None) -> tuple[float, float]:
 
     m = replay_actor_update(run, loss_agg_mode=zero_loss_case(run)["other"])["metrics"]
     return float(m["actor/loss"]), float(m["actor/grad_norm"])
+
+
+def sgd_pull_case(run=None) -> dict:
+    """Exercise 18.5's token: 18.2's (the trained token inside the clip with the largest |A| at :func:`later_step`),
+    and the sign of its advantage."""
+    from ppolab.i18n import tr
+
+    c = coefficient_case(run)
+    e = _effect(run, c["opt_step"])
+    positive = float(e["advantages"][c["row"], c["pos"]]) > 0
+    return {"opt_step": c["opt_step"], "row": c["row"], "pos": c["pos"],
+            "sign": tr("a positive advantage" if positive else "a negative advantage")}
+
+
+@exercise("18.5", "Compute — one token's own pull, had the step been plain SGD: row {row}, position {pos} at optimizer "
+                  "step {opt_step} of recorded step 1 (inside the clip, {sign}). Its own part of the "
+                  "first-order move is clip · c · ∇ log π · (gain ⊙ ∇ log π) under AdamW (token_moves). Had the "
+                  "optimizer been plain SGD at the same lr — Δθ = −lr · g, g the clipped gradient — its own part "
+                  "would have been −lr · clip · c · ‖∇_θ log π‖². Compute that number: ∇_θ log π of this one token "
+                  "over the actor's trainable tensors, at the weights before the step. Answer a number.",
+          kind="compute",
+          hints=("c is the token's coefficient ∂ pg_loss / ∂ log π (18.2), clip the global-norm clip's factor "
+                 "(step_effect(...)['clip_coef']), lr step_effect(...)['lr']; ∇_θ log π needs one backward of this "
+                 "token's log-prob alone.",
+                 "e = step_effect(run, 1, {opt_step}); g = token_gradients(run, 1, e, [({row}, {pos})])[0] "
+                 "(ppolab.numbers.token_moves); answer −e['lr'] · e['clip_coef'] · e['coefficient'][{row}, {pos}] · "
+                 "Σ (x ** 2).sum() over the tensors x of g. Compare with token_moves(run, 1, {opt_step}, "
+                 "[({row}, {pos})])[0]['own']: how many times larger is AdamW's?"),
+          rel=1e-3, abs=1e-12, context=("run",), needs=("step1", "vanilla_loss"), case=sgd_pull_case)
+def _e5(run=None) -> float:
+    from ppolab.numbers.token_moves import token_gradients
+    from ppolab.run.reader import resolve_run
+
+    c = sgd_pull_case(run)
+    e = _effect(run, c["opt_step"])
+    (g,) = token_gradients(resolve_run(run), 1, e, [(c["row"], c["pos"])])
+    squared = float(sum(float((x.double() ** 2).sum()) for x in g))
+    return -e["lr"] * e["clip_coef"] * float(e["coefficient"][c["row"], c["pos"]]) * squared
