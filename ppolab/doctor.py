@@ -318,6 +318,11 @@ def _division_text(error: ValueError) -> str:
                                                                  y=error.den)
 
 
+#: Where a stop of ppolab's check_config cites verl's own code that asserts it when the job runs (not its
+#: validate_config): such a stop is verl's even where validate_config passes.
+VERL_RUNTIME_ASSERTS = ("workers/engine_workers.py::TrainingWorker.train_mini_batch",
+                        "workers/engine/utils.py::prepare_micro_batches")
+
 #: The report's parts, in order: verl's own checks, the arithmetic (lab 12), §16's points (lab 16), the metrics
 #: report (lab 15; only with ``metrics``).
 PARTS = ("checks", "arithmetic", "mistakes", "metrics")
@@ -375,7 +380,18 @@ def diagnose(path: str | Path, overrides: Sequence[str] = (), metrics: str | Pat
                                    "code verl would run (the doctor runs nothing a config names); ppolab's copy of "
                                    "its checks follows"))
         lines += [f"  {tr('not run:')} {r}" for r in refused] + [f"  {c}" for c in changed if verdict is not None]
-        lines += [f"  STOP: {e}" for e in errors]
+        if verdict is not None and verdict[1] is None:
+            # verl's validate_config ran and passes the job: a stop stays one only where it cites what verl's own
+            # workers assert at the first update; the rest is ppolab's rule, never a stop under verl's name
+            runtime = [e for e in errors if any(place in e for place in VERL_RUNTIME_ASSERTS)]
+            ours = [e for e in errors if e not in runtime]
+            lines += [f"  STOP: {e}" for e in runtime]
+            if ours:
+                lines.append("  " + tr("ppolab's own checks refuse what verl passes — ppolab's rules, not verl's "
+                                       "verdict (verl runs this job):"))
+                lines += [f"  {tr('ppolab only:')} {e}" for e in ours]
+        else:
+            lines += [f"  STOP: {e}" for e in errors]
         if not errors and (refused or (verdict is not None and verdict[1] is not None
                                        and verdict[1].startswith("could not run"))):
             lines.append("  " + tr("ppolab's copy of verl's checks: none would stop this job"))

@@ -414,3 +414,36 @@ def test_the_report_holds_where_verl_is_installed(tmp_path, monkeypatch):
     lines = diagnose("ppo_fire_tiny")
     assert "  verl 0.9.1's utils/config.py::validate_config, run here: passes" in lines, lines
     assert lines[2].startswith("  verl version: 0.9.1 by its keys") and any("optimizer steps" in ln for ln in lines)
+
+
+def test_a_rule_verl_does_not_have_is_never_a_stop_under_verls_name(monkeypatch, capsys):
+    """Issue 53: where verl's own validate_config ran and passes the job, what ppolab's checks refuse is printed as
+    ppolab's rule — no STOP line, under verl's heading or anywhere; where verl could not run, the same finding is a
+    STOP from ppolab's copy, as before."""
+    import ppolab.doctor as doctor
+
+    bad = ["actor_rollout_ref.rollout.dtype=bf16"]  # ppolab's check refuses this value
+    monkeypatch.setattr(doctor, "verl_verdict", lambda raw: ("0.9.1", None))
+    lines = diagnose("ppo_fire_tiny", bad)
+    assert not [ln for ln in lines if "STOP" in ln], lines
+    at = lines.index("  verl 0.9.1's utils/config.py::validate_config, run here: passes")
+    assert lines[at + 1].startswith("  ppolab's own checks refuse what verl passes"), lines[at:at + 3]
+    assert lines[at + 2].startswith("  ppolab only: actor_rollout_ref.rollout.dtype='bf16' is not valid"), lines
+    monkeypatch.setattr(doctor, "verl_verdict", lambda raw: ("0.9.1", "could not run: no verl here"))
+    assert any(ln.startswith("  STOP: actor_rollout_ref.rollout.dtype='bf16'") for ln in diagnose("ppo_fire_tiny", bad))
+    monkeypatch.setattr(doctor, "verl_verdict", lambda raw: ("0.9.1", None))
+    assert main(["verl", "ppo_fire_tiny", "--zh", *bad]) == 0
+    out = capsys.readouterr().out
+    assert "仅 ppolab：" in out and "STOP" not in out, out
+
+
+def test_a_stop_verls_workers_assert_stays_a_stop_where_validate_config_passes(monkeypatch):
+    """What verl's validate_config leaves to its workers (a local mini-batch the micro-batch does not divide) stops
+    the job at its first update: a STOP even where validate_config passes, citing the worker's file."""
+    import ppolab.doctor as doctor
+
+    monkeypatch.setattr(doctor, "verl_verdict", lambda raw: ("0.9.1", None))
+    lines = diagnose("ppo_fire_tiny", ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"])
+    stops = [ln for ln in lines if "STOP" in ln]
+    assert len(stops) == 1 and "workers/engine/utils.py::prepare_micro_batches" in stops[0], lines
+    assert not [ln for ln in lines if "ppolab only" in ln], lines
