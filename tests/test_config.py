@@ -504,13 +504,27 @@ def test_a_lower_clip_bound_below_zero_is_a_notice_not_a_stop():
         "clipped from below (verl runs it; its CISPO example sets clip_ratio_low=10 for exactly this)"], notices
 
 
+def in_both_languages(make):
+    """``make()`` in English, then under set_language("zh") (English again afterwards); every string it asked ``tr``
+    for has a table entry."""
+    from ppolab import i18n
+
+    before = i18n.missing()
+    en = make()
+    i18n.set_language("zh")
+    try:
+        zh = make()
+    finally:
+        i18n.set_language("en")
+    assert i18n.missing() == before, i18n.missing() - before
+    return en, zh
+
+
 def test_config_notices_speak_chinese():
     """Issue 55: validate()'s notices are whole i18n templates — Chinese under set_language("zh") (config keys,
     numbers and the glossary's English terms stay), and word for word as before in English."""
     from test_i18n import english_words
     from test_zh_terms import punct_problems
-
-    from ppolab import i18n
 
     cases = [(G, [f"{A}.clip_ratio=0.1"]),
              (G, [f"{R}.n=1", "algorithm.adv_estimator=rloo", f"{A}.ppo_micro_batch_size_per_gpu=8"]),
@@ -520,14 +534,7 @@ def test_config_notices_speak_chinese():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConfigNotice)
         cfgs = [load_config(preset, overrides) for preset, overrides in cases]
-    before = i18n.missing()
-    en = [validate(cfg) for cfg in cfgs]
-    i18n.set_language("zh")
-    try:
-        zh = [validate(cfg) for cfg in cfgs]
-    finally:
-        i18n.set_language("en")
-    assert i18n.missing() == before, i18n.missing() - before
+    en, zh = in_both_languages(lambda: [validate(cfg) for cfg in cfgs])
     assert [len(n) for n in en] == [len(n) for n in zh] == [1, 1, 2, 1, 2], en
     assert en == [validate(cfg) for cfg in cfgs]  # the language is English again
     assert en[0] == [f"{A}.clip_ratio=0.1 is not the clip window: clip_ratio_low and clip_ratio_high are set "
@@ -575,7 +582,6 @@ def test_verls_threshold_refusals_speak_chinese():
     wholly in Chinese under set_language("zh") — the parser's message was English inside the Chinese line."""
     from test_i18n import english_words
 
-    from ppolab import i18n
     from ppolab.algos.correction import SpecError, parse_is_threshold, parse_rollout_rs
 
     def refusal(overrides):
@@ -585,14 +591,7 @@ def test_verls_threshold_refusals_speak_chinese():
                 load_config("ppo_fire_tiny", overrides)
         return str(e.value)
 
-    before = i18n.missing()
-    en = [refusal(o) for o in REFUSED_THRESHOLDS]
-    i18n.set_language("zh")
-    try:
-        zh = [refusal(o) for o in REFUSED_THRESHOLDS]
-    finally:
-        i18n.set_language("en")
-    assert i18n.missing() == before, i18n.missing() - before
+    en, zh = in_both_languages(lambda: [refusal(o) for o in REFUSED_THRESHOLDS])
     assert len(set(en)) == len(REFUSED_THRESHOLDS)
     for e_line, z_line in zip(en, zh):
         assert not english_words(z_line), (z_line, english_words(z_line))

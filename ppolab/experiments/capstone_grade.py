@@ -470,6 +470,13 @@ def short_run(loss_mode: str, out: Path, steps: int = TRAIN_STEPS):
                                f"trainer.run_dir={out}"], progress=False)
 
 
+def _side_by_side(mine: Any, ref: Any, at_step1: tuple[str, ...], curves: tuple[str, ...]) -> tuple[dict, dict]:
+    """Two short runs' metrics (``metrics`` frames, the learner's and the reference's): step 1's values of
+    ``at_step1`` as (yours, reference) pairs, and the curves of ``curves`` as (yours, reference) lists."""
+    return ({k: (float(mine.loc[1, k]), float(ref.loc[1, k])) for k in at_step1},
+            {k: (mine[k].dropna().tolist(), ref[k].dropna().tolist()) for k in curves})
+
+
 def grade_training(policy_loss: Callable, name: str = LEARNER, steps: int = TRAIN_STEPS,
                    root: Path | None = None) -> dict[str, Any]:
     """(c): ``grpo_tiny`` trained ``steps`` steps with the learner's policy loss and with ``vanilla`` (trained once
@@ -493,10 +500,8 @@ def grade_training(policy_loss: Callable, name: str = LEARNER, steps: int = TRAI
             mine_path = short_run(name, root / f"{name}-{len(list(root.glob(f'{name}-*')))}", steps).path
     except Exception as e:  # noqa: BLE001 — the learner's code inside the trainer: one line
         return {"ok": False, "first": {}, "curves": {}, "line": tr("(c) not yet — ") + _raised(e)}
-    mine = load_run(mine_path).metrics
-    first = {k: (float(mine.loc[1, k]), float(ref.loc[1, k]))
-             for k in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl")}
-    curves = {k: (mine[k].dropna().tolist(), ref[k].dropna().tolist()) for k in ACTOR_CURVES}
+    first, curves = _side_by_side(load_run(mine_path).metrics, ref, ("actor/pg_loss", "actor/pg_clipfrac",
+                                                                      "actor/ppo_kl"), ACTOR_CURVES)
     score_gap = sum(abs(a - b) for a, b in zip(*curves["critic/score/mean"])) / steps
     ent_mine, ent_ref = (sum(c) / len(c) for c in curves["actor/entropy"])
     bad = [tr("step 1 {key}: yours {got}, vanilla {want}").format(key=k, got=f"{a:.6g}", want=f"{b:.6g}")
@@ -570,10 +575,8 @@ def grade_critic_training(value_loss: Callable, steps: int = CRITIC_STEPS, root:
         mine_path = short_critic_run(guarded, root / f"critic-{len(list(root.glob('critic-*')))}", steps).path
     except Exception as e:  # noqa: BLE001 — the learner's code inside the trainer: one line
         return {"ok": False, "first": {}, "curves": {}, "line": tr("(d) not yet — ") + _raised(e)}
-    mine = load_run(mine_path).metrics
-    first = {k: (float(mine.loc[1, k]), float(ref.loc[1, k]))
-             for k in ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean")}
-    curves = {k: (mine[k].dropna().tolist(), ref[k].dropna().tolist()) for k in CRITIC_CURVES}
+    first, curves = _side_by_side(load_run(mine_path).metrics, ref, ("critic/vf_loss", "critic/vf_clipfrac",
+                                                                      "critic/vpred_mean"), CRITIC_CURVES)
     vf_mine, vf_ref = curves["critic/vf_loss"]
     vf_gap = sum(abs(a - b) for a, b in zip(vf_mine, vf_ref)) / steps / max(sum(vf_ref) / len(vf_ref), 1e-12)
     ev_gap = sum(abs(a - b) for a, b in zip(*curves["critic/vf_explained_var"])) / steps
