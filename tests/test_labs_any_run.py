@@ -93,6 +93,9 @@ EXECUTED_COINCIDENCES = {
     ("15.5", 0.2322): "the fresh grpo_tiny run's advantage mean per token at step 3 (lab 15's signal table) lies "
                       "0.07 % from ppo_fire_tiny's truth 0.23206 — 15.5 reads ppo_fire_tiny where the learner's run "
                       "logs no actor/entropy_loss",
+    ("15.5", 0.232): "the same on the fresh grpo_tool_tiny run: a number of lab 15's signal table there (0.23197, "
+                     "also shown rounded as 0.232) lies 0.04 % from ppo_fire_tiny's truth 0.23206, which 15.5 reads "
+                     "where the learner's run logs no actor/entropy_loss",
 }
 
 
@@ -242,6 +245,8 @@ def test_a_lab_the_run_lacks_says_so_in_one_line_per_section(fresh_grpo):
 #: a stage's mask and a micro-batch split.
 #: And every lab on a learner's own model of another family: grpo_tiny on a random Llama (tests/trained.py::
 #: build_random_llama), where nothing is learned — every reward and advantage 0, no clip, no gradient.
+#: The fresh runs whose labs also run the executed anti-copy check (:func:`run_lab`'s ``copy_check``).
+COPY_CHECKED = ("grpo_tiny", "ppo_gae_tiny", "ppo_fire_tiny", "grpo_temp_tiny", "grpo_tool_tiny")
 MATRIX = [(preset, group) for preset in ("grpo_tiny", "ppo_gae_tiny", "ppo_fire_tiny", "grpo_temp_tiny",
                                          "grpo_tool_tiny", "random_llama")
           for group in lab_groups(LABS)]
@@ -254,10 +259,11 @@ def test_every_lab_on_a_fresh_run(preset, lab, fresh_run, request):
     if "anyrun" not in (request.config.getoption("markexpr") or ""):
         pytest.skip("every lab on six fresh runs (about 12 min on 2 cores): select it with -m anyrun")
     t = time.time()
-    # the grpo_tiny case also executes the anti-copy check (every number printed before an exercise against its
-    # truth on that run): the stored-outputs test cannot see a lab that stores none
+    # the grpo_tiny and ppo_gae_tiny cases also execute the anti-copy check (every number printed before an exercise
+    # against its truth on that run — ppo_gae_tiny's for the critic's exercises): the stored-outputs test cannot see
+    # a lab that stores none
     run_lab(lab, request.getfixturevalue("fresh_llama_run") if preset == "random_llama" else fresh_run(preset),
-            skip_own_run=preset != "grpo_tiny", copy_check=preset == "grpo_tiny")
+            skip_own_run=preset != "grpo_tiny", copy_check=preset in COPY_CHECKED)
     print(f"{', '.join(lab)} on a fresh {preset} run: {time.time() - t:.0f} s")
 
 
