@@ -462,12 +462,17 @@ def short_run(loss_mode: str, out: Path, steps: int = TRAIN_STEPS):
     """``grpo_tiny`` for ``steps`` steps with ``actor.policy_loss.loss_mode = loss_mode`` and the clips of
     :data:`ACTOR_FIRES`, no validation, no recording, into ``out``; the same seed, data order and first rollouts
     whatever the loss."""
+    return _short("grpo_tiny", [*ACTOR_FIRES, f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}"], out,
+                  steps)
+
+
+def _short(preset: str, overrides: list[str], out: Path, steps: int, **kwargs: Any):
+    """``preset`` with ``overrides`` for ``steps`` steps into ``out``: no validation, no recording, no progress."""
     from ppolab.train import train
 
-    return train("grpo_tiny", [*ACTOR_FIRES, f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}",
-                               f"trainer.total_training_steps={steps}", "trainer.test_freq=-1",
-                               "trainer.val_before_train=false", "trainer.record_freq=-1",
-                               f"trainer.run_dir={out}"], progress=False)
+    return train(preset, [*overrides, f"trainer.total_training_steps={steps}", "trainer.test_freq=-1",
+                          "trainer.val_before_train=false", "trainer.record_freq=-1", f"trainer.run_dir={out}"],
+                 progress=False, **kwargs)
 
 
 def _side_by_side(mine: Any, ref: Any, at_step1: tuple[str, ...], curves: tuple[str, ...]) -> tuple[dict, dict]:
@@ -543,11 +548,7 @@ def _reference_value_loss(vpreds, returns, values, response_mask, cliprange_valu
 def short_critic_run(value_loss: Callable, out: Path, steps: int = CRITIC_STEPS):
     """``ppo_gae_tiny`` for ``steps`` steps with its critic trained by ``value_loss``, no validation, no recording,
     into ``out``: the same seed, data order and first rollouts whatever the loss."""
-    from ppolab.train import train
-
-    return train("ppo_gae_tiny", [*CRITIC_FIRES, f"trainer.total_training_steps={steps}", "trainer.test_freq=-1",
-                                  "trainer.val_before_train=false", "trainer.record_freq=-1",
-                                  f"trainer.run_dir={out}"], progress=False, value_loss=value_loss)
+    return _short("ppo_gae_tiny", list(CRITIC_FIRES), out, steps, value_loss=value_loss)
 
 
 def grade_critic_training(value_loss: Callable, steps: int = CRITIC_STEPS, root: Path | None = None) -> dict[str, Any]:
