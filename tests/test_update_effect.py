@@ -2,6 +2,8 @@
 mechanisms the chapter's title asks about show on real recorded steps."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -315,15 +317,10 @@ def test_the_telling_tokens_and_what_token_moves_refuses():
     n, width = e["mask"].shape
     for bad, words in ((["x"], "tokens[0]='x' is not a (row, position) pair"), ([(n, 0)], "tokens[0] row"),
                        ([(0, 1.5)], "tokens[0] position")):
-        with pytest.raises((ValueError, TypeError), match=re_escape(words)):
+        with pytest.raises((ValueError, TypeError), match=re.escape(words)):
             token_moves("grpo_tiny", 1, k, bad)
     pad = (e["mask"][0] == 0).nonzero()
     if len(pad):
         with pytest.raises(ValueError, match="response_mask is 0"):
             token_moves("grpo_tiny", 1, k, [(0, int(pad[0]))])
 
-
-def re_escape(text: str) -> str:
-    import re
-
-    return re.escape(text)
