@@ -79,21 +79,22 @@ def token_gradients(run: Run, step: int, e: dict[str, Any], tokens: list[tuple[i
     from ppolab.models import forward_response
 
     cfg = run.ppo_config()
-    temperature, packs = cfg.actor_rollout_ref.rollout.temperature, ActorWorker.packs(cfg.actor_rollout_ref.actor)
     batch = step_batch(run, step)
     out: dict[tuple[int, int], list[torch.Tensor]] = {}
     with REPLAY_LOCK:
         models = run_models(run)
         params = models.actor_parameters()
         saved = [p.detach().clone() for p in params]
+        worker = ActorWorker(cfg.actor_rollout_ref.actor, models, temperature=cfg.actor_rollout_ref.rollout.temperature,
+                             rollout_n=cfg.actor_rollout_ref.rollout.n)
         try:
             restore(params, e["before"])
             with torch.enable_grad():
                 for row in sorted({r for r, _ in tokens}):
                     ids, mask, r_len = trimmed_inputs(to_device(batch.select([row]), models.device))
-                    with models.actor() as model:  # the actor worker's model (ActorWorker.model)
-                        lp = forward_response(model, ids, mask, r_len, temperature, True,
-                                              remove_padding=packs).log_probs
+                    with worker.model() as model:
+                        lp = forward_response(model, ids, mask, r_len, worker.temperature, True,
+                                              remove_padding=worker.remove_padding).log_probs
                     for r, pos in tokens:
                         if r == row:
                             g = torch.autograd.grad(lp[0, pos], params, retain_graph=True, allow_unused=True)
