@@ -27,6 +27,7 @@ ALLOWED = {
     # labs/GLOSSARY.md; "logit" is the singular of "logits"
     "reward", "log-prob", "logit",
     "Karmarkar", "Karp",  # a name (Karmarkar–Karp balancing)
+    "TRL", "OpenRLHF",  # two trainers' names (lab 13's three trainers)
     "True", "False", "None", "nan",  # Python literals and a float as Python prints them
     # terms the chapter keeps in English (labs/GLOSSARY.md, with the chapter's counts; issue 25)
     "advantage", "advantages", "ratio", "log-ratio", "entropy", "mask", "loss", "optimizer", "step", "value",
@@ -153,6 +154,7 @@ def _explorers():
         "live_training": lambda: widgets.live_training(overrides=["trainer.total_training_steps=1"]),
         "mistakes_explorer": lambda: widgets.mistakes_explorer("ppo_fire_tiny"),
         "invariance_explorer": lambda: widgets.invariance_explorer("grpo_tiny"),
+        "trainers_explorer": lambda: widgets.trainers_explorer("grpo_tiny"),
         "update_effect_explorer": lambda: widgets.update_effect_explorer("ppo_fire_tiny"),
         "ablation_curves": lambda: widgets.ablation_curves("grpo_tiny"),
     }

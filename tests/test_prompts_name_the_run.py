@@ -85,7 +85,7 @@ SETTINGS: dict[Any, Callable[[Any, dict], Any]] = {
 NOT_SETTINGS = {"step", "opt_step", "open", "code", "update", "last", "next", "row", "row_a", "row_b", "pos", "pos_a",
                 "pos_b", "tok_a", "tok_b", "state_a", "name", "index", "numel", "what_if", "k", "n", "rows", "tokens",
                 "micro", "small", "budget", "n_pad", "steps", "knobs", "knob", "width", "mini", "n_opt", "per_epoch",
-                "other", "n_clipped", "threshold", "n_seeds", "sign"}
+                "other", "n_clipped", "threshold", "n_seeds", "sign", "acc"}
 FIELD = re.compile(r"\{(\w+)\}")
 #: "the run's ε = 0.07" written into a template: a value of one run shown for every run.
 LITERAL_SETTING = re.compile(r"(?<!shipped )run's (?:own )?[^{}.;:]*?=\s*[-−]?\d")

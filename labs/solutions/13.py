@@ -42,10 +42,27 @@ def full_width_sizes(run=None):
     return [s for s in sizes if all(int(r_len[i:i + s].max()) == int(r_len.max()) for i in range(0, M, s))]
 
 
+def bnpo_weight(run=None, per_row=False, without_accumulation=False, inverted=False):
+    """13.4 as a learner writes it: TRL's bnpo divides micro-batch k's token sum by its own tokens T_k and by the
+    accumulation steps; a token's weight times N is N / (T_k · acc)."""
+    from ppolab.exercises.lab13 import bnpo_case
+    from ppolab.numbers.three_trainers import step_mask
+
+    c = bnpo_case(run)
+    m = step_mask(run, 1)["mask"]
+    micro = 1 if per_row else c["micro"]
+    k = c["row"] // micro
+    tokens = float(m[k * micro:(k + 1) * micro].sum())
+    acc = 1 if without_accumulation else len(m) // micro
+    value = float(m.sum()) / (tokens * acc)
+    return 1 / value if inverted else value
+
+
 SOLUTIONS = {
     "13.1": (True, False),
     "13.2": pg_loss_micro16,
     "13.3": full_width_sizes,
+    "13.4": bnpo_weight,
 }
 
 #: Plausible wrong answers: each must be told "not yet".
@@ -57,4 +74,7 @@ WRONG = {
              lambda run=None: -pg_loss_micro16(run)],
     # only the whole mini-batch; every divisor; one size too many
     "13.3": [[64], [1, 2, 4, 8, 16, 32, 64], [16, 32, 64]],
+    # verl's token mean; the accumulation steps forgotten; one row a micro-batch; upside down
+    "13.4": [1.0, lambda run=None: bnpo_weight(run, without_accumulation=True),
+             lambda run=None: bnpo_weight(run, per_row=True), lambda run=None: bnpo_weight(run, inverted=True)],
 }

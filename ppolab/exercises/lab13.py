@@ -91,3 +91,52 @@ def _e3(run=None) -> list[int]:
     rows, outs = _replays(run, SUM_NORM, None)
     ref = outs[len(rows)]
     return [s for s, o in outs.items() if _same(o, ref)]
+
+
+def bnpo_case(run=None) -> dict:
+    """Exercise 13.4's split and row: micro-batches of ``micro`` rows on one rank — the smallest size above one with a
+    row whose weight tells bnpo apart (not the token mean's, and its micro-batch partners of another length, so that
+    one row a micro-batch gives another answer; else one row) — and, of those rows, the one of median weight (not
+    the largest or smallest, which the explorer's note prints)."""
+    from ppolab.numbers import three_trainers as tt
+
+    d = tt.step_mask(run, 1)
+    mask = d["mask"]
+    rows = mask.shape[0]
+    rule = tt.TRL_RULES["bnpo"]
+    lengths = mask.sum(-1)
+    for micro in [m for m in range(2, rows) if rows % m == 0] + [1]:
+        w = tt.token_weights(mask, rule, tt.Split(micro), d["max_length"]).sum(-1) / lengths.clamp(min=1)
+        tokens = lengths.view(-1, micro).sum(-1).repeat_interleave(micro)  # T_k of each row's micro-batch
+        # a row whose weight tells the rule apart: not the token mean's 1, not what one row a micro-batch gives
+        telling = (lengths > 0) & ((w * mask.sum() - 1).abs() > 1e-6) & ((tokens != lengths * micro) | (micro == 1))
+        if telling.any():
+            break
+    candidates = sorted(range(rows), key=lambda i: (float(w[i]), i))
+    candidates = [i for i in candidates if telling[i]]
+    row = candidates[len(candidates) // 2]
+    return {"micro": micro, "acc": rows // micro, "row": row, "rows": rows}
+
+
+@exercise("13.4", "Compute — the same tokens in TRL: TRL 1.16's GRPOTrainer with loss_type='bnpo' on one process, "
+                  "trained on step 1's first optimizer step ({rows} rows) with per_device_train_batch_size={micro} "
+                  "and gradient_accumulation_steps={acc} (rows in order). How many times the token mean's weight "
+                  "1/N (N: the optimizer step's loss tokens) does one loss token of row {row} weigh in the "
+                  "optimizer step's gradient? Answer w × N, a number.",
+          kind="compute",
+          hints=("bnpo divides each micro-batch's token-loss sum by that micro-batch's own loss tokens, then by "
+                 "gradient_accumulation_steps (trl/trainer/grpo_trainer.py::GRPOTrainer._compute_loss); the "
+                 "optimizer sums the accumulated micro-batches.",
+                 "m = the step's response_mask (step_mask(run, 1)['mask'] in ppolab.numbers.three_trainers); row "
+                 "{row} sits in micro-batch k = {row} // {micro}; answer N / (T_k · {acc}) with N = m.sum() and "
+                 "T_k = m[k·{micro}:(k+1)·{micro}].sum()."),
+          rel=1e-6, abs=1e-9, context=("run",), needs=("step1", "step1_ragged"), case=bnpo_case)
+def _e4(run=None) -> float:
+    from ppolab.numbers import three_trainers as tt
+
+    c = bnpo_case(run)
+    d = tt.step_mask(run, 1)
+    mask = d["mask"]
+    w = tt.token_weights(mask, tt.TRL_RULES["bnpo"], tt.Split(c["micro"]), d["max_length"])
+    on = mask[c["row"]].bool()
+    return float(w[c["row"]][on][0] * mask.sum())

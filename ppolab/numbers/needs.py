@@ -67,6 +67,13 @@ def _has_rollout_gap(r: Run) -> bool:
     return bool(((t["rollout_log_probs"] - t["old_log_probs"])[m].abs().max() > 1e-5)) if m.any() else False
 
 
+def _ragged_step1(r: Run) -> bool:
+    from ppolab.numbers.steps import optimizer_step_batch
+
+    lengths = optimizer_step_batch(r.step(1), 0)["response_mask"].sum(-1)
+    return bool(lengths.max() > lengths.min())
+
+
 def _has_validation(r: Run) -> bool:
     s = r.summary
     return all("val/accuracy" in (s.get(k) or {}) for k in ("val_before", "val_after"))
@@ -83,6 +90,8 @@ class Need:
 NEEDS: dict[str, Need] = {
     "steps": Need("recorded steps (trainer.record_freq > 0)", lambda r: bool(r.steps)),
     "step1": Need("a recorded step 1", lambda r: 1 in r.steps),
+    "step1_ragged": Need("responses of different lengths in step 1's first optimizer step",
+                         lambda r: 1 in r.steps and _ragged_step1(r)),
     "step1_gradient": Need("a policy gradient at step 1 (an advantage ≠ 0 in the mini-batch a replay updates)",
                            lambda r: 1 in r.steps and _has_step1_gradient(r)),
     "critic": Need("a critic (critic_vpreds: algorithm.adv_estimator=gae)",

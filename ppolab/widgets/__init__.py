@@ -28,6 +28,8 @@ _WHERE = {
     "batch_calculator": "ppolab.widgets.batching",
     # micro-batch invariance of the real actor update (lab 13)
     "invariance_explorer": "ppolab.widgets.invariance",
+    # the same tokens as verl, TRL and OpenRLHF weigh them (lab 13)
+    "trainers_explorer": "ppolab.widgets.three_trainers",
     # what one optimizer step did to the tokens and the parameters (lab 18)
     "update_effect_explorer": "ppolab.widgets.update_effect",
     # the curves lab 17's part II trains with the learner's losses
