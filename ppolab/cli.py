@@ -30,6 +30,10 @@ def _labs(args: argparse.Namespace, lab_args: Sequence[str] = ()) -> int:
     """Copy the course into ``args.dir``, then run ``python -m jupyterlab [lab_args…] DIR`` with this interpreter:
     not ``jupyter lab``, which runs the first ``jupyter-lab`` on PATH — another environment's JupyterLab, whose
     kernel would be a Python without this ppolab. Returns JupyterLab's exit status."""
+    if not args.dir.strip():  # `ppolab labs "$COURSE"` with $COURSE unset: not a wish to fill the current folder
+        print("error: DIR is empty (an unset variable?): give `ppolab labs` a folder, e.g. ppolab labs ~/ppo-course",
+              file=sys.stderr)
+        return 1
     dest = Path(args.dir).expanduser()
     try:
         copied, same, kept = copy_labs(dest, args.zh)

@@ -29,12 +29,19 @@ class LabsFolderError(Exception):
 def copy_labs(dest: Path, zh: bool = False) -> tuple[list[str], list[str], list[str]]:
     """Copy the course's notebooks (``labs/`` or ``labs/zh/``) into ``dest``: (copied, already there, kept). Anything
     already at a notebook's name that is not a byte-identical regular file — the learner's edited notebook, a link,
-    dangling or not, a folder — is the learner's: kept, never followed or overwritten (see :func:`why_kept`)."""
+    dangling or not, a folder — is the learner's: kept, never followed or overwritten (see :func:`why_kept`). ``dest``
+    in ppolab's own labs folder is refused (:class:`LabsFolderError`)."""
     source = LABS / "zh" if zh else LABS
     if not source.is_dir():
         raise FileNotFoundError(f"{source} is not here: the labs ship with a checkout of ppolab and inside its wheel "
                                 "(ppolab/_course) — reinstall ppolab, or git clone and pip install -e .")
     dest = Path(dest)
+    real, own = dest.resolve(), LABS.resolve()
+    if real == own or own in real.parents:
+        # JupyterLab autosaves outputs into the notebooks it opens: here, the course's own (tracked in a checkout)
+        raise LabsFolderError(f"{dest} {'is' if real == own else 'is inside'} ppolab's own labs folder {own}, whose "
+                              "notebooks JupyterLab would save your outputs into: give `ppolab labs` another folder, "
+                              "e.g. ppolab labs ~/ppo-course")
     try:
         dest.mkdir(parents=True, exist_ok=True)  # a link to a folder is fine: the learner chose that folder
     except OSError as e:

@@ -68,6 +68,10 @@ def _versions() -> dict[str, str]:
 def resolve_config(config: PPOConfig | str | os.PathLike | None = None, overrides: Sequence[str] | dict | None = None,
                    world_size: int = 1) -> PPOConfig:
     """A validated config from a PPOConfig, a preset name / YAML path (default ``grpo_tiny``) and overrides."""
+    from ppolab.config.loader import check_plus_overrides
+
+    if overrides and not isinstance(overrides, dict):
+        check_plus_overrides(overrides)
     if isinstance(config, PPOConfig):
         if overrides:
             config = load_config(None, [*_dotlist(to_dict(config)), *_as_list(overrides)], world_size=world_size)

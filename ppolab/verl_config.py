@@ -9,6 +9,7 @@ only ``os.system``-like names, so ``builtins.open`` with mode ``w`` would trunca
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib.util
 import io
 import warnings
@@ -25,14 +26,17 @@ EXPECTED = ("a verl PPO config: the .hydra/config.yaml of a verl trainer/main_pp
 
 def find_config(path: str | Path) -> Path:
     """The verl YAML ``path`` names: the file itself, or the one ``.hydra/config.yaml`` in the folder or up to
-    three levels below it (Hydra's ``outputs/<date>/<time>/``); several or none is an error naming them."""
+    three levels below it (Hydra's ``outputs/<date>/<time>/``, the same file through links counted once); several
+    or none is an error naming them."""
     p = Path(path).expanduser()
     if not p.exists():
         raise MissingFileError(f"{p} does not exist; give a verl output folder (with .hydra/config.yaml) or a "
                                "verl YAML")
     if p.is_file():
         return p
-    found = sorted(f for d in range(4) for f in p.glob("/".join(["*"] * d + [".hydra", "config.yaml"])))
+    from ppolab.run.files import near_files
+
+    found = near_files(p, ".hydra/config.yaml", depth=4)  # a `latest` link to a job already found is no 2nd job
     if not found:
         raise FileFormatError(f"{p} holds no .hydra/config.yaml within three levels: expected {EXPECTED}")
     if len(found) > 1:
@@ -117,7 +121,6 @@ def apply_overrides(tree: dict[str, Any], overrides: Sequence[str], f: Path) -> 
     a key of the job. Anything else is :class:`~ppolab.config.ConfigError` in one line naming the override, with the
     nearest key of the job (difflib) — an override is never dropped unseen."""
     import copy
-    import difflib
 
     from ppolab.config import ConfigError
     from ppolab.config.loader import parse_value, valid_keys
@@ -136,11 +139,18 @@ def apply_overrides(tree: dict[str, Any], overrides: Sequence[str], f: Path) -> 
         key, _, value = body.partition("=")
         key = key.strip()
         have = set(_keys(tree))
-        if not key or key not in have | ppolab_keys and not (op in ("+", "++") and _free_group(tree, key)):
-            near = difflib.get_close_matches(key, sorted(have | ppolab_keys), n=1, cutoff=0.6)
-            hint = f"did you mean {near[0]}?" if near else f"see the keys of {f.name}"
-            raise ConfigError(f"override {item!r}: {key or '(empty)'} is not a key of {f} nor one ppolab knows; "
-                              f"{hint}")
+        known = have | ppolab_keys
+        if not key or key not in known:
+            free = op in ("+", "++") and _free_group(tree, key)
+            # a free group takes any key, but "+" of one a letter off a key beside it is a typo verl would add and
+            # never read (+trainer.total_epoch); "++" adds it all the same, as the way out
+            near = _sibling_typo(key, known) if free else difflib.get_close_matches(key, sorted(known), n=1,
+                                                                                    cutoff=0.6)
+            if not free or op == "+" and near:
+                hint = f"did you mean {near[0]}?" if near else f"see the keys of {f.name}"
+                anyway = f" (to add {key} all the same, write ++{body.strip()})" if free else ""
+                raise ConfigError(f"override {item!r}: {key or '(empty)'} is not a key of {f} nor one ppolab "
+                                  f"knows; {hint}{anyway}")
         if op == "+" and key in have:
             raise ConfigError(f"override {item!r}: {key} is already in {f}; write {key}={value} to change it "
                               "(Hydra's + only adds a key the job lacks)")
@@ -152,11 +162,40 @@ def apply_overrides(tree: dict[str, Any], overrides: Sequence[str], f: Path) -> 
             if not isinstance(node.get(part, {}), dict):
                 raise ConfigError(f"override {item!r}: {part} in {key} is a value in {f}, not a group of keys")
             node = node.setdefault(part, {})
+        old = node.get(last)
+        group = isinstance(old, dict) and bool(old)
+        if op == "~" and ("." not in key or group):
+            # verl's trainer reads every top-level key, and its config classes every key of a group
+            what, instead = ((f"a group of {len(old)} keys", f"set the keys you mean inside it (e.g. "
+                              f"{_a_leaf(old, key)}=…)") if group else ("a top-level key", f"set it ({key}=…)"))
+            raise ConfigError(f"override {item!r}: {key} is {what} verl requires, so it cannot be deleted; "
+                              f"{instead}")
         if op == "~":
             node.pop(last)
-        else:
-            node[last] = parse_value(value)
+            continue
+        new = parse_value(value)
+        if isinstance(old, dict) and not isinstance(new, dict):
+            example = f"{_a_leaf(old, key)}=…" if group else f"+{key}.KEY={value}"
+            raise ConfigError(f"override {item!r}: {key} is a group of keys in {f}, and a group cannot be set to "
+                              f"a value; set a key inside it (e.g. {example})")
+        node[last] = new
     return tree
+
+
+def _a_leaf(group: dict[str, Any], key: str) -> str:
+    """The first plain key under ``group`` (at ``key``) for an example: not a group, not Hydra's ``_target_``."""
+    return next((k for k, v in _leaves(group, f"{key}.") if not isinstance(v, (dict, list))
+                 and not k.rsplit(".", 1)[-1].startswith("_")), f"{key}.…")
+
+
+def _sibling_typo(key: str, known: set[str]) -> list[str]:
+    """The key beside ``key`` (same group) whose last name is a letter or two off ``key``'s, if any: ``+key`` of it
+    in a free group is a typo, not a new key (difflib, a tighter cutoff than a full key's: a free group's new keys
+    may well resemble its others)."""
+    parent, _, name = key.rpartition(".")
+    siblings = {k.rpartition(".")[2]: k for k in known if k.rpartition(".")[0] == parent}
+    near = difflib.get_close_matches(name, sorted(siblings), n=1, cutoff=0.8)
+    return [siblings[near[0]]] if near else []
 
 
 #: The ``_target_`` values verl's checks may build: every config dataclass verl 0.9.1's own YAMLs name

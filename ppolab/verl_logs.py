@@ -20,6 +20,7 @@ from typing import Any
 
 from ppolab.course import DATA
 from ppolab.errors import FileFormatError, MissingFileError, RunWarning
+from ppolab.run.files import near_files
 from ppolab.verl_dumps import group_statistics, is_dump_folder, read_rollout_dumps
 
 #: The shipped example of a verl job's log: ppo_fire_tiny's metrics written by verl 0.9.1's own FileLogger
@@ -55,12 +56,14 @@ EXPECTED = ("verl's file logger JSONL (trainer.logger=[console,file]: one {\"ste
             "dump folder (trainer.rollout_data_dir: <step>.jsonl files)")
 
 
-def _file_logger_rows(path: Path) -> dict[int, dict[str, Any]]:
+def _file_logger_rows(path: Path, notes: list[str]) -> dict[int, dict[str, Any]]:
     """step → metrics of a FileLogger JSONL, read line by line; a step logged twice (verl logs the validation
-    before training at step 0 and may log a step's parts separately) merges, the later value winning."""
-    from ppolab.run.files import json_lines
+    before training at step 0 and may log a step's parts separately) merges, the later value winning. A value that
+    is a JSON object or array (verl logs scalars) is skipped, with a line in ``notes`` naming it."""
+    from ppolab.run.files import json_kind, json_lines
 
     rows: dict[int, dict[str, Any]] = {}
+    skipped = 0
     for number, obj in json_lines(path, f"expected {EXPECTED}"):
         step = obj.get("step") if isinstance(obj, dict) else None
         if not isinstance(obj, dict) or not isinstance(obj.get("data"), dict) or isinstance(step, bool) \
@@ -69,20 +72,19 @@ def _file_logger_rows(path: Path) -> dict[int, dict[str, Any]]:
         if not 0 <= step <= MAX_STEP:
             raise FileFormatError(f"{path}, line {number}: step {_clip(str(step))} is out of range (a step counts "
                                   f"from 0 and fits an int64, at most {MAX_STEP}): not a line verl wrote")
-        rows.setdefault(step, {}).update(obj["data"])
+        data = obj["data"]
+        for key in [k for k, v in data.items() if isinstance(v, (dict, list))]:
+            skipped += 1
+            if skipped <= LISTED_NAMES:  # a file of them would bury the report
+                notes.append(f"{path}, line {number}: {_clip(key)!r} is a JSON {json_kind(data[key])}, not a "
+                             "number: skipped")
+            del data[key]
+        rows.setdefault(step, {}).update(data)
+    if skipped > LISTED_NAMES:
+        notes.append(f"{path}: … and {skipped - LISTED_NAMES:,} more values that are not numbers, skipped")
     if not rows:
         raise FileFormatError(f"{path} holds no metrics: expected {EXPECTED}")
     return rows
-
-
-def _near(folder: Path, pattern: str, depth: int = 3) -> list[Path]:
-    """Files matching ``pattern`` in ``folder`` and up to ``depth`` − 1 folders below it — where verl puts them
-    (``<root>/<project>/<experiment>.jsonl``, ``tensorboard_log/<project>/<experiment>/events…``) — never a walk of
-    a whole tree someone pointed at by mistake."""
-    found: dict[Path, Path] = {}  # real path → the first name it was found by
-    for f in sorted(f for d in range(depth) for f in folder.glob("/".join(["*"] * d + [pattern])) if f.is_file()):
-        found.setdefault(f.resolve(), f)  # a link to a file or folder found already (a `latest` link) is no 2nd job
-    return sorted(found.values())
 
 
 def _crc32c_table() -> list[int]:
@@ -134,7 +136,7 @@ def _readable_event_files(folder: Path) -> tuple[list[Path], list[str]]:
     """The event files under ``folder`` TensorBoard can read at least in part, and one line for each damaged one
     (or FileFormatError when none can be read)."""
     readable, notes = [], []
-    for f in _near(folder, "events.out.tfevents.*"):
+    for f in near_files(folder, "events.out.tfevents.*"):
         damage = _damage(f)
         if damage is None:
             readable.append(f)
@@ -179,8 +181,8 @@ def read_verl_metrics(path: str | Path):
     keeps its column as objects) from ``path``: a FileLogger JSONL, or a folder holding one TensorBoard log or
     ``.jsonl`` file logs — or its rollout dumps (``trainer.rollout_data_dir``), read as per-step group statistics
     (:func:`ppolab.verl_dumps.group_statistics`). Anything else is one line naming the path and what was expected.
-    A damaged TensorBoard event file beside readable ones is named in a :class:`ppolab.errors.RunWarning` (and in
-    ``frame.attrs["skipped"]``, one line each) and the rest is read."""
+    A damaged TensorBoard event file beside readable ones, or a JSONL value that is an object or array, is named in a
+    :class:`ppolab.errors.RunWarning` (and in ``frame.attrs["skipped"]``, one line each) and the rest is read."""
     import pandas as pd
 
     p = Path(path).expanduser()
@@ -192,17 +194,17 @@ def read_verl_metrics(path: str | Path):
         frame.attrs["skipped"] = []
         return frame
     if p.is_dir():
-        if _near(p, "events.out.tfevents.*"):
+        if near_files(p, "events.out.tfevents.*"):
             files, notes = _readable_event_files(p)
             rows = _tensorboard_rows(p, files)
         else:
-            logs = _near(p, "*.jsonl")
+            logs = near_files(p, "*.jsonl")
             if len(logs) != 1:
                 raise FileFormatError(f"{p} holds {'no' if not logs else len(logs)} .jsonl file(s) and no "
                                       f"TensorBoard event file: give one of them — expected {EXPECTED}")
-            rows = _file_logger_rows(logs[0])
+            rows = _file_logger_rows(logs[0], notes)
     else:
-        rows = _file_logger_rows(p)
+        rows = _file_logger_rows(p, notes)
     frame = pd.DataFrame(list(rows.values()), index=list(rows)).sort_index()  # rows of dicts: from_dict's orient=
     # "index" gives the same frame, ~1.5x slower on a job that logs 100,000 names
     frame.index = frame.index.astype("int64")

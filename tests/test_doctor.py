@@ -101,6 +101,18 @@ def test_a_hydra_output_folder_is_found_and_a_config_from_elsewhere_is_named(tmp
         assert words in err and len(err.splitlines()) == 1, err
 
 
+def test_latest_links_to_the_one_job_are_one_config(tmp_path, capsys):
+    job = tmp_path / "outputs" / "2026-12-03" / "10-00-00"
+    verl_yaml(job / ".hydra")
+    (tmp_path / "outputs" / "latest").symlink_to("2026-12-03/10-00-00")  # as a launcher's `latest` links point
+    (job.parent / "latest").symlink_to("10-00-00")
+    assert main(["verl", str(tmp_path / "outputs")]) == 0, capsys.readouterr().err  # not "holds 3 verl configs"
+    assert capsys.readouterr().out.startswith(f"verl config {job / '.hydra' / 'config.yaml'} —")  # by its own name
+    verl_yaml(job.parent / "11-00-00" / ".hydra")
+    assert main(["verl", str(tmp_path / "outputs")]) == 1  # two jobs, each counted once
+    assert "holds 2 verl configs" in capsys.readouterr().err
+
+
 def test_metrics_show_the_warning_signs_lab_15_shows(tmp_path):
     """With --metrics (here the shipped example: ppo_fire_tiny's metrics as verl's FileLogger wrote them) the report
     carries the warning signs and unknown-metric list of ppolab.verl_logs.report, line for line."""

@@ -160,6 +160,13 @@ def test_a_preset_calling_oc_create_is_refused(tmp_path):
                                        "actor_rollout_ref.rollout.n=8 to change it"),
     ("+actor_rollout_ref.actor.ppo_epoch=2", "did you mean actor_rollout_ref.actor.ppo_epochs\\?"),
     ("~trainer.no_such_key", "trainer.no_such_key is not a key of"),
+    ("+trainer.total_epoch=5", "did you mean trainer.total_epochs\\? \\(to add trainer.total_epoch all the same, "
+                               "write \\+\\+trainer.total_epoch=5\\)"),  # trainer: a group without _target_
+    ("actor_rollout_ref.rollout=8", "actor_rollout_ref.rollout is a group of keys in .*, and a group cannot be set "
+                                    "to a value; set a key inside it \\(e.g. actor_rollout_ref.rollout.name=…\\)"),
+    ("~actor_rollout_ref", "actor_rollout_ref is a group of 6 keys verl requires, so it cannot be deleted"),
+    ("~actor_rollout_ref.rollout.multi_turn", "multi_turn is a group of 13 keys verl requires"),
+    ("~model_engine", "model_engine is a top-level key verl requires, so it cannot be deleted; set it"),
 ])
 def test_an_override_is_never_dropped_unseen(tmp_path, capsys, override, said):
     with pytest.raises(ConfigError, match=said) as e:
@@ -173,10 +180,11 @@ def test_an_override_is_never_dropped_unseen(tmp_path, capsys, override, said):
 def test_hydras_add_force_and_delete_overrides_work_as_hydra_does(tmp_path):
     raw, _ = read_verl_config(EXAMPLE_JOB, ["actor_rollout_ref.rollout.n=8", "++actor_rollout_ref.actor.ppo_epochs=3",
                                             "+actor_rollout_ref.model.override_config.attention_dropout=0.1",
-                                            "~trainer.val_before_train"])
+                                            "~trainer.val_before_train", "++trainer.total_epoch=5"])
     assert raw["actor_rollout_ref"]["rollout"]["n"] == 8 and raw["actor_rollout_ref"]["actor"]["ppo_epochs"] == 3
     assert raw["actor_rollout_ref"]["model"]["override_config"]["attention_dropout"] == 0.1
     assert "val_before_train" not in raw["trainer"]
+    assert raw["trainer"]["total_epoch"] == 5  # ++: added though a letter off total_epochs, as the user insisted
 
 
 def test_a_what_if_on_a_recorded_config_parses_overrides_as_ppolab_train_does():

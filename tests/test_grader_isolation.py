@@ -78,6 +78,136 @@ def test_a_loss_that_exits_or_changes_torch_fails_in_one_line_and_torch_is_put_b
     assert cl.grade_hidden(*sol.loss_set())["ok"]  # the kernel still grades
 
 
+class _Passing(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _enter(cm):
+    _HELD.append(cm)
+    cm.__enter__()
+
+
+#: What a loss can leave behind for every later computation of the kernel, beyond torch's settings above: (do it,
+#: is it still so, words of the verdict). Each is graded a failure and put back (issue 50's hidden list).
+LEFT_BEHIND = {
+    "torch.min rebound": (lambda: setattr(torch, "min", lambda a, b: b), lambda: torch.min.__module__ != "torch",
+                          "it rebound torch.min"),
+    "Tensor.__mul__ rebound": (lambda: setattr(torch.Tensor, "__mul__", lambda a, b: a),
+                               lambda: "__mul__" in torch.Tensor.__dict__, "it rebound torch.Tensor.__mul__"),
+    "a function mode left open": (lambda: _enter(_Passing()), lambda: torch._C._len_torch_function_stack() > 0,
+                                  "left"),
+    "saved-tensor hooks left open": (
+        lambda: _enter(torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)),
+        lambda: torch._C._autograd._top_saved_tensors_default_hooks(True) is not None, "saved_tensors_hooks"),
+    "warnings as errors": (lambda: __import__("warnings").simplefilter("error"),
+                           lambda: __import__("warnings").filters[0][0] == "error", "warnings.simplefilter"),
+    "recursion limit": (lambda: sys.setrecursionlimit(180), lambda: sys.getrecursionlimit() == 180,
+                        "sys.setrecursionlimit"),
+    "working directory": (lambda: __import__("os").chdir("/"), lambda: __import__("os").getcwd() == "/", "os.chdir"),
+    "matmul precision": (lambda: torch.set_float32_matmul_precision("medium"),
+                         lambda: torch.get_float32_matmul_precision() == "medium",
+                         "torch.set_float32_matmul_precision"),
+    "flush denormals": (lambda: torch.set_flush_denormal(True),
+                        lambda: float(torch.tensor([1e-310], dtype=torch.float64) * 1.0) == 0.0,
+                        "torch.set_flush_denormal"),
+    "print options": (lambda: torch.set_printoptions(precision=1),
+                      lambda: torch._tensor_str.PRINT_OPTS.precision == 1, "torch.set_printoptions"),
+    "mkldnn off": (lambda: setattr(torch.backends.mkldnn, "enabled", False),
+                   lambda: not torch.backends.mkldnn.enabled, "torch.backends.mkldnn.enabled"),
+    "autograd multithreading off": (lambda: torch.autograd.set_multithreading_enabled(False),
+                                    lambda: not torch.autograd.is_multithreading_enabled(),
+                                    "set_multithreading_enabled"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(LEFT_BEHIND))
+def test_a_loss_that_leaves_anything_behind_fails_and_it_is_put_back(what):
+    act, still, words = LEFT_BEHIND[what]
+    cwd = __import__("os").getcwd()
+    done = []
+
+    def once():  # the first case only: a kernel whose loss did it once is already changed for good
+        if not done:
+            done.append(1)
+            act()
+    a = cl.grade_hidden(_wrapping(once))
+    assert not a["ok"] and a["case"] == 0 and words in a["line"] and "\n" not in a["line"], a["line"]
+    assert not still(), f"{what} was not put back"
+    assert __import__("os").getcwd() == cwd
+    assert cl.grade_hidden(*sol.loss_set())["ok"]  # the kernel still grades, with the truth unchanged
+
+
+def test_a_loss_that_hides_its_call_to_the_reference_is_named():
+    """Switching the profiler off before calling ppolab's loss, or calling it from a thread, is seen."""
+    import threading
+
+    good = sol.make_policy_loss()
+
+    def unwatched(*args, **kwargs):
+        sys.setprofile(None)
+        return ppolab.algos.compute_policy_loss_vanilla(*args, **kwargs)
+
+    def threaded(*args, **kwargs):
+        out = []
+        t = threading.Thread(target=lambda: out.append(ppolab.algos.compute_policy_loss_vanilla(*args, **kwargs)))
+        t.start()
+        t.join()
+        return out[0]
+    for fn, words in ((unwatched, "switched off the grader's watch"), (threaded, "calls ppolab's own")):
+        a = cl.grade_hidden(fn)
+        assert not a["ok"] and words in a["line"], a["line"]
+    assert cl.grade_hidden(good)["ok"]
+
+
+def test_no_frame_holds_the_truth_while_the_learners_code_runs():
+    """The reference is computed after the learner's function returned: walking the stack finds no answer."""
+    good = sol.make_policy_loss()
+    seen = []
+
+    def peeking(*args, **kwargs):
+        f = sys._getframe(1)
+        while f is not None:
+            seen.extend(k for k in ("want", "truth", "reference") if isinstance(f.f_locals.get(k), dict))
+            f = f.f_back
+        return good(*args, **kwargs)
+    assert cl.grade_hidden(peeking)["ok"] and not seen, seen
+
+
+class _Exiting(float):
+    def __float__(self):
+        sys.exit(7)
+
+
+class _ExitingTensor(torch.Tensor):
+    def detach(self):
+        raise SystemExit(8)
+
+
+def test_what_the_loss_returns_cannot_exit_the_grader():
+    """A metrics value whose __float__ exits, a tensor subclass whose detach exits: the learner's failure."""
+    good = sol.make_policy_loss()
+
+    def exiting_metric(*args, **kwargs):
+        pg, m = good(*args, **kwargs)
+        return pg, {**m, "actor/pg_clipfrac": _Exiting(0.0)}
+
+    def exiting_tensor(*args, **kwargs):
+        pg, m = good(*args, **kwargs)
+        return pg.as_subclass(_ExitingTensor), m
+    for fn in (exiting_metric, exiting_tensor):
+        a = cl.grade_hidden(fn)
+        assert not a["ok"] and "SystemExit" in a["line"] and "\n" not in a["line"], a["line"]
+
+
+@pytest.mark.parametrize("name", [" vanilla", "vanilla\n", "null", "True", "[a]", "${oc.env:HOME}", "a,b", "~x"])
+def test_plug_in_refuses_a_name_the_config_would_read_as_something_else(name):
+    before = dict(POLICY_LOSS_REGISTRY)
+    with pytest.raises(ValueError, match="a loss_mode name is letters"):
+        cl.plug_in(sol.make_policy_loss(), name)
+    assert POLICY_LOSS_REGISTRY == before
+
+
 @pytest.mark.slow  # two replays of grpo_tiny's step 1: about a minute on 2 cores
 def test_a_loss_that_exits_inside_the_worker_fails_the_replay_and_the_process_still_replays():
     from ppolab.replay import replay_actor_update

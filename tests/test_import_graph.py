@@ -146,7 +146,8 @@ def test_no_private_name_is_imported_across_packages(tmp_path):
 FLOORS = (
     ("foundations", ("ppolab.errors", "ppolab.course", "ppolab.i18n", "ppolab.vocab", "ppolab.rng", "ppolab.progress",
                      "ppolab.batching", "ppolab.config", "ppolab.algos", "ppolab.tokenizer", "ppolab.labs_copy",
-                     "ppolab.verl_config", "ppolab.verl_versions", "ppolab.verl_dumps", "ppolab.run.files",
+                     "ppolab.verl_config", "ppolab.verl_versions", "ppolab.verl_dumps", "ppolab.verl_checkpoints",
+                     "ppolab.run.files",
                      "ppolab.run.metrics_log", "ppolab.run.identity",
                      "ppolab.run.claim", "ppolab.run")),
     ("models, data and rollout", ("ppolab.models", "ppolab.data", "ppolab.rewards", "ppolab.tools", "ppolab.batch",

@@ -118,6 +118,19 @@ def test_a_dir_that_is_a_file_or_under_a_file_is_one_line(tmp_path, capsys):
     assert notes.read_text() == "mine"
 
 
+def test_an_empty_dir_or_the_courses_own_labs_folder_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["labs", "", "--no-start"]) == 1  # `ppolab labs "$COURSE"` with $COURSE unset
+    assert _error_line(capsys).startswith("error: DIR is empty (an unset variable?): give `ppolab labs` a folder")
+    assert list(tmp_path.iterdir()) == []
+    before = sorted(LABS.rglob("*"))
+    for dest in (LABS, LABS / "zh", LABS / "mine"):  # JupyterLab would autosave into the course's own notebooks
+        assert main(["labs", str(dest), "--no-start"]) == 1
+        line = _error_line(capsys)
+        assert line.startswith(f"error: {dest} is") and f"ppolab's own labs folder {LABS.resolve()}" in line, line
+    assert sorted(LABS.rglob("*")) == before
+
+
 @pytest.mark.parametrize("where", ["name", "path"])
 def test_an_over_long_dir_is_one_line(tmp_path, capsys, where):
     dest = tmp_path / ("n" * 300) if where == "name" else tmp_path.joinpath(*["p" * 250] * 20)

@@ -128,19 +128,66 @@ def _parse_override(item: str) -> tuple[str, Any]:
     if not isinstance(item, str) or "=" not in item:
         raise ConfigError(f"override {item!r} is not of the form key=value")
     key, value = item.split("=", 1)
-    key = key.strip().lstrip("+")  # Hydra's '+key=' adds a key; every valid key already exists here.
-    return key, parse_value(value)
+    body = key.strip().lstrip("+")
+    op = key.strip()[: len(key.strip()) - len(body)]
+    if len(op) > 2:
+        raise ConfigError(f"override {item!r}: {op} is not an override prefix (Hydra's are +, ++ and ~); write "
+                          f"{body}={value}")
+    return body, parse_value(value, item)
 
 
-def parse_value(value: str) -> Any:
-    """OmegaConf's YAML reading of an override value; a list YAML cannot read ([${x:}/a]) is split by hand."""
+def check_plus_overrides(overrides: Iterable[Any]) -> None:
+    """:class:`ConfigError`, in the doctor's words, for ``+key=value`` of a key verl's config already holds: Hydra
+    refuses that ``+`` on verl's command line, so ``ppolab train`` does not drop it unseen. (What-ifs on a recorded
+    config, :func:`override_tree`, take any ``+``.)"""
+    for item in overrides:
+        key, eq, value = item.partition("=") if isinstance(item, str) else ("", "", "")
+        key = key.strip()
+        if eq and key.startswith("+") and not key.startswith("++") and key[1:] in _verl_job_keys():
+            raise ConfigError(f"override {item!r}: {key[1:]} is already in verl's config; write {key[1:]}={value} "
+                              "to change it (Hydra's + only adds a key the job lacks)")
+
+
+@functools.cache
+def _verl_job_keys() -> frozenset[str]:
+    """The dotted keys of a composed verl config (the doctor's shipped example job): where Hydra's ``+key=`` is an
+    error, as the doctor says. Every key is in ppolab's schema, so ``+`` matters only for what verl lacks
+    (``+critic.ppo_infer_max_token_len_per_gpu``); without the example (a trimmed install) no ``+`` is refused."""
+    from ppolab.course import DATA
+    from ppolab.config.yaml_file import load_yaml
+
+    path = DATA / "verl_jobs" / "ppo_fire_tiny" / ".hydra" / "config.yaml"
+    if not path.is_file():
+        return frozenset()
+    tree = OmegaConf.to_container(load_yaml(path, ConfigError), resolve=False)
+    keys, todo = set(), [("", tree)]
+    while todo:
+        prefix, node = todo.pop()
+        for k, v in node.items():
+            keys.add(prefix + str(k))
+            if isinstance(v, dict):
+                todo.append((f"{prefix}{k}.", v))
+    return frozenset(keys)
+
+
+def parse_value(value: str, override: str | None = None) -> Any:
+    """OmegaConf's YAML reading of an override value; a list YAML cannot read ([${x:}/a]) is split by hand. A value
+    nested thousands deep or an int of 5,000 digits is :class:`ConfigError` naming ``override`` (or the value)."""
     try:
-        return OmegaConf.to_container(OmegaConf.from_dotlist([f"v={value}"]), resolve=False)["v"]
-    except yaml.YAMLError:
-        text = value.strip()
-        if text.startswith("[") and text.endswith("]"):
-            return [parse_value(item) for item in re.split(r",(?![^{]*\})", text[1:-1]) if item.strip()]
-        return text
+        try:
+            return OmegaConf.to_container(OmegaConf.from_dotlist([f"v={value}"]), resolve=False)["v"]
+        except yaml.YAMLError:
+            text = value.strip()
+            if text.startswith("[") and text.endswith("]"):
+                items = re.split(r",(?![^{]*\})", text[1:-1])
+                return [parse_value(item, override or value) for item in items if item.strip()]
+            return text
+    except ConfigError:
+        raise
+    except (RecursionError, ValueError) as e:  # OmegaConf's recursive reading; int()'s digit limit
+        why = "nests too deep" if isinstance(e, RecursionError) else str(e).split(";")[0]
+        raise ConfigError(f"override {(override or value)[:80]!r}: its value cannot be read ({why}); a config "
+                          "value is a number, a string or a short list") from None
 
 
 def _set(tree: dict, key: str, value: Any) -> dict:
@@ -253,9 +300,13 @@ def _merges(base: Any, key: str, value: Any) -> bool:
 
 def compose(sources: list[tuple[str, dict]]) -> PPOConfig:
     """Merge nested dicts over the structured defaults in order; wrap OmegaConf errors as ConfigError."""
+    from ppolab.config.yaml_file import check_interpolations
+
     merged = OmegaConf.structured(PPOConfig)
     leaves, _ = _schema()
     for source, tree in sources:
+        # a recorded config.json or an override is resolved here too: bound its ${…} as load_yaml bounds a file's
+        check_interpolations(tree, lambda m: ConfigError(f"{source}: {m}"))
         try:
             merged = OmegaConf.merge(merged, OmegaConf.create(tree))
         except (OmegaConfBaseException, TypeError) as e:  # TypeError: incompatible container types
@@ -309,7 +360,7 @@ def _preset_file(preset: Union[str, os.PathLike]) -> Path:
     text = os.fspath(preset)
     if isinstance(preset, os.PathLike) or "/" in text or os.sep in text or text.endswith((".yaml", ".yml")):
         path = Path(text).expanduser()
-        if not path.is_file():
+        if not path.exists() and not path.is_symlink():  # a FIFO or /dev/zero exists: load_yaml names it
             raise ConfigError(f"config file {text!r} does not exist")
         return path
     path = PRESET_DIR / f"{text}.yaml"

@@ -7,7 +7,9 @@ nesting depth, and refuses past the bounds in one line naming the file — befor
 
 Interpolations are OmegaConf's: ``${oc.create:…}`` parses YAML text at resolve time, past these bounds, and a
 resolver is code a file names. :func:`foreign_resolvers` lists the resolver calls outside an allow-list, with their
-keys, so a reader can refuse them.
+keys, so a reader can refuse them. Node interpolations cost too: OmegaConf resolves ``${a}`` afresh at each use, so
+ten levels of ten ``${…}`` each in a 4 kB file ask for 10^10 copies; :func:`check_interpolations` counts them on the
+unresolved tree (memoised, so the count itself is cheap) and :func:`load_yaml` refuses a file past its bounds.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import io
 import os
 import re
 import stat
+import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -27,8 +30,18 @@ MAX_NODES = 1_000_000
 #: overflows Python's stack near a few hundred.
 MAX_DEPTH = 64
 
+#: ``${…}`` references a config value may expand at resolve time, counted through what each names (OmegaConf
+#: resolves a reference afresh at each use, so 10 references to a value of 10 references cost 100): verl 0.9.1's
+#: composed config makes ~100 in all, each 1–2 deep; ten levels of ten references each ask for 10^10.
+MAX_INTERPOLATIONS = 10_000
+#: References chained through one another (a → b → c …): OmegaConf's recursive resolution overflows Python's stack
+#: near a few hundred; verl's chains are 2 long.
+MAX_CHAIN = 64
+
 #: ``${name:`` — a resolver call in an interpolation (a node interpolation ``${a.b}`` has no colon).
 _RESOLVER = re.compile(r"\$\{\s*([\w.\-]+)\s*:")
+#: Each ``${``, with the resolver it calls (if any) and the key that follows (up to what a key cannot hold).
+_REFERENCE = re.compile(r"\$\{\s*(?:([\w.\-]+)\s*:)?\s*([^\s,{}$:\\'\"]*)(\$?)")
 
 
 def load_yaml(path: str | os.PathLike, error: Callable[[str], Exception], todo: str = "") -> Any:
@@ -58,9 +71,22 @@ def load_yaml(path: str | os.PathLike, error: Callable[[str], Exception], todo: 
         raise error(f"{path} cannot be read as UTF-8 text ({' '.join(str(e).split())[:120]}){tail}") from None
     try:
         _check_events(yaml.parse(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)), path, error, tail)
-        return OmegaConf.load(io.StringIO(text))
+        conf = _load(text)
     except (yaml.YAMLError, OmegaConfBaseException) as e:
         raise error(f"{path} is not valid YAML ({' '.join(str(e).split())[:160]}){tail}") from None
+    check_interpolations(OmegaConf.to_container(conf, resolve=False), lambda m: error(f"{path}: {m}{tail}"))
+    return conf
+
+
+def _load(text: str) -> Any:
+    """``OmegaConf.load`` of ``text``, its ValueError (``!!int`` of 5,000 digits) a YAMLError for the caller to name."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.load(io.StringIO(text))
+    except ValueError as e:
+        raise yaml.YAMLError(str(e)) from None
 
 
 def _check_events(events: Iterable[Any], path: Path, error: Callable[[str], Exception], tail: str) -> None:
@@ -68,6 +94,7 @@ def _check_events(events: Iterable[Any], path: Path, error: Callable[[str], Exce
     is known at its end event; an alias adds it again), and the depth; raise past a bound."""
     import yaml
 
+    digits = sys.get_int_max_str_digits() or 10**9  # 0: no limit
     sizes: dict[str, int] = {}
     open_nodes: list[list] = []  # [anchor, node count so far] of each open mapping/sequence
     total = 0
@@ -84,6 +111,9 @@ def _check_events(events: Iterable[Any], path: Path, error: Callable[[str], Exce
         elif isinstance(ev, yaml.ScalarEvent):
             anchor, n = ev.anchor, 1
             total += 1
+            if not ev.style and len(ev.value) > digits and re.fullmatch(r"[-+]?[\d_]+", ev.value):
+                raise error(f"{path} line {ev.start_mark.line + 1} holds a whole number of {len(ev.value):,} "
+                            f"digits, more than Python reads ({digits:,}): no config value is that long{tail}")
         elif isinstance(ev, yaml.AliasEvent):
             anchor, n = None, sizes.get(ev.anchor, 1)
             total += n
@@ -111,3 +141,79 @@ def foreign_resolvers(tree: Any, allowed: Iterable[str], prefix: str = "") -> li
         elif isinstance(v, str):
             out += [(key, name) for name in _RESOLVER.findall(v) if name not in allowed]
     return out
+
+
+def check_interpolations(tree: Any, error: Callable[[str], Exception]) -> None:
+    """Raise ``error(message)``, the message naming the dotted key, when the ``${…}`` references in the string values
+    of the plain nested ``tree`` (an unresolved container) would expand past :data:`MAX_INTERPOLATIONS` (in one value
+    or in all) or :data:`MAX_BYTES` characters in one value, chain past :data:`MAX_CHAIN`, or build a key from another
+    interpolation (``${${k}}``: no reading of the file knows its target) — before OmegaConf resolves anything. A
+    reference to a mapping or list costs what its values cost; a relative one (``${.x}``, ``${oc.select:..x}``)
+    counts from the value's parent, as OmegaConf does; a missing target or a cycle is OmegaConf's to name."""
+    memo: dict[tuple, tuple[int, int]] = {}
+    active: set[tuple] = set()
+
+    def node(path: tuple) -> Any:
+        here: Any = tree
+        for part in path:
+            if isinstance(here, dict) and part in here:
+                here = here[part]
+            elif isinstance(here, list) and part.isdigit() and int(part) < len(here):
+                here = here[int(part)]
+            else:
+                return None
+        return here
+
+    def cost(path: tuple, value: Any, depth: int) -> tuple[int, int]:
+        """(references resolved, characters) of ``value`` at ``path`` once resolved; ``depth``: the frames above."""
+        key = ".".join(path)
+        if depth > MAX_CHAIN:  # OmegaConf's recursive resolution would overflow the stack
+            raise error(f"{key} is reached through interpolations chained more than {MAX_CHAIN} deep: write the "
+                        "value out")
+        if isinstance(value, (dict, list)):
+            refs = size = 0
+            for k, v in (value.items() if isinstance(value, dict) else enumerate(value)):
+                n, chars = cost(path + (str(k),), v, depth + 1)
+                refs, size = refs + n, size + chars
+            return refs, size
+        if not isinstance(value, str) or "${" not in value:
+            return 0, len(str(value))
+        if path in memo or path in active:
+            return memo.get(path, (0, 0))
+        active.add(path)
+        refs, size = 0, len(value)
+        for m in _REFERENCE.finditer(value):
+            resolver, target, dynamic = m.groups()
+            if dynamic or (not target and resolver in (None, "oc.select")):
+                raise error(f"{key}={value[:80]!r} builds an interpolation's key from another interpolation "
+                            "(${${…}}); write the key out")
+            refs += 1
+            if resolver in (None, "oc.select"):
+                up = len(target) - len(target.lstrip("."))  # ${.x}: a sibling; ${..x}: the parent's sibling
+                where = (path[:-up] if up else ()) + tuple(re.findall(r"[^.\[\]]+", target))
+                n, chars = cost(where, node(where), depth + 1)
+                refs, size = refs + n, size + chars
+            if refs > MAX_INTERPOLATIONS or size > MAX_BYTES:
+                raise error(f"{key} expands to more than {MAX_INTERPOLATIONS:,} ${{…}} references or "
+                            f"{MAX_BYTES // 2**20} MB through the values they name (each use a fresh copy): an "
+                            "interpolation bomb, not a config; write the values out")
+        active.discard(path)
+        memo[path] = refs, size
+        return refs, size
+
+    total = 0
+    for path, value in _strings(tree, ()):
+        total += cost(path, value, len(path))[0]
+        if total > MAX_INTERPOLATIONS:
+            raise error(f"its ${{…}} references expand more than {MAX_INTERPOLATIONS:,} times in all, passing the "
+                        f"bound at {'.'.join(path)} (each use a fresh copy of what it names): an interpolation bomb, "
+                        "not a config; write the values out")
+
+
+def _strings(tree: Any, path: tuple):
+    """(path, value) of every string leaf of plain nested dicts and lists holding ``${``."""
+    if isinstance(tree, (dict, list)):
+        for k, v in (tree.items() if isinstance(tree, dict) else enumerate(tree)):
+            yield from _strings(v, path + (str(k),))
+    elif isinstance(tree, str) and "${" in tree:
+        yield path, tree

@@ -29,8 +29,10 @@ Three grades, each stopping at the first case that differs and naming the part o
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import math
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -43,7 +45,7 @@ from ppolab.algos.policy_loss import POLICY_LOSS_REGISTRY, register_policy_loss
 from ppolab.config import ActorConfig
 from ppolab.i18n import tr
 from ppolab.experiments.grader_guard import (OWN_LOSSES, PLUGGED, REF, CallsReference, LearnerError, call,
-                                             check_returned, signature_line, tampered)
+                                             check_returned, contained, plain, signature_line, tampered)
 
 #: The ``policy_loss.loss_mode`` name the learner's policy loss is plugged in under.
 LEARNER = "learner"
@@ -63,6 +65,11 @@ ACTOR_FIRES = ("actor_rollout_ref.actor.clip_ratio_low=0.07", "actor_rollout_ref
 ACTOR_CURVES = ("critic/score/mean", "actor/entropy", "actor/pg_clipfrac", "actor/pg_clipfrac_lower")
 
 
+#: What a plugged-in loss_mode name may look like, and the words YAML would read as something else.
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
+_YAML_WORDS = {"null", "none", "true", "false", "yes", "no", "on", "off", "y", "n", "nan", "inf"}
+
+
 def plug_in(fn: Callable, name: str = LEARNER) -> str:
     """Register ``fn`` as ``actor.policy_loss.loss_mode = name`` (re-running the cell replaces an earlier function
     plugged in under ``name``; ppolab's own losses cannot be replaced). Returns ``name``. Refuses, in one line and
@@ -73,6 +80,11 @@ def plug_in(fn: Callable, name: str = LEARNER) -> str:
         raise TypeError(line)
     if not isinstance(name, str) or not name:
         raise TypeError(f"plug_in(name=...): name must be a non-empty string, got {name!r}")
+    if not _NAME.fullmatch(name) or name.lower() in _YAML_WORDS:
+        # the trainer reads loss_mode=NAME as a config value: " vanilla" would come back as ppolab's vanilla,
+        # "null" as None, "[a]" as a list — a name must read back as itself
+        raise ValueError(f"plug_in(name={name!r}): a loss_mode name is letters, digits, '_' and '-', starting with a "
+                         f"letter (e.g. 'mine'), and not a YAML word such as null or true")
     if name in OWN_LOSSES or (name in POLICY_LOSS_REGISTRY and name not in PLUGGED):
         raise ValueError(f"{name!r} is one of ppolab's policy losses; plug yours in under another name")
     POLICY_LOSS_REGISTRY.pop(name, None)
@@ -257,6 +269,13 @@ def _run_case(case: Case, policy_loss: Callable, actor_loss: Callable | None, va
             "metrics": {k: float(metrics[k]) for k in keys if k in (metrics or {})}}
 
 
+def _copy(case: Case) -> Case:
+    """``case`` with fresh copies of its tensors, config and counts: the learner's code may write into them."""
+    return dataclasses.replace(case, t={k: v.clone() for k, v in case.t.items()},
+                               config=copy.deepcopy(case.config), info=copy.deepcopy(case.info),
+                               is_weights=None if case.is_weights is None else case.is_weights.clone())
+
+
 def _shown(x: Any) -> str:
     return f"{x:.6g}" if isinstance(x, float) else str(x)
 
@@ -279,9 +298,12 @@ def grade_hidden(policy_loss: Callable, actor_loss: Callable | None = None,
                 (case.stage.startswith("value") and value_loss is None):
             skipped += 1
             continue
-        want = _run_case(case, policy_loss, actor_loss, value_loss, reference=True)
         try:
-            got = _run_case(case, policy_loss, actor_loss, value_loss, reference=False)
+            # the learner's functions first, on copies (what they do to their inputs stays theirs), and everything
+            # read back from what they returned under the same guard; the truth is computed only after they have
+            # returned, so no frame of this process holds it while their code runs
+            with contained("functions", passes=(Unanswered,)):
+                got = _run_case(_copy(case), policy_loss, actor_loss, value_loss, reference=False)
         except Unanswered as e:
             return {"ok": False, "stage": None, "case": None, "cases": done, "answered": False,
                     "line": tr("not answered yet: {name} returns None — write its body").format(name=e)}
@@ -290,6 +312,7 @@ def grade_hidden(policy_loss: Callable, actor_loss: Callable | None = None,
         except Exception as e:  # noqa: BLE001 — the learner's code (a metrics dict it built …): one line
             return _fail(case, i, done, tr("your function raised {error}").format(
                 error=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]}"))
+        want = _run_case(case, policy_loss, actor_loss, value_loss, reference=True)
         g, w = got["grad"], want["grad"]
         where, look = gradient_differs(case, g, w)
         if not _close(got["loss"], want["loss"]):
@@ -309,6 +332,7 @@ def grade_hidden(policy_loss: Callable, actor_loss: Callable | None = None,
                              tr("{key}: yours {got}, ppolab.algos {want}").format(
                                  key=k, got=_shown(got["metrics"].get(k, "—")), want=f"{v:.6g}"))
         done += 1
+        del want  # no truth stays in this frame while the next case runs the learner's code
     line = tr("(a) right: {n} hidden cases agree with ppolab.algos (loss, gradient, metrics)").format(n=done)
     if skipped:
         line += tr("; {k} not graded: no {names} was given").format(
@@ -405,7 +429,7 @@ def _guarded_in_trainer(policy_loss: Callable, name: str):
         out = call(policy_loss, "policy_loss", *args, **kwargs)
         like = kwargs.get("log_prob", args[1] if len(args) > 1 else None)
         check_returned(out, "policy_loss", like if isinstance(like, torch.Tensor) else None)
-        return out
+        return plain(out, "policy_loss")
 
     POLICY_LOSS_REGISTRY[name] = guarded
     try:
@@ -569,7 +593,7 @@ def grade_critic_training(value_loss: Callable, steps: int = CRITIC_STEPS, root:
     def guarded(vpreds, *args: Any, **kwargs: Any) -> Any:
         out = call(value_loss, "value_loss", vpreds, *args, **kwargs)
         check_returned(out, "value_loss", vpreds)
-        return out
+        return plain(out, "value_loss")
 
     ref = load_run(_CRITIC_REFERENCE[key]).metrics
     try:

@@ -17,13 +17,18 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 import sys
+import threading
 import types
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
+import torch._tensor_str
+import torch.nn.functional
 
 from ppolab.algos import aggregation, kl, losses, policy_loss, value
 from ppolab.i18n import tr
@@ -99,6 +104,61 @@ def _reads(fns: list[Callable]) -> dict[tuple[str, str], Any]:
 
 _READS = _reads([REF.vanilla, REF.compute_value_loss, REF.ppo_loss_terms, REF.agg_loss, REF.kl_penalty])
 
+#: Where the reference's torch calls are looked up at call time: ``torch.min = lambda a, b: b`` in a learner's cell
+#: or function would change the truth without touching ppolab. Public module attributes, and every method of
+#: ``torch.Tensor`` (operators included: ``-A * r`` looks up ``Tensor.__mul__``).
+_API_OWNERS = {"torch": torch, "torch.nn.functional": torch.nn.functional, "torch.Tensor": torch.Tensor,
+               "torch.linalg": torch.linalg, "torch.special": torch.special, "torch.autograd": torch.autograd}
+
+
+def _api() -> dict[tuple[str, str], Any]:
+    return {(owner, k): v for owner, obj in _API_OWNERS.items() for k, v in list(vars(obj).items())
+            if not k.startswith("_") or (owner == "torch.Tensor" and k.startswith("__"))}
+
+
+def _foreign(v: Any) -> bool:
+    """A Python function defined outside torch where torch keeps its own (typing's helpers excepted)."""
+    return isinstance(v, types.FunctionType) and not str(v.__module__).startswith(("torch", "typing"))
+
+
+_API = {k: v for k, v in _api().items() if not _foreign(v)}
+
+
+#: torch's own Python files: a wrapper defined there is torch's (importing peft wraps ``torch.manual_seed`` in
+#: ``torch/_compile.py``'s dynamo guard), adopted as the name's new value rather than called a rebinding.
+_TORCH_FILES = str(Path(torch.__file__).resolve().parent)
+
+
+def _torch_own(v: Any) -> bool:
+    code = getattr(v, "__code__", None)
+    return isinstance(v, types.FunctionType) and code is not None and \
+        str(Path(code.co_filename).resolve()).startswith(_TORCH_FILES)
+
+
+def _api_changed() -> list[str]:
+    """torch's names the reference may call that are not torch's own objects any more (rebound or deleted)."""
+    now = _api()
+    out = []
+    for key, v in _API.items():
+        new = now.get(key)
+        if new is v:
+            continue
+        if _torch_own(new):
+            _API[key] = new
+        else:
+            out.append(".".join(key))
+    return out + [".".join(key) for key, v in now.items() if key not in _API and _foreign(v)]
+
+
+def _api_put_back() -> None:
+    now = _api()
+    for (o, k), v in _API.items():
+        if now.get((o, k)) is not v:
+            setattr(_API_OWNERS[o], k, v)
+    for (o, k), v in now.items():
+        if (o, k) not in _API and _foreign(v):
+            delattr(_API_OWNERS[o], k)
+
 
 def tampered() -> str | None:
     """One line naming a rebinding that reaches the grader's reference (None when there is none)."""
@@ -115,10 +175,12 @@ def tampered() -> str | None:
             if getattr(sys.modules.get(mod), name, None) is not obj:
                 what = f"{mod}.{name}"
                 break
+    if what is None and _api_changed():
+        what = _api_changed()[0]
     if what is None:
         return None
-    return tr("the grader will not grade: {what} is not ppolab's any more (rebound in this kernel), so the reference "
-              "your loss is compared with would be yours — restart the kernel, and plug your loss in with "
+    return tr("the grader will not grade: {what} is not ppolab's or torch's any more (rebound in this kernel), so the "
+              "reference your loss is compared with would be yours — restart the kernel, and plug your loss in with "
               "plug_in(fn) under its own name").format(what=what)
 
 
@@ -138,12 +200,86 @@ def _state() -> dict[str, Any]:
          "device": torch.get_default_device()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         s["cuda_rng"] = torch.cuda.get_rng_state_all()
+    s.update(_more_state())
     return s
+
+
+def _flushes_denormals() -> bool:
+    # torch.set_flush_denormal has no getter: a subnormal double that survives a multiplication says it is off
+    return float(torch.tensor([1e-310], dtype=torch.float64) * 1.0) == 0.0
+
+
+def _more_state() -> dict[str, Any]:
+    """The rest of what a call can leave behind for every later computation of the process: torch's function and
+    dispatch modes and saved-tensor hooks left open, its numeric switches, print options, and Python's own (warning
+    filters, recursion limit, working directory, trace and profile functions)."""
+    return {"function_modes": torch._C._len_torch_function_stack(),
+            "dispatch_modes": torch._C._len_torch_dispatch_stack(),
+            "saved_hooks": torch._C._autograd._top_saved_tensors_default_hooks(True),
+            "switches": (torch.autograd.is_multithreading_enabled(), torch.get_float32_matmul_precision(),
+                         torch._C._get_mkldnn_enabled(), _flushes_denormals()),
+            "print": dict(vars(torch._tensor_str.PRINT_OPTS)), "warnings": list(warnings.filters),
+            "recursion": sys.getrecursionlimit(), "cwd": _cwd(), "trace": sys.gettrace()}
+
+
+def _cwd() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:  # a working directory removed under the process
+        return None
+
+
+def _put_back_more(s: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    changed = []
+    if now["saved_hooks"] != s["saved_hooks"]:
+        for _ in range(64):  # pop what the call pushed, down to the hooks it found
+            if torch._C._autograd._top_saved_tensors_default_hooks(True) == s["saved_hooks"]:
+                break
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+        changed.append(tr("it left {what} open").format(what="torch.autograd.graph.saved_tensors_hooks"))
+    if now["switches"] != s["switches"]:
+        threads, precision, mkldnn, flush = s["switches"]
+        torch._C._set_multithreading_enabled(threads)
+        torch.set_float32_matmul_precision(precision)
+        torch._C._set_mkldnn_enabled(mkldnn)
+        torch.set_flush_denormal(flush)
+        names = ("torch.autograd.set_multithreading_enabled", "torch.set_float32_matmul_precision",
+                 "torch.backends.mkldnn.enabled", "torch.set_flush_denormal")
+        changed += [tr("it changed {what}").format(what=n) for n, a, b in zip(names, now["switches"], s["switches"])
+                    if a != b]
+    if now["print"] != s["print"]:
+        torch.set_printoptions(**s["print"])
+        changed.append(tr("it changed {what}").format(what="torch.set_printoptions"))
+    if now["warnings"] != s["warnings"]:
+        warnings.filters[:] = s["warnings"]
+        warnings._filters_mutated()
+        changed.append(tr("it changed {what}").format(what="warnings.simplefilter / filterwarnings"))
+    if now["recursion"] != s["recursion"]:
+        sys.setrecursionlimit(s["recursion"])
+        changed.append(tr("it changed {what}").format(what="sys.setrecursionlimit"))
+    if now["cwd"] != s["cwd"] and s["cwd"] is not None:
+        os.chdir(s["cwd"])
+        changed.append(tr("it changed {what}").format(what="os.chdir"))
+    if now["trace"] is not s["trace"]:
+        sys.settrace(s["trace"])
+        changed.append(tr("it changed {what}").format(what="sys.settrace"))
+    return changed
 
 
 def _put_back(s: dict[str, Any]) -> list[str]:
     """Restore ``s``; the lines naming what had changed."""
-    now, lines = _state(), []
+    lines = []
+    # modes first: every torch call below (reading the RNG state …) would otherwise run through the learner's mode
+    for key, count, pop, what in (
+            ("function_modes", torch._C._len_torch_function_stack, torch._C._pop_torch_function_stack,
+             "a torch function mode"),
+            ("dispatch_modes", torch._C._len_torch_dispatch_stack, torch._C._pop_torch_dispatch_stack,
+             "a torch dispatch mode")):
+        if count() > s[key]:
+            while count() > s[key]:
+                pop()
+            lines.append(tr("it left {what} open").format(what=tr(what)))
+    now = _state()
     if now["inference"] and not s["inference"]:
         # a torch.inference_mode() entered and never left: its guard is the learner's object, out of reach, so an
         # opposite guard is entered and kept for the thread's life (what `with torch.inference_mode(False)` does for
@@ -180,6 +316,11 @@ def _put_back(s: dict[str, Any]) -> list[str]:
     if now["device"] != s["device"]:
         torch.set_default_device(None if s["device"] == torch.device("cpu") else s["device"])
         lines.append(tr("it changed torch's default device to {v} (torch.set_default_device)").format(v=now["device"]))
+    lines += _put_back_more(s, now)
+    rebound = _api_changed()
+    if rebound:
+        _api_put_back()
+        lines.append(tr("it rebound {what}").format(what=", ".join(rebound[:3]) + (" …" if len(rebound) > 3 else "")))
     return lines
 
 
@@ -224,27 +365,73 @@ def call(fn: Callable, name: str, *args: Any, **kwargs: Any) -> Any:
     call into ppolab's own losses, truths or replays (:data:`REFERENCE_PLACES`) — through ``ppolab.algos``, the
     registry, a truth function or :data:`REF` alike: the work graded must be the learner's."""
     entered: list[str] = []
-    earlier = sys.getprofile()
+    earlier, earlier_threads = sys.getprofile(), threading.getprofile()
+    watch = _watch_reference(entered)
     with guarded() as changed:
-        sys.setprofile(_watch_reference(entered))
+        # threads the function starts are watched too (threading.setprofile reaches threads started after it)
+        sys.setprofile(watch)
+        threading.setprofile(watch)
         try:
             out = fn(*args, **kwargs)
+            unwatched = sys.getprofile() is not watch or threading.getprofile() is not watch
         except KeyboardInterrupt:
             raise
         except BaseException as e:  # noqa: BLE001 — sys.exit() in the learner's code is the learner's failure
             if entered:
                 raise _calls_reference(name, entered[0]) from None
-            text = (str(e).splitlines() or [""])[0][:120]
-            error = f"{type(e).__name__}: {text}" if text else type(e).__name__
-            raise LearnerError(tr("your {name} raised {error}").format(name=name, error=error)) from None
+            raise LearnerError(tr("your {name} raised {error}").format(name=name, error=_error_line(e))) from None
         finally:
             sys.setprofile(earlier)
+            threading.setprofile(earlier_threads)
     if entered:
         raise _calls_reference(name, entered[0])
+    if unwatched:  # what it called after that is out of sight: its work cannot be told from the reference's
+        raise LearnerError(tr("your {name} switched off the grader's watch on the calls it makes (sys.setprofile or "
+                              "threading.setprofile): a loss leaves the profiler alone").format(name=name))
     if changed:
         raise LearnerError(tr("your {name} changed torch's global state — {what}; it is put back, and a loss must "
                               "leave it as it found it").format(name=name, what="; ".join(changed)))
     return out
+
+
+def _error_line(e: BaseException) -> str:
+    try:
+        text = (str(e).splitlines() or [""])[0][:120]
+    except BaseException:  # noqa: BLE001 — an exception whose str() raises is still the learner's
+        text = ""
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+@contextlib.contextmanager
+def contained(name: str, passes: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+    """The grader reading what the learner's ``name`` returned — its numbers (``float()``), its tensors
+    (``detach()``), the backward through its graph — which may run the learner's code again (a ``__float__``, an
+    autograd Function's backward): any exception but KeyboardInterrupt (and the grader's own ``passes``) is the
+    learner's failure, one line, and torch's settings are put back."""
+    with guarded() as changed:
+        try:
+            yield
+        except (KeyboardInterrupt, LearnerError, *passes):
+            raise
+        except BaseException as e:  # noqa: BLE001 — a SystemExit from the learner's object is the learner's
+            raise LearnerError(tr("reading what your {name} returned raised {error}").format(
+                name=name, error=_error_line(e))) from None
+    if changed:
+        raise LearnerError(tr("your {name} changed torch's global state — {what}; it is put back, and a loss must "
+                              "leave it as it found it").format(name=name, what="; ".join(changed)))
+
+
+def plain(out: tuple, name: str) -> tuple:
+    """A checked ``(loss, second)`` as the trainer may read it without running the learner's code again: the loss a
+    plain ``torch.Tensor`` on the same graph (a subclass's methods are the learner's), a metrics dict of plain
+    tensors and floats, a second tensor plain too — read under :func:`contained`."""
+    def one(v: Any) -> Any:
+        return v.as_subclass(torch.Tensor) if isinstance(v, torch.Tensor) else float(v)
+
+    with contained(name):
+        loss, second = out
+        second = ({str(k): one(v) for k, v in second.items()} if isinstance(second, dict) else one(second))
+        return one(loss), second
 
 
 class CallsReference(LearnerError):

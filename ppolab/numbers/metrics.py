@@ -118,6 +118,23 @@ def _frame(run):
     return resolve_run(run).metrics
 
 
+def _numbers(m):
+    """``m`` with each column of objects or text as numbers when every value reads as one (``"0.5"``, a bool), else left
+    out: a metric a custom reward or a damaged log holds as text, an object or a list has no sign to read."""
+    import pandas as pd
+
+    mixed = [c for c in m.columns if not pd.api.types.is_numeric_dtype(m[c])]  # objects, or pandas 3's str
+    if not mixed:
+        return m
+    m = m.copy()
+    for c in mixed:
+        try:
+            m[c] = pd.to_numeric(m[c].map(lambda v: float(v) if isinstance(v, bool) else v))
+        except (ValueError, TypeError, OverflowError):
+            del m[c]
+    return m
+
+
 def warning_signs(run=None, thresholds: dict | None = None) -> list[str]:
     """Chapter §15's warning signs, checked on a run's metrics (a Run, a run name/path, or a metrics DataFrame
     indexed by step). Returns one human-readable English line per sign found (empty list: nothing alarming);
@@ -135,7 +152,7 @@ def warning_signs(run=None, thresholds: dict | None = None) -> list[str]:
     unknown = set(thresholds or {}) - set(THRESHOLDS)
     if unknown:
         raise ValueError(f"unknown thresholds {sorted(unknown)}; allowed: {list(THRESHOLDS)}")
-    m = _frame(run)
+    m = _numbers(_frame(run))
     if "training/global_step" in m:  # step 0 holds only the validation before training
         m = m[m["training/global_step"].notna()]
     out: list[str] = []

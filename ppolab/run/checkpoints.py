@@ -51,7 +51,7 @@ def checkpoint_problem(directory: str | os.PathLike) -> str | None:
         state = json.loads(state_file.read_text())
         optimizers = state["optimizers"]
         int(state["global_step"])
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, RecursionError) as e:
         return f"state.json does not parse ({type(e).__name__}: {e})"
     names = CHECKPOINT_FILES + (("optim_critic.safetensors",) if "critic" in optimizers else ())
     for name in names:

@@ -34,7 +34,7 @@ def is_ppolab_dir(folder: Path) -> bool:
         return True
     try:
         meta = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested past json's limit
         return False
     return isinstance(meta, dict) and "config" in meta and "batch_plan" in meta
 
@@ -64,7 +64,7 @@ def read_claim(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
         return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):  # being written by its holder this very moment, or damaged
+    except (OSError, ValueError, RecursionError):  # being written by its holder this very moment, or damaged
         return {}
 
 
@@ -202,7 +202,7 @@ def _run_entries(run_dir: str | os.PathLike) -> list[str]:
     if (d / "summary.json").is_file():
         try:
             steps = json.loads((d / "summary.json").read_text()).get("steps", 1)
-        except (ValueError, AttributeError):  # unreadable: count it, a run may be behind it
+        except (ValueError, AttributeError, RecursionError):  # unreadable: count it, a run may be behind it
             steps = 1
         if steps:
             found.append("summary.json")

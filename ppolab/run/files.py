@@ -12,6 +12,7 @@ import errno
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -69,15 +70,17 @@ def json_lines(path: str | os.PathLike, todo: str) -> Iterable[tuple[int, Any]]:
                                       f"line is a few kB), read no further: not a line ppolab or verl wrote; {todo}")
             if not line.strip():
                 continue
+            problem = None
             try:
-                yield number, json.loads(line)
+                value = json.loads(line)
+                problem = _lone_surrogate(line, value)
             except json.JSONDecodeError as e:
-                raise FileFormatError(f"{path}, line {number}: not valid JSON ({e.msg}), a torn or edited line; "
-                                      f"{todo}") from None
-            except RecursionError:  # json's C parser stops at Python's recursion limit
-                raise FileFormatError(f"{path}, line {number}: JSON nested deeper than {sys.getrecursionlimit()} "
-                                      f"levels (a step's line is a flat object): not a line ppolab or verl wrote; "
-                                      f"{todo}") from None
+                problem = f"not valid JSON ({e.msg}), a torn or edited line"
+            except (ValueError, RecursionError) as e:
+                problem = _unreadable(e)
+            if problem:
+                raise FileFormatError(f"{path}, line {number}: {problem}; {todo}") from None
+            yield number, value
 
 
 def read_json(path: str | os.PathLike, todo: str = REDO) -> Any:
@@ -87,9 +90,37 @@ def read_json(path: str | os.PathLike, todo: str = REDO) -> Any:
 
     path = regular_file(path, MAX_JSON_BYTES)
     try:
-        return json.loads(path.read_text())
+        text = path.read_text()
+        value = json.loads(text)
+        problem = _lone_surrogate(text, value)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise FileFormatError(f"{path} does not parse as JSON ({e}); {todo}") from None
+    except (ValueError, RecursionError) as e:
+        problem = _unreadable(e)
+    if problem:
+        raise FileFormatError(f"{path}: {problem}; {todo}") from None
+    return value
+
+
+def _unreadable(e: ValueError | RecursionError) -> str:
+    """Why JSON that parses cannot be read: nested past the recursion limit (json's C parser stops there) or a
+    whole number past Python's digit limit for ``int()`` — neither anything ppolab or verl wrote."""
+    if isinstance(e, RecursionError):
+        return f"JSON nested deeper than {sys.getrecursionlimit()} levels, not a record ppolab or verl wrote"
+    return f"a number Python will not read ({str(e).split(';')[0]}), not a record ppolab or verl wrote"
+
+
+def _lone_surrogate(text: str, value: Any) -> str | None:
+    """Why ``value`` (parsed from ``text``) is no text: a ``\\ud800`` escape with no pair decodes to a string that
+    cannot be encoded, so pandas, pyarrow or a print raises far from the file. Checked only when ``text`` holds a
+    surrogate escape."""
+    if not re.search(r"\\u[dD][89a-fA-F]", text):
+        return None
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return "a lone UTF-16 surrogate (an unpaired \\ud800…\\udfff escape), which is no text"
+    return None
 
 
 def json_kind(value: Any) -> str:
@@ -235,3 +266,16 @@ def remove_leftovers(folder: Path) -> int:
 def describe_leftovers(paths: Iterable[Path]) -> str:
     paths = list(paths)
     return ", ".join(str(p) for p in paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+
+
+def near_files(folder: Path, pattern: str, depth: int = 3) -> list[Path]:
+    """Files matching ``pattern`` in ``folder`` and up to ``depth`` − 1 folders below it — where verl puts them
+    (``<root>/<project>/<experiment>.jsonl``, ``tensorboard_log/<project>/<experiment>/events…``) — never a walk of
+    a whole tree someone pointed at by mistake. A file reached again through links (Hydra's and verl's ``latest``)
+    counts once, by a name without a link where it has one; ``ppolab doctor verl``'s ``find_config`` counts so too."""
+    found: dict[Path, Path] = {}  # real path → the name it is shown by
+    real = folder.resolve()
+    names = (f for d in range(depth) for f in folder.glob("/".join(["*"] * d + [pattern])) if f.is_file())
+    for f in sorted(names, key=lambda f: (f.resolve() != real / f.relative_to(folder), f)):  # link-free names first
+        found.setdefault(f.resolve(), f)
+    return sorted(found.values())
