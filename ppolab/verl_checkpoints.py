@@ -86,6 +86,13 @@ def weight_files(path: str | Path) -> tuple[list[Path], dict]:
     if pickles:
         raise FileFormatError(f"{p} " + PICKLES_ONLY.format(names=", ".join(pickles[:2])
                                                              + (" …" if len(pickles) > 2 else "")))
+    # another trainer's checkpoint (DeepSpeed's mp_rank_00_model_states.pt, a pytorch_model.bin): pickles too
+    other = sorted(f.name for d in (p, p / "actor") if d.is_dir() for f in d.iterdir()
+                   if f.suffix in (".pt", ".pth", ".bin", ".ckpt", ".pkl"))
+    if other:
+        raise FileFormatError(f"{p} holds pickled weights only ({', '.join(other[:2])}{' …' if len(other) > 2 else ''})"
+                              "; ppolab never unpickles a file (unpickling runs the code it names) — give a "
+                              "checkpoint saved as safetensors")
     raise FileFormatError(f"{p} holds no weights ppolab can read; give {EXPECTED}")
 
 

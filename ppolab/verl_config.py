@@ -173,7 +173,7 @@ def apply_overrides(tree: dict[str, Any], overrides: Sequence[str], f: Path) -> 
         if op == "~":
             node.pop(last)
             continue
-        new = parse_value(value)
+        new = parse_value(value, item)
         if isinstance(old, dict) and not isinstance(new, dict):
             example = f"{_a_leaf(old, key)}=…" if group else f"+{key}.KEY={value}"
             raise ConfigError(f"override {item!r}: {key} is a group of keys in {f}, and a group cannot be set to "

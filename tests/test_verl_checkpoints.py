@@ -64,6 +64,15 @@ def test_a_checkpoint_of_pickles_only_is_refused_unread(tmp_path):
     assert PICKLES_ONLY.split("{")[0] in str(e.value)
 
 
+def test_another_trainers_pickled_checkpoint_is_refused_unread(tmp_path):
+    """DeepSpeed's global_step folder (as OpenRLHF saves it), or a pytorch_model.bin: pickles, named, not opened."""
+    ds = tmp_path / "global_step10"
+    ds.mkdir()
+    (ds / "mp_rank_00_model_states.pt").write_bytes(b"not a pickle")
+    with pytest.raises(FileFormatError, match=r"pickled weights only \(mp_rank_00_model_states.pt\)"):
+        weight_files(ds)
+
+
 def test_bad_checkpoints_are_one_line(tmp_path, monkeypatch):
     with pytest.raises(MissingFileError, match="does not exist"):
         weight_files(tmp_path / "nope")
