@@ -136,7 +136,8 @@ def _torch_own(v: Any) -> bool:
 
 
 def _api_changed() -> list[str]:
-    """torch's names the reference may call that are not torch's own objects any more (rebound or deleted)."""
+    """torch's names the reference may call that are not torch's own objects any more (rebound or deleted); a
+    name torch itself re-wrapped since (:func:`_torch_own`) is adopted into :data:`_API` on the way."""
     now = _api()
     out = []
     for key, v in _API.items():
@@ -162,8 +163,6 @@ def _api_put_back() -> None:
 
 def tampered() -> str | None:
     """One line naming a rebinding that reaches the grader's reference (None when there is none)."""
-    import sys
-
     registry = policy_loss.POLICY_LOSS_REGISTRY
     # the reference run trains with loss_mode=vanilla; ppolab's names must stay bound to ppolab's functions
     rebound = ["vanilla"] if registry.get("vanilla") is not REF.vanilla else []
@@ -175,8 +174,9 @@ def tampered() -> str | None:
             if getattr(sys.modules.get(mod), name, None) is not obj:
                 what = f"{mod}.{name}"
                 break
-    if what is None and _api_changed():
-        what = _api_changed()[0]
+    torch_names = _api_changed() if what is None else []
+    if torch_names:
+        what = torch_names[0]
     if what is None:
         return None
     return tr("the grader will not grade: {what} is not ppolab's or torch's any more (rebound in this kernel), so the "
@@ -389,8 +389,7 @@ def call(fn: Callable, name: str, *args: Any, **kwargs: Any) -> Any:
         raise LearnerError(tr("your {name} switched off the grader's watch on the calls it makes (sys.setprofile or "
                               "threading.setprofile): a loss leaves the profiler alone").format(name=name))
     if changed:
-        raise LearnerError(tr("your {name} changed torch's global state — {what}; it is put back, and a loss must "
-                              "leave it as it found it").format(name=name, what="; ".join(changed)))
+        raise _changed_state(name, changed)
     return out
 
 
@@ -417,8 +416,12 @@ def contained(name: str, passes: tuple[type[BaseException], ...] = ()) -> Iterat
             raise LearnerError(tr("reading what your {name} returned raised {error}").format(
                 name=name, error=_error_line(e))) from None
     if changed:
-        raise LearnerError(tr("your {name} changed torch's global state — {what}; it is put back, and a loss must "
-                              "leave it as it found it").format(name=name, what="; ".join(changed)))
+        raise _changed_state(name, changed)
+
+
+def _changed_state(name: str, changed: list[str]) -> LearnerError:
+    return LearnerError(tr("your {name} changed torch's global state — {what}; it is put back, and a loss must "
+                           "leave it as it found it").format(name=name, what="; ".join(changed)))
 
 
 def plain(out: tuple, name: str) -> tuple:
