@@ -16,7 +16,6 @@ A peft adapter folder (``adapter_model.safetensors`` with ``adapter_config.json`
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -25,6 +24,7 @@ import torch
 
 from ppolab.course import DATA
 from ppolab.errors import FileFormatError, MissingFileError
+from ppolab.run.files import read_json
 
 #: Two checkpoints of a short grpo_tiny run in verl's layout (tools/make_verl_checkpoints.py): what lab 18 opens.
 EXAMPLE = DATA / "verl_checkpoints" / "grpo_tiny"
@@ -97,11 +97,7 @@ def weight_files(path: str | Path) -> tuple[list[Path], dict]:
 
 
 def _json(f: Path) -> dict:
-    try:
-        out = json.loads(f.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise FileFormatError(f"{f} does not parse as JSON ({type(e).__name__}); it comes from the checkpoint's "
-                              "writer — copy it again") from None
+    out = read_json(f, "it comes from the checkpoint's writer — copy it again")
     if not isinstance(out, dict):
         raise FileFormatError(f"{f} holds a {type(out).__name__}, not a JSON object")
     return out

@@ -205,27 +205,26 @@ def token_weights(mask: torch.Tensor, rule: Rule, split: Split, max_length: int,
     return losses.grad * m
 
 
-def divisor_splits(rows: int, ranks: tuple[int, ...] = (1, 2, 4)) -> list[Split]:
-    """Every split of ``rows`` with the given rank counts: micro-batch sizes the divisors of each rank's share."""
-    return [Split(micro, r) for r in ranks if rows % r == 0
-            for micro in range(1, rows // r + 1) if (rows // r) % micro == 0]
-
-
 def split_factors(mask: torch.Tensor, rule: Rule, split: Split, max_length: int,
-                  steps_per_generation: int | None = None) -> torch.Tensor:
+                  steps_per_generation: int | None = None, *, here: torch.Tensor | None = None,
+                  whole: torch.Tensor | None = None) -> torch.Tensor:
     """Per loss token, the weight under ``split`` over its weight with the whole step in one micro-batch on one
-    rank — all 1 where ``rule`` is invariant. (n_tokens,) float64, in row order."""
-    whole = token_weights(mask, rule, Split(mask.shape[0], 1), max_length)
-    here = token_weights(mask, rule, split, max_length, steps_per_generation)
+    rank — all 1 where ``rule`` is invariant. (n_tokens,) float64, in row order. ``here`` / ``whole``: those two
+    :func:`token_weights` when the caller holds them already (an explorer moving only the split)."""
+    if whole is None:
+        whole = token_weights(mask, rule, Split(mask.shape[0], 1), max_length)
+    if here is None:
+        here = token_weights(mask, rule, split, max_length, steps_per_generation)
     on = mask.bool()
     return here[on] / whole[on]
 
 
 def versus_token_mean(mask: torch.Tensor, rule: Rule, split: Split, max_length: int,
-                      steps_per_generation: int | None = None) -> torch.Tensor:
+                      steps_per_generation: int | None = None, *, here: torch.Tensor | None = None) -> torch.Tensor:
     """Per loss token, the weight under ``rule`` and ``split`` × N (the step's loss tokens): 1 for every token is
-    the token mean over the whole optimizer step (verl's default ``token-mean``, DAPO's objective)."""
-    w = token_weights(mask, rule, split, max_length, steps_per_generation)
+    the token mean over the whole optimizer step (verl's default ``token-mean``, DAPO's objective). ``here``: those
+    :func:`token_weights` when the caller holds them already."""
+    w = token_weights(mask, rule, split, max_length, steps_per_generation) if here is None else here
     return w[mask.bool()] * float(mask.sum())
 
 
@@ -234,9 +233,11 @@ def table(mask: torch.Tensor, max_length: int, splits: list[Split], the_rules: l
     and largest weight against the token mean (what :func:`split_factors` and :func:`versus_token_mean` give)."""
     out = []
     for rule in the_rules:
+        whole = token_weights(mask, rule, Split(mask.shape[0]), max_length)
         for split in splits:
-            f = split_factors(mask, rule, split, max_length)
-            v = versus_token_mean(mask, rule, split, max_length)
+            here = token_weights(mask, rule, split, max_length)
+            f = split_factors(mask, rule, split, max_length, here=here, whole=whole)
+            v = versus_token_mean(mask, rule, split, max_length, here=here)
             out.append({"rule": rule.name, "micro": split.micro, "ranks": split.ranks,
                         "accumulation": split.accumulation(mask.shape[0]),
                         "split_min": float(f.min()), "split_max": float(f.max()),

@@ -7,11 +7,8 @@ import plotly.graph_objects as go
 
 from ppolab.i18n import tr
 from ppolab.numbers import three_trainers as tt
+from ppolab.numbers.invariance import divisors as _divisors
 from ppolab.widgets.common import _box, on_move
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def trainers_explorer(run=None, step: int | None = None, micro: int = 1, ranks: int = 1) -> W.VBox:
@@ -35,6 +32,8 @@ def trainers_explorer(run=None, step: int | None = None, micro: int = 1, ranks: 
                                     description=tr("rows per micro-batch"), style={"description_width": "initial"})}
     lengths = mask.sum(-1)
     on_rows = lengths > 0
+    # each rule's weights with the whole step in one micro-batch: what every split is compared with, once
+    whole = {rule.name: tt.token_weights(mask, rule, tt.Split(rows), d["max_length"]) for rule in the_rules}
     figs = {
         "weights": go.FigureWidget(layout={
             "title": tr("weight of one token of each row × N (1 = the token mean over the optimizer step)"),
@@ -67,7 +66,7 @@ def trainers_explorer(run=None, step: int | None = None, micro: int = 1, ranks: 
                 w = tt.token_weights(mask, rule, split, d["max_length"])
                 per_row = w.sum(-1)[on_rows] / lengths[on_rows] * n
                 trace.update(x=lengths[on_rows].tolist(), y=per_row.tolist())
-                f = tt.split_factors(mask, rule, split, d["max_length"])
+                f = tt.split_factors(mask, rule, split, d["max_length"], here=w, whole=whole[rule.name])
                 lo, hi = float(f.min()), float(f.max())
                 lows.append(lo)
                 highs.append(hi)
